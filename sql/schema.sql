@@ -1,0 +1,38 @@
+-- pg_fence schema objects. CREATE EXTENSION creates schema `fence` (named in pg_fence.control) first.
+--
+-- One row per key, kept forever: the row *is* the key's fence counter, so release and expiry only
+-- clear the token and never reset the fence. Nobody but the extension's functions touches it.
+CREATE TABLE fence.lease_state (
+    key         text        PRIMARY KEY,
+    fence       bigint      NOT NULL CHECK (fence > 0),
+    owner       text        NOT NULL,
+    -- the live holder's secret; NULL once released. An expired lease keeps its token but is dead:
+    -- liveness is always `token IS NOT NULL AND expires_at > clock_timestamp()`.
+    token       uuid,
+    acquired_at timestamptz NOT NULL,
+    -- when the lease ends (or ended: release moves it back to the moment of release)
+    expires_at  timestamptz NOT NULL
+) WITH (fillfactor = 70);  -- room on the page so acquire/renew/release stay HOT updates
+
+REVOKE ALL ON fence.lease_state FROM PUBLIC;
+
+-- pg_dump must keep the rows, or a restored database would hand out fence 1 again.
+SELECT pg_catalog.pg_extension_config_dump('fence.lease_state', '');
+
+-- What lease_acquire returns: the only place a token is ever shown, and only to the caller.
+CREATE TYPE fence.lease AS (
+    key         text,
+    owner       text,
+    fence       bigint,
+    token       uuid,
+    acquired_at timestamptz,
+    expires_at  timestamptz
+);
+
+-- Everyone may see who holds what, but never the tokens.
+CREATE VIEW fence.leases AS
+SELECT key, owner, fence, acquired_at, expires_at,
+       (token IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()) AS live
+  FROM fence.lease_state;
+
+GRANT SELECT ON fence.leases TO PUBLIC;

@@ -1,0 +1,78 @@
+//! Argument checks shared by the public functions. Each either returns the checked value or raises
+//! an error before anything has been read, locked or changed.
+use crate::{errors, settings};
+use pgrx::datum::Interval;
+
+/// Keys are compared and indexed whole; a bound keeps index entries far below btree's size limit.
+pub const MAX_KEY_BYTES: usize = 512;
+/// Owner labels are for humans reading fence.leases; a bound keeps the table small.
+pub const MAX_OWNER_BYTES: usize = 256;
+
+pub fn key(key: Option<&str>) -> &str {
+    let key = key.unwrap_or_else(|| errors::null_argument("key"));
+    if key.is_empty() {
+        errors::invalid_argument(
+            "key must not be empty".into(),
+            "Name the resource the lease protects, for example 'invoice:42'.",
+        );
+    }
+    if key.len() > MAX_KEY_BYTES {
+        errors::invalid_argument(
+            format!("key is {} bytes long, more than the limit of {MAX_KEY_BYTES}", key.len()),
+            "Use a shorter key, for example a hash of the long name.",
+        );
+    }
+    key
+}
+
+pub fn token(token: Option<pgrx::Uuid>) -> pgrx::Uuid {
+    token.unwrap_or_else(|| errors::null_argument("token"))
+}
+
+/// Returns the TTL in microseconds. Months count as 30 days, as in interval comparisons.
+pub fn ttl(ttl: Option<Interval>) -> i64 {
+    let ttl = ttl.unwrap_or_else(|| errors::null_argument("ttl"));
+    let hint = "Pass a positive, finite interval no longer than pg_fence.max_ttl, such as '30 seconds'.";
+    let inner = ttl.into_inner();
+    let infinite = inner.month.unsigned_abs() == i32::MAX.unsigned_abs()
+        && inner.day.unsigned_abs() == i32::MAX.unsigned_abs();
+    if infinite {
+        errors::invalid_argument("ttl must be finite".into(), hint);
+    }
+    let micros = ttl.as_micros();
+    if micros <= 0 {
+        errors::invalid_argument(format!("ttl must be positive, got {ttl}"), hint);
+    }
+    let max = settings::max_ttl_micros();
+    if micros > i128::from(max) {
+        errors::invalid_argument(
+            format!("ttl {ttl} exceeds pg_fence.max_ttl ({} s)", max / 1_000_000),
+            "Renew the lease periodically instead, or ask a superuser to raise pg_fence.max_ttl.",
+        );
+    }
+    micros as i64
+}
+
+/// NULL or empty means "whoever is calling": application_name, or pid:<backend pid> without one.
+pub fn owner(owner: Option<&str>) -> String {
+    match owner {
+        Some(owner) if owner.len() > MAX_OWNER_BYTES => errors::invalid_argument(
+            format!("owner is {} bytes long, more than the limit of {MAX_OWNER_BYTES}", owner.len()),
+            "Use a short label such as a host name and process id.",
+        ),
+        Some(owner) if !owner.is_empty() => owner.to_string(),
+        _ => default_owner(),
+    }
+}
+
+fn default_owner() -> String {
+    // SAFETY: application_name is a GUC string PostgreSQL keeps valid (possibly NULL) for the session.
+    let app = unsafe {
+        let name = pgrx::pg_sys::application_name;
+        (!name.is_null()).then(|| std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned())
+    };
+    match app {
+        Some(app) if !app.is_empty() => app,
+        _ => format!("pid:{}", unsafe { pgrx::pg_sys::MyProcPid }),
+    }
+}

@@ -1,0 +1,162 @@
+//! Leases: lease_acquire, lease_release, current_fence, and the core of lease_renew (whose public
+//! shell in sql/api.sql turns "not held" into SQLSTATE PF001).
+//!
+//! Every change to a key follows the same steps, in this order:
+//! 1. check the arguments (nothing is touched when they are bad);
+//! 2. refuse read-only transactions and standbys;
+//! 3. for grants and renewals, make the commit durable (see `durability`);
+//! 4. take the key's lock (see `keylock`), waiting for the transaction that holds it to end;
+//! 5. only then read the clock, so a grant's acquired_at is never before the previous lease ended;
+//! 6. run one statement that decides liveness by that clock reading and changes the row.
+use crate::spi_plans::execute;
+use crate::{durability, input, keylock};
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::pg_sys::panic::ErrorReportable;
+use pgrx::prelude::*;
+use pgrx::Uuid;
+
+/// The grant. The first grant of a key inserts fence 1; later ones bump the fence on the existing
+/// row, and only when the lease there is dead (released, or expired at $3). No row back: held.
+const GRANT: &str = "
+    INSERT INTO fence.lease_state AS s (key, fence, owner, token, acquired_at, expires_at)
+    VALUES ($1, 1, $2, pg_catalog.gen_random_uuid(), $3, $4)
+    ON CONFLICT (key) DO UPDATE
+       SET fence = s.fence + 1, owner = excluded.owner, token = excluded.token,
+           acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+     WHERE s.token IS NULL OR s.expires_at <= $3
+    RETURNING s.key, s.owner, s.fence, s.token, s.acquired_at, s.expires_at";
+
+/// Extends a live lease held with this token. An expired lease is never revived.
+const RENEW: &str = "
+    UPDATE fence.lease_state SET expires_at = $4
+     WHERE key = $1 AND token = $2 AND expires_at > $3
+    RETURNING expires_at";
+
+/// Ends a live lease held with this token; expires_at becomes the moment it ended.
+const RELEASE: &str = "
+    UPDATE fence.lease_state SET token = NULL, expires_at = $3
+     WHERE key = $1 AND token = $2 AND expires_at > $3
+    RETURNING fence";
+
+const CURRENT_FENCE: &str = "SELECT fence FROM fence.lease_state WHERE key = $1";
+
+/// Grants the key for `ttl` and returns the lease, or NULL when another live lease holds it.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn lease_acquire(
+    key: Option<&str>,
+    ttl: Option<Interval>,
+    owner: default!(Option<&str>, "NULL"),
+) -> Option<pgrx::composite_type!('static, "lease")> {
+    let key = input::key(key);
+    let ttl = input::ttl(ttl);
+    let owner = input::owner(owner);
+    durability::require_writable("acquire a lease");
+    durability::require_durable_commit();
+    keylock::lock_for_change(key);
+    let now = clock_now();
+    let args = [key.into(), owner.into(), timestamp(now).into(), timestamp(now + ttl).into()];
+    // Copy the row out of SPI's memory first: SPI frees it when `execute` returns.
+    let granted = execute(GRANT, &args, |rows| {
+        if rows.is_empty() {
+            return None;
+        }
+        let row = rows.first();
+        Some(Granted {
+            key: row.get(1).unwrap_or_report(),
+            owner: row.get(2).unwrap_or_report(),
+            fence: row.get(3).unwrap_or_report(),
+            token: row.get(4).unwrap_or_report(),
+            acquired_at: row.get(5).unwrap_or_report(),
+            expires_at: row.get(6).unwrap_or_report(),
+        })
+    });
+    granted.map(Granted::into_lease)
+}
+
+/// A grant as read back from the lease table.
+struct Granted {
+    key: Option<String>,
+    owner: Option<String>,
+    fence: Option<i64>,
+    token: Option<Uuid>,
+    acquired_at: Option<TimestampWithTimeZone>,
+    expires_at: Option<TimestampWithTimeZone>,
+}
+
+impl Granted {
+    /// The `fence.lease` composite that lease_acquire returns.
+    fn into_lease(self) -> pgrx::composite_type!('static, "lease") {
+        let mut lease = PgHeapTuple::new_composite_type("fence.lease").unwrap_or_report();
+        lease.set_by_name("key", self.key).unwrap_or_report();
+        lease.set_by_name("owner", self.owner).unwrap_or_report();
+        lease.set_by_name("fence", self.fence).unwrap_or_report();
+        lease.set_by_name("token", self.token).unwrap_or_report();
+        lease.set_by_name("acquired_at", self.acquired_at).unwrap_or_report();
+        lease.set_by_name("expires_at", self.expires_at).unwrap_or_report();
+        lease
+    }
+}
+
+/// Core of fence.lease_renew: the new expiry, or NULL when `token` does not hold a live lease.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn renew_if_held(
+    key: Option<&str>,
+    token: Option<Uuid>,
+    ttl: Option<Interval>,
+) -> Option<TimestampWithTimeZone> {
+    let key = input::key(key);
+    let token = input::token(token);
+    let ttl = input::ttl(ttl);
+    durability::require_writable("renew a lease");
+    durability::require_durable_commit();
+    keylock::lock_for_change(key);
+    let now = clock_now();
+    let args = [key.into(), token.into(), timestamp(now).into(), timestamp(now + ttl).into()];
+    execute(RENEW, &args, |rows| {
+        if rows.is_empty() {
+            None
+        } else {
+            rows.first().get::<TimestampWithTimeZone>(1).unwrap_or_report()
+        }
+    })
+}
+
+/// Ends the lease held with `token`: true when this call ended it, false when that token no longer
+/// holds a live lease (already released, taken over, or expired). Safe to retry.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
+    let key = input::key(key);
+    let token = input::token(token);
+    durability::require_writable("release a lease");
+    keylock::lock_for_change(key);
+    let now = clock_now();
+    let args = [key.into(), token.into(), timestamp(now).into()];
+    execute(RELEASE, &args, |rows| !rows.is_empty())
+}
+
+/// The last fence granted for `key`, or NULL if it was never granted.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn current_fence(key: Option<&str>) -> Option<i64> {
+    let key = input::key(key);
+    execute(CURRENT_FENCE, &[key.into()], |rows| {
+        if rows.is_empty() {
+            None
+        } else {
+            rows.first().get::<i64>(1).unwrap_or_report()
+        }
+    })
+}
+
+/// clock_timestamp(), in microseconds since the PostgreSQL epoch.
+fn clock_now() -> i64 {
+    // SAFETY: reads the system clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+fn timestamp(micros: i64) -> TimestampWithTimeZone {
+    TimestampWithTimeZone::try_from(micros).unwrap_or_report()
+}

@@ -1,0 +1,271 @@
+//! In-backend tests of each function and each bad input. Each test runs inside a transaction that
+//! is rolled back; commits, concurrency and crashes are tested from outside (tests/).
+use pgrx::prelude::*;
+
+#[pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    fn one<T: IntoDatum + FromDatum>(sql: &str) -> Option<T> {
+        Spi::get_one::<T>(sql).expect("query failed")
+    }
+
+    fn run(sql: &str) {
+        Spi::run(sql).expect("statement failed")
+    }
+
+    /// Acquires `key` and remembers the token in the session variable test.token_<key>.
+    fn acquire(key: &str, ttl: &str) -> Option<i64> {
+        let sql = format!(
+            "SELECT (l).fence FROM (SELECT fence.lease_acquire('{key}', '{ttl}') AS l) a,
+                    LATERAL (SELECT set_config('test.token_{key}', (l).token::text, true)) t"
+        );
+        one::<i64>(&sql)
+    }
+
+    fn token(key: &str) -> String {
+        format!("current_setting('test.token_{key}')::uuid")
+    }
+
+    #[pg_test]
+    fn first_grant_is_fence_one() {
+        assert_eq!(one::<i64>("SELECT fence.current_fence('k')"), None);
+        assert_eq!(acquire("k", "10 s"), Some(1));
+        assert_eq!(one::<i64>("SELECT fence.current_fence('k')"), Some(1));
+    }
+
+    #[pg_test]
+    fn held_key_is_refused_without_a_new_fence() {
+        assert_eq!(acquire("k", "10 s"), Some(1));
+        assert_eq!(one::<bool>("SELECT fence.lease_acquire('k', '10 s') IS NULL"), Some(true));
+        assert_eq!(one::<i64>("SELECT fence.current_fence('k')"), Some(1));
+    }
+
+    #[pg_test]
+    fn release_frees_the_key_and_the_next_grant_is_higher() {
+        assert_eq!(acquire("k", "10 s"), Some(1));
+        let release = format!("SELECT fence.lease_release('k', {})", token("k"));
+        assert_eq!(one::<bool>(&release), Some(true));
+        assert_eq!(one::<bool>(&release), Some(false), "a retried release is a no-op");
+        assert_eq!(acquire("k", "10 s"), Some(2));
+    }
+
+    #[pg_test]
+    fn a_retried_release_never_touches_the_next_holder() {
+        assert_eq!(acquire("k", "10 s"), Some(1));
+        let first = one::<String>(&format!("SELECT {}::text", token("k"))).unwrap();
+        run(&format!("SELECT fence.lease_release('k', {})", token("k")));
+        assert_eq!(acquire("k", "10 s"), Some(2));
+        let stale = format!("SELECT fence.lease_release('k', '{first}')");
+        assert_eq!(one::<bool>(&stale), Some(false));
+        assert_eq!(one::<bool>("SELECT live FROM fence.leases WHERE key = 'k'"), Some(true));
+    }
+
+    #[pg_test]
+    fn different_keys_have_independent_fences() {
+        assert_eq!(acquire("a", "10 s"), Some(1));
+        assert_eq!(acquire("b", "10 s"), Some(1));
+    }
+
+    #[pg_test]
+    fn renew_moves_expiry_forward_from_now() {
+        assert_eq!(acquire("k", "1 s"), Some(1));
+        let renewed = format!(
+            "SELECT fence.lease_renew('k', {}, '1 hour') > clock_timestamp() + interval '59 minutes'",
+            token("k")
+        );
+        assert_eq!(one::<bool>(&renewed), Some(true));
+        assert_eq!(
+            one::<bool>("SELECT expires_at > clock_timestamp() + interval '59 minutes' FROM fence.leases"),
+            Some(true)
+        );
+    }
+
+    #[pg_test(error = "lease on key \"k\" is lost")]
+    fn renew_with_a_wrong_token_is_lease_lost() {
+        assert_eq!(acquire("k", "10 s"), Some(1));
+        run("SELECT fence.lease_renew('k', gen_random_uuid(), '10 s')");
+    }
+
+    #[pg_test(error = "lease on key \"nobody\" is lost")]
+    fn renew_of_an_unknown_key_is_lease_lost() {
+        run("SELECT fence.lease_renew('nobody', gen_random_uuid(), '10 s')");
+    }
+
+    #[pg_test]
+    fn an_expired_lease_is_free_at_once_and_never_revived() {
+        assert_eq!(acquire("k", "20 ms"), Some(1));
+        let old = one::<String>(&format!("SELECT {}::text", token("k"))).unwrap();
+        run("SELECT pg_sleep(0.05)");
+        assert_eq!(one::<bool>("SELECT live FROM fence.leases WHERE key = 'k'"), Some(false));
+        let release = format!("SELECT fence.lease_release('k', '{old}')");
+        assert_eq!(one::<bool>(&release), Some(false), "an expired lease cannot be released");
+        assert_eq!(acquire("k", "10 s"), Some(2));
+        let acquired_after_expiry = "SELECT acquired_at >= clock_timestamp() - interval '1 s' FROM fence.leases";
+        assert_eq!(one::<bool>(acquired_after_expiry), Some(true));
+    }
+
+    #[pg_test(error = "lease on key \"k\" is lost")]
+    fn renew_after_expiry_is_lease_lost_even_when_nobody_took_over() {
+        assert_eq!(acquire("k", "20 ms"), Some(1));
+        run("SELECT pg_sleep(0.05)");
+        run(&format!("SELECT fence.lease_renew('k', {}, '10 s')", token("k")));
+    }
+
+    #[pg_test]
+    fn owner_defaults_to_application_name_then_pid() {
+        run("SET LOCAL application_name = 'billing-worker'");
+        acquire("a", "10 s");
+        assert_eq!(one::<String>("SELECT owner FROM fence.leases WHERE key = 'a'").as_deref(), Some("billing-worker"));
+        run("SET LOCAL application_name = ''");
+        acquire("b", "10 s");
+        let pid_owner = "SELECT owner = 'pid:' || pg_backend_pid() FROM fence.leases WHERE key = 'b'";
+        assert_eq!(one::<bool>(pid_owner), Some(true));
+        run("SELECT fence.lease_acquire('c', '10 s', 'host-7')");
+        assert_eq!(one::<String>("SELECT owner FROM fence.leases WHERE key = 'c'").as_deref(), Some("host-7"));
+    }
+
+    #[pg_test]
+    fn the_view_never_shows_tokens() {
+        let columns = "SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute
+                        WHERE attrelid = 'fence.leases'::regclass AND attnum > 0";
+        assert_eq!(one::<String>(columns).as_deref(), Some("key,owner,fence,acquired_at,expires_at,live"));
+    }
+
+    #[pg_test]
+    fn a_grant_raises_synchronous_commit_to_on_for_its_transaction() {
+        for weak in ["off", "local", "remote_write"] {
+            run(&format!("SET LOCAL synchronous_commit = {weak}"));
+            run("SELECT fence.lease_acquire(gen_random_uuid()::text, '10 s')");
+            assert_eq!(one::<String>("SHOW synchronous_commit").as_deref(), Some("on"), "after {weak}");
+        }
+        run("SET LOCAL synchronous_commit = remote_apply");
+        run("SELECT fence.lease_acquire('strict', '10 s')");
+        assert_eq!(one::<String>("SHOW synchronous_commit").as_deref(), Some("remote_apply"));
+    }
+
+    #[pg_test]
+    fn a_renewal_raises_synchronous_commit_too() {
+        acquire("k", "10 s");
+        run("SET LOCAL synchronous_commit = off");
+        run(&format!("SELECT fence.lease_renew('k', {}, '10 s')", token("k")));
+        assert_eq!(one::<String>("SHOW synchronous_commit").as_deref(), Some("on"));
+    }
+
+    #[pg_test(error = "cannot acquire a lease in a read-only transaction")]
+    fn acquire_in_a_read_only_transaction() {
+        run("SET LOCAL transaction_read_only = on");
+        run("SELECT fence.lease_acquire('k', '10 s')");
+    }
+
+    #[pg_test]
+    fn the_key_lock_is_an_advisory_lock_of_its_own_class() {
+        acquire("k", "10 s");
+        let ours = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 28774
+                       AND pid = pg_backend_pid() AND mode = 'ExclusiveLock'";
+        assert_eq!(one::<i64>(ours), Some(1));
+    }
+
+    #[pg_test]
+    fn max_ttl_follows_the_setting() {
+        run("SET LOCAL pg_fence.max_ttl = '1h'");
+        assert_eq!(acquire("k", "1 hour"), Some(1));
+    }
+
+    #[pg_test]
+    fn the_lease_table_is_closed_to_public() {
+        let grants = "SELECT has_table_privilege('public', 'fence.lease_state', 'SELECT')
+                          OR has_table_privilege('public', 'fence.lease_state', 'INSERT')
+                          OR has_table_privilege('public', 'fence.lease_state', 'UPDATE')";
+        assert_eq!(one::<bool>(grants), Some(false));
+        let core = "SELECT has_function_privilege('public', 'fence.renew_if_held(text, uuid, interval)', 'EXECUTE')";
+        assert_eq!(one::<bool>(core), Some(false));
+    }
+
+    // Bad input: each is refused with an error before anything is locked or changed.
+
+    #[pg_test(error = "key must not be NULL")]
+    fn acquire_null_key() {
+        run("SELECT fence.lease_acquire(NULL, '10 s')");
+    }
+
+    #[pg_test(error = "key must not be empty")]
+    fn acquire_empty_key() {
+        run("SELECT fence.lease_acquire('', '10 s')");
+    }
+
+    #[pg_test(error = "key is 513 bytes long, more than the limit of 512")]
+    fn acquire_long_key() {
+        run("SELECT fence.lease_acquire(repeat('x', 513), '10 s')");
+    }
+
+    #[pg_test(error = "ttl must not be NULL")]
+    fn acquire_null_ttl() {
+        run("SELECT fence.lease_acquire('k', NULL)");
+    }
+
+    #[pg_test(error = "ttl must be positive, got 00:00:00")]
+    fn acquire_zero_ttl() {
+        run("SELECT fence.lease_acquire('k', '0 s')");
+    }
+
+    #[pg_test(error = "ttl must be positive, got -00:00:05")]
+    fn acquire_negative_ttl() {
+        run("SELECT fence.lease_acquire('k', '-5 s')");
+    }
+
+    #[pg_test(error = "ttl must be positive, got 1 day -25:00:00")]
+    fn acquire_ttl_that_sums_to_negative() {
+        run("SELECT fence.lease_acquire('k', '1 day -25 hours')");
+    }
+
+    #[pg_test(error = "ttl 1 day 00:00:01 exceeds pg_fence.max_ttl (86400 s)")]
+    fn acquire_ttl_above_max() {
+        run("SELECT fence.lease_acquire('k', '1 day 1 second')");
+    }
+
+    #[pg_test(error = "ttl 1000000 years exceeds pg_fence.max_ttl (86400 s)")]
+    fn acquire_huge_ttl() {
+        run("SELECT fence.lease_acquire('k', '1000000 years')");
+    }
+
+    #[pg_test(error = "owner is 257 bytes long, more than the limit of 256")]
+    fn acquire_long_owner() {
+        run("SELECT fence.lease_acquire('k', '10 s', repeat('o', 257))");
+    }
+
+    #[pg_test(error = "token must not be NULL")]
+    fn renew_null_token() {
+        run("SELECT fence.lease_renew('k', NULL, '10 s')");
+    }
+
+    #[pg_test(error = "key must not be NULL")]
+    fn renew_null_key() {
+        run("SELECT fence.lease_renew(NULL, gen_random_uuid(), '10 s')");
+    }
+
+    #[pg_test(error = "ttl must not be NULL")]
+    fn renew_null_ttl() {
+        run("SELECT fence.lease_renew('k', gen_random_uuid(), NULL)");
+    }
+
+    #[pg_test(error = "ttl must be positive, got -00:00:01")]
+    fn renew_negative_ttl() {
+        run("SELECT fence.lease_renew('k', gen_random_uuid(), '-1 s')");
+    }
+
+    #[pg_test(error = "token must not be NULL")]
+    fn release_null_token() {
+        run("SELECT fence.lease_release('k', NULL)");
+    }
+
+    #[pg_test(error = "key must not be empty")]
+    fn release_empty_key() {
+        run("SELECT fence.lease_release('', gen_random_uuid())");
+    }
+
+    #[pg_test(error = "key must not be NULL")]
+    fn current_fence_null_key() {
+        run("SELECT fence.current_fence(NULL)");
+    }
+}
