@@ -36,3 +36,7 @@ SELECT key, owner, fence, acquired_at, expires_at,
   FROM fence.lease_state;
 
 GRANT SELECT ON fence.leases TO PUBLIC;
+
+-- Like advisory locks, leases are for every role by default: the functions check tokens, and the
+-- table stays closed. To restrict, REVOKE USAGE ON SCHEMA fence FROM PUBLIC and grant it per role.
+GRANT USAGE ON SCHEMA fence TO PUBLIC;

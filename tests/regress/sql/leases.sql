@@ -1,0 +1,67 @@
+-- The lease lifecycle as a psql user sees it.
+CREATE EXTENSION pg_fence;
+-- Show errors with their SQLSTATE; other columns vary from run to run, so results are reduced to
+-- what is stable (fences, booleans, owners).
+CREATE OR REPLACE FUNCTION try(sql text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE sql;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+
+-- A first grant gets fence 1 and a token; the key is then held.
+SELECT key, owner, fence, token IS NOT NULL AS has_token, expires_at > acquired_at AS ends_later
+  FROM fence.lease_acquire('migration', '30 seconds', 'worker-a') \gset a_
+SELECT :'a_key' AS key, :'a_owner' AS owner, :a_fence AS fence, :'a_has_token' AS has_token;
+SELECT :'a_ends_later' AS ends_later;
+SELECT (fence.lease_acquire('migration', '30 seconds', 'worker-b')).fence AS second_acquire;
+SELECT fence.current_fence('migration'), fence.current_fence('never-granted');
+SELECT key, owner, fence, live FROM fence.leases;
+
+-- Release with a wrong token changes nothing.
+SELECT fence.lease_release('migration', gen_random_uuid()) AS wrong_token;
+SELECT owner, fence, live FROM fence.leases;
+
+-- With the right token, release ends the lease, once; renew is then refused.
+SELECT fence.lease_acquire('report', '30 seconds', 'worker-a') AS l \gset
+SELECT (:'l'::fence.lease).fence AS report_fence;
+SELECT fence.lease_renew('report', (:'l'::fence.lease).token, '1 minute') > clock_timestamp() + interval '59 seconds' AS renewed;
+SELECT fence.lease_release('report', (:'l'::fence.lease).token) AS released;
+SELECT fence.lease_release('report', (:'l'::fence.lease).token) AS released_again;
+SELECT try(format('SELECT fence.lease_renew(%L, %L, %L)', 'report', (:'l'::fence.lease).token, '1 minute')) AS renew_after_release;
+SELECT owner, fence, live FROM fence.leases WHERE key = 'report';
+SELECT (fence.lease_acquire('report', '30 seconds', 'worker-b')).fence AS next_fence;
+
+-- Expiry: no sweeper needed, the next acquirer takes over at once with the next fence, and the
+-- old holder can neither renew nor release.
+SELECT fence.lease_acquire('short', '50 milliseconds', 'worker-a') AS s \gset
+SELECT pg_sleep(0.1);
+SELECT live FROM fence.leases WHERE key = 'short';
+SELECT (fence.lease_acquire('short', '30 seconds', 'worker-b')).fence AS takeover_fence;
+SELECT try(format('SELECT fence.lease_renew(%L, %L, %L)', 'short', (:'s'::fence.lease).token, '1 minute')) AS old_holder_renews;
+SELECT fence.lease_release('short', (:'s'::fence.lease).token) AS old_holder_releases;
+SELECT owner, fence, live FROM fence.leases WHERE key = 'short';
+
+-- A rolled-back acquire grants nothing: the next grant still gets fence 1.
+BEGIN;
+SELECT (fence.lease_acquire('rolled-back', '30 seconds')).fence;
+ROLLBACK;
+SELECT fence.current_fence('rolled-back');
+SELECT (fence.lease_acquire('rolled-back', '30 seconds')).fence;
+
+-- The grant's transaction commits with synchronous_commit at least 'on'.
+BEGIN;
+SET LOCAL synchronous_commit = off;
+SELECT (fence.lease_acquire('durable', '30 seconds')).fence;
+SHOW synchronous_commit;
+COMMIT;
+
+-- Read-only transactions are refused before anything happens.
+BEGIN READ ONLY;
+SELECT try($$SELECT fence.lease_acquire('ro', '30 seconds')$$) AS read_only_acquire;
+COMMIT;
+SELECT fence.current_fence('ro');
+
+DROP EXTENSION pg_fence;
+DROP FUNCTION try(text);

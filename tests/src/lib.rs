@@ -1,0 +1,70 @@
+//! Harness for the client integration tests: scratch clusters started through `pg_test/cluster`
+//! (as the `postgres` user, on loopback), and small helpers shared by the tests.
+use postgres::{Client, NoTls};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// A scratch cluster with pg_fence created in database `postgres`. Destroyed when dropped.
+pub struct Cluster {
+    name: String,
+    port: u16,
+}
+
+fn cluster_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../pg_test/cluster")
+}
+
+fn run_script(args: &[&str]) {
+    let status = Command::new(cluster_script()).args(args).status().expect("run pg_test/cluster");
+    assert!(status.success(), "pg_test/cluster {args:?} failed");
+}
+
+impl Cluster {
+    /// Creates and starts a cluster. Each test uses its own `name` and `port` so tests can run in
+    /// parallel. `settings` are postgresql.conf lines such as "wal_writer_delay=10s".
+    pub fn start(name: &str, port: u16, settings: &[&str]) -> Cluster {
+        let name = format!("it_{name}");
+        let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
+        let port_text = port.to_string();
+        let mut args = vec!["create", &name, &port_text];
+        args.extend_from_slice(settings);
+        run_script(&args);
+        run_script(&["start", &name]);
+        let cluster = Cluster { name, port };
+        cluster.connect().batch_execute("CREATE EXTENSION pg_fence").unwrap();
+        cluster
+    }
+
+    pub fn connect(&self) -> Client {
+        self.try_connect().expect("connect to scratch cluster")
+    }
+
+    pub fn try_connect(&self) -> Result<Client, postgres::Error> {
+        let config = format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres application_name=pg_fence_it",
+            self.port
+        );
+        Client::connect(&config, NoTls)
+    }
+
+    /// kill -9 of the postmaster and every backend: unflushed WAL in shared memory is lost.
+    pub fn crash(&self) {
+        run_script(&["crash", &self.name]);
+    }
+
+    /// Starts again after `crash` (PostgreSQL runs crash recovery).
+    pub fn restart(&self) {
+        run_script(&["start", &self.name]);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(cluster_script()).args(["destroy", &self.name]).status();
+    }
+}
+
+/// The SQLSTATE of a failed call, or "" when the error did not come from the server.
+pub fn sqlstate(err: &postgres::Error) -> String {
+    err.code().map(|code| code.code().to_string()).unwrap_or_default()
+}

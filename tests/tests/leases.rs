@@ -1,0 +1,138 @@
+//! Leases seen from real clients: many sessions racing for few keys, and a holder that outlives
+//! its TTL.
+use pg_fence_integration::{sqlstate, Cluster};
+use rand::Rng;
+use std::thread;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// 16 sessions x 2,000 attempts on 4 keys with short TTLs. Each grant is recorded in the same
+/// transaction that makes it, and each release records when the lease ended (server time), so the
+/// record is exactly the set of committed grants. Then, per key: fences are unique, strictly
+/// increasing in grant order and contiguous, and no two grants were live at once.
+#[test]
+fn racing_sessions_never_share_a_key_and_fences_strictly_increase() {
+    let cluster = Cluster::start("race", 26101, &[]);
+    cluster
+        .connect()
+        .batch_execute(
+            "CREATE TABLE grants (key text, fence bigint, acquired_at timestamptz, ends_at timestamptz,
+                                  PRIMARY KEY (key, fence))",
+        )
+        .unwrap();
+
+    let workers: Vec<_> = (0..16)
+        .map(|_| {
+            let mut client = cluster.connect();
+            thread::spawn(move || {
+                let mut rng = rand::thread_rng();
+                let mut granted = 0;
+                for _ in 0..2_000 {
+                    let key = format!("key-{}", rng.gen_range(0..4));
+                    let ttl = format!("{} milliseconds", rng.gen_range(2..30));
+                    let mut tx = client.transaction().unwrap();
+                    let row = tx
+                        .query_one(
+                            "SELECT (l).fence, (l).token FROM fence.lease_acquire($1, $2::text::interval) l",
+                            &[&key, &ttl],
+                        )
+                        .unwrap();
+                    let (fence, token): (Option<i64>, Option<Uuid>) = (row.get(0), row.get(1));
+                    let (Some(fence), Some(token)) = (fence, token) else {
+                        tx.commit().unwrap();
+                        continue;
+                    };
+                    tx.execute(
+                        "INSERT INTO grants SELECT key, fence, acquired_at, expires_at
+                           FROM fence.leases WHERE key = $1",
+                        &[&key],
+                    )
+                    .unwrap();
+                    tx.commit().unwrap();
+                    granted += 1;
+                    // Sometimes let the lease run out instead of releasing it.
+                    if rng.gen_bool(0.2) {
+                        continue;
+                    }
+                    if rng.gen_bool(0.1) {
+                        thread::sleep(Duration::from_millis(rng.gen_range(1..20)));
+                    }
+                    let mut tx = client.transaction().unwrap();
+                    let released: bool =
+                        tx.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
+                    if released {
+                        tx.execute(
+                            "UPDATE grants g SET ends_at = l.expires_at FROM fence.leases l
+                              WHERE g.key = $1 AND g.fence = $2 AND l.key = g.key",
+                            &[&key, &fence],
+                        )
+                        .unwrap();
+                    }
+                    tx.commit().unwrap();
+                }
+                granted
+            })
+        })
+        .collect();
+    let granted: i64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+
+    let mut client = cluster.connect();
+    let recorded: i64 = client.query_one("SELECT count(*) FROM grants", &[]).unwrap().get(0);
+    assert_eq!(recorded, granted);
+    assert!(granted > 1_000, "too few grants to mean anything: {granted}");
+
+    // Fences per key run 1..n with no gap and no repeat: every grant got the next number.
+    let gaps: i64 = client
+        .query_one(
+            "SELECT count(*) FROM (SELECT key, count(*) AS n, max(fence) AS top, min(fence) AS bottom
+                                     FROM grants GROUP BY key) k
+              WHERE n <> top OR bottom <> 1",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(gaps, 0, "fences per key are not exactly 1..n");
+
+    // In order of grant time, fences strictly increase and each grant starts after the previous
+    // lease ended.
+    let violations = client
+        .query(
+            "SELECT key, prev_fence, fence, prev_end, acquired_at FROM (
+                 SELECT key, fence, acquired_at,
+                        lag(fence) OVER w AS prev_fence, lag(ends_at) OVER w AS prev_end
+                   FROM grants WINDOW w AS (PARTITION BY key ORDER BY acquired_at, fence)) x
+              WHERE prev_fence >= fence OR prev_end > acquired_at",
+            &[],
+        )
+        .unwrap();
+    assert!(violations.is_empty(), "{} overlapping or non-increasing grants", violations.len());
+}
+
+/// A holder whose lease expires while it sleeps is taken over with the next fence; its renew then
+/// fails with lease-lost (PF001), its release returns false, and the new holder keeps the key.
+#[test]
+fn an_expired_holder_is_taken_over_and_cannot_renew_or_release() {
+    let cluster = Cluster::start("takeover", 26102, &[]);
+    let mut a = cluster.connect();
+    let mut b = cluster.connect();
+    let acquire = "SELECT (l).fence, (l).token FROM fence.lease_acquire('job', '1 second', $1) l";
+
+    let row = a.query_one(acquire, &[&"A"]).unwrap();
+    let (a_fence, a_token): (i64, Uuid) = (row.get(0), row.get(1));
+    assert!(b.query_one(acquire, &[&"B"]).unwrap().get::<_, Option<i64>>(0).is_none(), "A still holds it");
+
+    thread::sleep(Duration::from_millis(1_500));
+    let row = b.query_one(acquire, &[&"B"]).unwrap();
+    let b_fence: i64 = row.get(0);
+    assert_eq!(b_fence, a_fence + 1);
+
+    let err = a.query_one("SELECT fence.lease_renew('job', $1, '1 second')", &[&a_token]).unwrap_err();
+    assert_eq!(sqlstate(&err), "PF001", "{err}");
+    let released: bool = a.query_one("SELECT fence.lease_release('job', $1)", &[&a_token]).unwrap().get(0);
+    assert!(!released);
+
+    let row = b.query_one("SELECT owner, fence, live FROM fence.leases WHERE key = 'job'", &[]).unwrap();
+    assert_eq!(row.get::<_, String>(0), "B");
+    assert_eq!(row.get::<_, i64>(1), b_fence);
+    assert!(row.get::<_, bool>(2));
+}
