@@ -4,7 +4,7 @@
 -- clear the token and never reset the fence. Nobody but the extension's functions touches it.
 CREATE TABLE fence.lease_state (
     key         text        PRIMARY KEY,
-    fence       bigint      NOT NULL CHECK (fence > 0),
+    fence       bigint      NOT NULL,  -- only ever 1 or the previous fence + 1 (leases.rs, GRANT)
     owner       text        NOT NULL,
     -- the live holder's secret; NULL once released. An expired lease keeps its token but is dead:
     -- liveness is always `token IS NOT NULL AND expires_at > clock_timestamp()`.

@@ -1,13 +1,20 @@
-//! What a transaction that grants or renews a lease must guarantee.
+//! What each kind of change needs at commit.
 //!
-//! A grant that a client has seen must survive a crash and a failover, or the same fence could be
-//! handed out twice. So the granting transaction must commit with at least synchronous_commit = on:
-//! flushed locally and, where synchronous replication is configured, on the synchronous standby.
-//! A session that chose `off`, `local` or `remote_write` is raised to `on` for this transaction only;
-//! a stricter setting (`remote_apply`) is kept. Releasing needs no such guarantee: a release lost in a
-//! crash only leaves the lease to expire at its TTL, which is always safe.
+//! A grant (and a renewal) that a client has seen must survive a crash and a failover, or the same
+//! fence could be handed out twice, or a holder could believe in a lease the server forgot. So such a
+//! transaction commits with at least synchronous_commit = on: flushed locally and, where synchronous
+//! replication is configured, on the synchronous standby. A session's `off`, `local` or
+//! `remote_write` is raised for that transaction only; a stricter `remote_apply` is kept.
+//!
+//! A release, or an acquire that was refused, needs no flush at all: lost in a crash, a release only
+//! leaves the lease to run out its TTL, and a refusal changed nothing. And the next grant of the key
+//! flushes the WAL up to its own commit, which includes that release. So when such a change is all
+//! that its transaction writes, the commit is made asynchronous, sparing a WAL flush (half the
+//! flushes of an acquire+release pair). Any other write in the transaction, before or after, keeps the
+//! session's setting untouched.
 use crate::errors;
 use pgrx::pg_sys;
+use pgrx::{register_xact_callback, PgXactCallbackEvent};
 
 /// Refuses to go on in a read-only transaction or on a standby, before anything is locked.
 pub fn require_writable(what: &str) {
@@ -19,21 +26,57 @@ pub fn require_writable(what: &str) {
 }
 
 pub fn require_durable_commit() {
-    // SAFETY: synchronous_commit is the backend's current GUC value.
-    let level = unsafe { pg_sys::synchronous_commit } as u32;
-    if level < pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH {
-        // SAFETY: what `SELECT set_config('synchronous_commit', 'on', true)` does.
-        unsafe {
-            pg_sys::set_config_option(
-                c"synchronous_commit".as_ptr(),
-                c"on".as_ptr(),
-                pg_sys::GucContext::PGC_USERSET,
-                pg_sys::GucSource::PGC_S_SESSION,
-                pg_sys::GucAction::GUC_ACTION_LOCAL,
-                true,
-                0,
-                false,
-            );
+    if sync_level() < pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH {
+        set_local_synchronous_commit(c"on");
+    }
+}
+
+/// Where this transaction's WAL ends before a change; see `skip_flush_if_alone`.
+pub fn wal_position() -> u64 {
+    wal_written_by_this_transaction()
+}
+
+/// For a release or a refusal, given `wal_position()` from before it: if the transaction had
+/// written no WAL before the change and writes none after it, its commit skips the flush.
+pub fn skip_flush_if_alone(position_before_change: u64) {
+    if position_before_change != 0 {
+        return;
+    }
+    let position_after_change = wal_written_by_this_transaction();
+    register_xact_callback(PgXactCallbackEvent::PreCommit, move || {
+        let nothing_written_since = wal_written_by_this_transaction() == position_after_change;
+        let strictest_we_lower = pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH;
+        if nothing_written_since && sync_level() <= strictest_we_lower {
+            set_local_synchronous_commit(c"off");
         }
+    });
+}
+
+/// End of the last WAL record this transaction wrote; 0 when it has written none (PostgreSQL
+/// resets it when each transaction ends).
+fn wal_written_by_this_transaction() -> u64 {
+    // SAFETY: backend-global, maintained by XLogInsert.
+    unsafe { pg_sys::XactLastRecEnd }
+}
+
+fn sync_level() -> u32 {
+    // SAFETY: the backend's current value of the synchronous_commit GUC.
+    unsafe { pg_sys::synchronous_commit as u32 }
+}
+
+/// `SET LOCAL synchronous_commit = value`: PostgreSQL restores the session's value at transaction end.
+fn set_local_synchronous_commit(value: &std::ffi::CStr) {
+    // SAFETY: what `SELECT set_config('synchronous_commit', value, true)` does.
+    unsafe {
+        pg_sys::set_config_option(
+            c"synchronous_commit".as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_LOCAL,
+            true,
+            0,
+            false,
+        );
     }
 }

@@ -4,10 +4,11 @@
 //! Every change to a key follows the same steps, in this order:
 //! 1. check the arguments (nothing is touched when they are bad);
 //! 2. refuse read-only transactions and standbys;
-//! 3. for grants and renewals, make the commit durable (see `durability`);
-//! 4. take the key's lock (see `keylock`), waiting for the transaction that holds it to end;
-//! 5. only then read the clock, so a grant's acquired_at is never before the previous lease ended;
-//! 6. run one statement that decides liveness by that clock reading and changes the row.
+//! 3. take the key's lock (see `keylock`), waiting for the transaction that holds it to end;
+//! 4. only then read the clock, so a grant's acquired_at is never before the previous lease ended;
+//! 5. run one statement that decides liveness by that clock reading and changes the row;
+//! 6. settle what the commit needs (see `durability`): a flush for grants and renewals, none for
+//!    a release or a refusal that is all its transaction wrote.
 use crate::spi_plans::execute;
 use crate::{durability, input, keylock};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
@@ -24,7 +25,7 @@ const GRANT: &str = "
        SET fence = s.fence + 1, owner = excluded.owner, token = excluded.token,
            acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
      WHERE s.token IS NULL OR s.expires_at <= $3
-    RETURNING s.key, s.owner, s.fence, s.token, s.acquired_at, s.expires_at";
+    RETURNING ROW(s.key, s.owner, s.fence, s.token, s.acquired_at, s.expires_at)::fence.lease";
 
 /// Extends a live lease held with this token. An expired lease is never revived.
 const RENEW: &str = "
@@ -52,50 +53,22 @@ fn lease_acquire(
     let ttl = input::ttl(ttl);
     let owner = input::owner(owner);
     durability::require_writable("acquire a lease");
-    durability::require_durable_commit();
     keylock::lock_for_change(key);
     let now = clock_now();
     let args = [key.into(), owner.into(), timestamp(now).into(), timestamp(now + ttl).into()];
-    // Copy the row out of SPI's memory first: SPI frees it when `execute` returns.
-    let granted = execute(GRANT, &args, |rows| {
+    let wal_before = durability::wal_position();
+    let lease = execute(GRANT, &args, |rows| {
         if rows.is_empty() {
-            return None;
+            None
+        } else {
+            rows.first().get::<pgrx::composite_type!('static, "lease")>(1).unwrap_or_report()
         }
-        let row = rows.first();
-        Some(Granted {
-            key: row.get(1).unwrap_or_report(),
-            owner: row.get(2).unwrap_or_report(),
-            fence: row.get(3).unwrap_or_report(),
-            token: row.get(4).unwrap_or_report(),
-            acquired_at: row.get(5).unwrap_or_report(),
-            expires_at: row.get(6).unwrap_or_report(),
-        })
     });
-    granted.map(Granted::into_lease)
-}
-
-/// A grant as read back from the lease table.
-struct Granted {
-    key: Option<String>,
-    owner: Option<String>,
-    fence: Option<i64>,
-    token: Option<Uuid>,
-    acquired_at: Option<TimestampWithTimeZone>,
-    expires_at: Option<TimestampWithTimeZone>,
-}
-
-impl Granted {
-    /// The `fence.lease` composite that lease_acquire returns.
-    fn into_lease(self) -> pgrx::composite_type!('static, "lease") {
-        let mut lease = PgHeapTuple::new_composite_type("fence.lease").unwrap_or_report();
-        lease.set_by_name("key", self.key).unwrap_or_report();
-        lease.set_by_name("owner", self.owner).unwrap_or_report();
-        lease.set_by_name("fence", self.fence).unwrap_or_report();
-        lease.set_by_name("token", self.token).unwrap_or_report();
-        lease.set_by_name("acquired_at", self.acquired_at).unwrap_or_report();
-        lease.set_by_name("expires_at", self.expires_at).unwrap_or_report();
-        lease
+    match lease {
+        Some(_) => durability::require_durable_commit(),
+        None => durability::skip_flush_if_alone(wal_before),
     }
+    lease
 }
 
 /// Core of fence.lease_renew: the new expiry, or NULL when `token` does not hold a live lease.
@@ -134,7 +107,10 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     keylock::lock_for_change(key);
     let now = clock_now();
     let args = [key.into(), token.into(), timestamp(now).into()];
-    execute(RELEASE, &args, |rows| !rows.is_empty())
+    let wal_before = durability::wal_position();
+    let released = execute(RELEASE, &args, |rows| !rows.is_empty());
+    durability::skip_flush_if_alone(wal_before);
+    released
 }
 
 /// The last fence granted for `key`, or NULL if it was never granted.

@@ -1,0 +1,105 @@
+//! Which commits wait for a WAL flush. Grants and renewals always do, whatever the session's
+//! synchronous_commit; a release skips the flush only when it is all its transaction wrote.
+//!
+//! A commit waited for its flush when, right after it returns, the WAL is flushed up to where it was
+//! inserted. The cluster's WAL writer is made lazy (and autovacuum is off) so that a commit that
+//! skipped the flush stays visibly unflushed.
+use pg_fence_integration::Cluster;
+use postgres::Client;
+use uuid::Uuid;
+
+const TRIALS: usize = 20;
+
+fn flushed(client: &mut Client) -> bool {
+    client
+        .query_one("SELECT pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()", &[])
+        .unwrap()
+        .get(0)
+}
+
+fn acquire(client: &mut Client, key: &str) -> Uuid {
+    client
+        .query_one("SELECT (fence.lease_acquire($1, '1 minute')).token", &[&key])
+        .unwrap()
+        .get::<_, Option<Uuid>>(0)
+        .expect("key is free")
+}
+
+fn release(client: &mut Client, key: &str, token: Uuid) {
+    let released: bool = client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
+    assert!(released);
+}
+
+/// Runs `transaction` TRIALS times and counts the commits that were flushed when they returned.
+fn flushed_commits(client: &mut Client, mut transaction: impl FnMut(&mut Client, &str)) -> usize {
+    (0..TRIALS)
+        .filter(|trial| {
+            transaction(client, &format!("key-{trial}"));
+            flushed(client)
+        })
+        .count()
+}
+
+#[test]
+fn grants_and_renewals_always_flush_releases_only_when_alone() {
+    let cluster = Cluster::start(
+        "commits",
+        26301,
+        &["wal_writer_delay=10s", "wal_writer_flush_after=1GB", "autovacuum=off"],
+    );
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE TABLE audit (note text)").unwrap();
+
+    for synchronous_commit in ["on", "off", "local"] {
+        client.batch_execute(&format!("SET synchronous_commit = {synchronous_commit}")).unwrap();
+        let grants = flushed_commits(&mut client, |c, key| {
+            let token = acquire(c, &format!("{key}-{synchronous_commit}"));
+            release(c, &format!("{key}-{synchronous_commit}"), token);
+            acquire(c, &format!("{key}-{synchronous_commit}"));
+        });
+        assert_eq!(grants, TRIALS, "grant commits not flushed with synchronous_commit = {synchronous_commit}");
+    }
+    client.batch_execute("SET synchronous_commit = on").unwrap();
+
+    let renewals = flushed_commits(&mut client, |c, key| {
+        let token = acquire(c, &format!("renew-{key}"));
+        c.batch_execute("SET synchronous_commit = off").unwrap();
+        c.query_one("SELECT fence.lease_renew($1, $2, '1 minute')", &[&format!("renew-{key}"), &token])
+            .unwrap();
+        c.batch_execute("SET synchronous_commit = on").unwrap();
+    });
+    assert_eq!(renewals, TRIALS, "renewal commits not flushed");
+
+    // A release with another write before or after it in its transaction keeps the flush.
+    let mixed = flushed_commits(&mut client, |c, key| {
+        let (before, after) = (format!("before-{key}"), format!("after-{key}"));
+        let (t1, t2) = (acquire(c, &before), acquire(c, &after));
+        let mut tx = c.transaction().unwrap();
+        tx.execute("INSERT INTO audit VALUES ('written before the release')", &[]).unwrap();
+        let released: bool = tx.query_one("SELECT fence.lease_release($1, $2)", &[&before, &t1]).unwrap().get(0);
+        assert!(released);
+        tx.commit().unwrap();
+        let mut tx = c.transaction().unwrap();
+        let released: bool = tx.query_one("SELECT fence.lease_release($1, $2)", &[&after, &t2]).unwrap().get(0);
+        assert!(released);
+        tx.execute("INSERT INTO audit VALUES ('written after the release')", &[]).unwrap();
+        tx.commit().unwrap();
+    });
+    assert_eq!(mixed, TRIALS, "a transaction with other writes lost its flush");
+
+    // A release alone skips the flush. (The WAL writer may still flush now and then; most must not.)
+    let alone = flushed_commits(&mut client, |c, key| {
+        let key = format!("alone-{key}");
+        let token = acquire(c, &key);
+        release(c, &key, token);
+    });
+    assert!(alone < TRIALS / 2, "{alone} of {TRIALS} release-only commits waited for a flush");
+
+    // So does an acquire refused because the key is held: it changed nothing.
+    acquire(&mut client, "held");
+    let refused = flushed_commits(&mut client, |c, _| {
+        let lease: Option<i64> = c.query_one("SELECT (fence.lease_acquire('held', '1 minute')).fence", &[]).unwrap().get(0);
+        assert!(lease.is_none());
+    });
+    assert!(refused < TRIALS / 2, "{refused} of {TRIALS} refused acquires waited for a flush");
+}
