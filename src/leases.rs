@@ -14,18 +14,25 @@ use crate::{durability, input, keylock};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
+use pgrx::spi::SpiTupleTable;
 use pgrx::Uuid;
 
-/// The grant. The first grant of a key inserts fence 1; later ones bump the fence on the existing
-/// row, and only when the lease there is dead (released, or expired at $3). No row back: held.
-const GRANT: &str = "
-    INSERT INTO fence.lease_state AS s (key, fence, owner, token, acquired_at, expires_at)
+/// A grant of a key granted before: bump the fence, but only when the lease there is dead
+/// (released, or expired at $3). A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would
+/// also WAL-log a row lock: the key lock already keeps every other writer of this key out.
+const GRANT_AGAIN: &str = "
+    UPDATE fence.lease_state
+       SET fence = fence + 1, owner = $2, token = pg_catalog.gen_random_uuid(),
+           acquired_at = $3, expires_at = $4
+     WHERE key = $1 AND (token IS NULL OR expires_at <= $3)
+    RETURNING ROW(key, owner, fence, token, acquired_at, expires_at)::fence.lease";
+
+/// A key's first grant, fence 1. When the row exists, GRANT_AGAIN found its lease live: held.
+const GRANT_FIRST: &str = "
+    INSERT INTO fence.lease_state (key, fence, owner, token, acquired_at, expires_at)
     VALUES ($1, 1, $2, pg_catalog.gen_random_uuid(), $3, $4)
-    ON CONFLICT (key) DO UPDATE
-       SET fence = s.fence + 1, owner = excluded.owner, token = excluded.token,
-           acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
-     WHERE s.token IS NULL OR s.expires_at <= $3
-    RETURNING ROW(s.key, s.owner, s.fence, s.token, s.acquired_at, s.expires_at)::fence.lease";
+    ON CONFLICT (key) DO NOTHING
+    RETURNING ROW(key, owner, fence, token, acquired_at, expires_at)::fence.lease";
 
 /// Extends a live lease held with this token. An expired lease is never revived.
 const RENEW: &str = "
@@ -57,13 +64,14 @@ fn lease_acquire(
     let now = clock_now();
     let args = [key.into(), owner.into(), timestamp(now).into(), timestamp(now + ttl).into()];
     let wal_before = durability::wal_position();
-    let lease = execute(GRANT, &args, |rows| {
+    let read_lease = |rows: SpiTupleTable| {
         if rows.is_empty() {
             None
         } else {
             rows.first().get::<pgrx::composite_type!('static, "lease")>(1).unwrap_or_report()
         }
-    });
+    };
+    let lease = execute(GRANT_AGAIN, &args, read_lease).or_else(|| execute(GRANT_FIRST, &args, read_lease));
     match lease {
         Some(_) => durability::require_durable_commit(),
         None => durability::skip_flush_if_alone(wal_before),
