@@ -1,4 +1,16 @@
--- pg_fence schema objects. CREATE EXTENSION creates schema `fence` (named in pg_fence.control) first.
+-- pg_fence schema objects. CREATE EXTENSION creates schema `fence` (named in pg_fence.control) first,
+-- or takes the one that exists. Whoever owns that schema can drop everything in it, the fence counters
+-- included, so it must belong to the role installing the extension.
+DO $$
+BEGIN
+    IF (SELECT nspowner FROM pg_catalog.pg_namespace WHERE nspname = 'fence')
+       <> (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        RAISE EXCEPTION 'schema "fence" already exists and belongs to another role'
+            USING ERRCODE = '42501',
+                  HINT = 'Drop or rename that schema, or install pg_fence as its owner.';
+    END IF;
+END
+$$;
 --
 -- One row per key, kept forever: the row *is* the key's fence counter, so release and expiry only
 -- clear the token and never reset the fence. Nobody but the extension's functions touches it.
@@ -6,9 +18,10 @@ CREATE TABLE fence.lease_state (
     key         text        PRIMARY KEY,
     fence       bigint      NOT NULL,  -- only ever 1 or the previous fence + 1 (leases.rs, GRANT)
     owner       text        NOT NULL,
-    -- the live holder's secret; NULL once released. An expired lease keeps its token but is dead:
-    -- liveness is always `token IS NOT NULL AND expires_at > clock_timestamp()`.
-    token       uuid,
+    -- SHA-256 of the live holder's token (the token itself is shown once, to the acquirer, and kept
+    -- nowhere); NULL once released. An expired lease keeps its hash but is dead: liveness is always
+    -- `token_hash IS NOT NULL AND expires_at > clock_timestamp()`.
+    token_hash  bytea,
     acquired_at timestamptz NOT NULL,
     -- when the lease ends (or ended: release moves it back to the moment of release)
     expires_at  timestamptz NOT NULL
@@ -32,7 +45,7 @@ CREATE TYPE fence.lease AS (
 -- Everyone may see who holds what, but never the tokens.
 CREATE VIEW fence.leases AS
 SELECT key, owner, fence, acquired_at, expires_at,
-       (token IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()) AS live
+       (token_hash IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()) AS live
   FROM fence.lease_state;
 
 GRANT SELECT ON fence.leases TO PUBLIC;

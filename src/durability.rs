@@ -3,8 +3,9 @@
 //! A grant (and a renewal) that a client has seen must survive a crash and a failover, or the same
 //! fence could be handed out twice, or a holder could believe in a lease the server forgot. So such a
 //! transaction commits with at least synchronous_commit = on: flushed locally and, where synchronous
-//! replication is configured, on the synchronous standby. A session's `off`, `local` or
-//! `remote_write` is raised for that transaction only; a stricter `remote_apply` is kept.
+//! replication is configured, on the synchronous standby. The level is raised at PRE_COMMIT, after
+//! all of the caller's own code has run, so no later `SET LOCAL synchronous_commit = off` (nor a
+//! wrapper function's SET clause) can undo it. A stricter `remote_apply` is kept.
 //!
 //! A release, or an acquire that was refused, needs no flush at all: lost in a crash, a release only
 //! leaves the lease to run out its TTL, and a refusal changed nothing. And the next grant of the key
@@ -15,6 +16,12 @@
 use crate::errors;
 use pgrx::pg_sys;
 use pgrx::{register_xact_callback, PgXactCallbackEvent};
+use std::cell::Cell;
+
+thread_local! {
+    /// Whether the current transaction granted or renewed a lease; reset when it ends.
+    static DURABLE_COMMIT_REQUIRED: Cell<bool> = const { Cell::new(false) };
+}
 
 /// Refuses to go on in a read-only transaction or on a standby, before anything is locked.
 pub fn require_writable(what: &str) {
@@ -25,9 +32,19 @@ pub fn require_writable(what: &str) {
     }
 }
 
+/// Makes the current transaction's commit wait for the flush (and the synchronous standby).
 pub fn require_durable_commit() {
-    if sync_level() < pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH {
-        set_local_synchronous_commit(c"on");
+    if DURABLE_COMMIT_REQUIRED.replace(true) {
+        return; // already arranged for this transaction
+    }
+    register_xact_callback(PgXactCallbackEvent::PreCommit, || {
+        if sync_level() < pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH {
+            set_local_synchronous_commit(c"on");
+        }
+    });
+    // PREPARE TRANSACTION always flushes; COMMIT PREPARED runs later, in another transaction.
+    for end in [PgXactCallbackEvent::Commit, PgXactCallbackEvent::Abort, PgXactCallbackEvent::Prepare] {
+        register_xact_callback(end, || DURABLE_COMMIT_REQUIRED.set(false));
     }
 }
 
@@ -46,7 +63,8 @@ pub fn skip_flush_if_alone(position_before_change: u64) {
     register_xact_callback(PgXactCallbackEvent::PreCommit, move || {
         let nothing_written_since = wal_written_by_this_transaction() == position_after_change;
         let strictest_we_lower = pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH;
-        if nothing_written_since && sync_level() <= strictest_we_lower {
+        let durable_required = DURABLE_COMMIT_REQUIRED.get();
+        if nothing_written_since && !durable_required && sync_level() <= strictest_we_lower {
             set_local_synchronous_commit(c"off");
         }
     });

@@ -4,9 +4,14 @@
 //! - 22004 null_value_not_allowed: a required argument is NULL.
 //! - 22023 invalid_parameter_value: an argument is out of range (empty key, bad ttl, ...).
 //! - 25006 read_only_sql_transaction: a change was asked of a read-only transaction or a standby.
+//! - 42P01 undefined_table, 42703 undefined_column, 42809 wrong_object_type, 42804
+//!   datatype_mismatch: the target of a fenced or versioned write is not what it must be.
+//! - 40001 serialization_failure: versioned_update found another version (retry).
+//! - P0002 no_data_found, 21000 cardinality_violation: versioned_update matched no row, or several.
 //!
-//! pg_fence's own codes (class PF) are raised by the SQL shells in sql/api.sql:
+//! pg_fence's own codes (class PF) are raised by the SQL shells in sql/:
 //! - PF001 lease_lost: renew with a token that is not the live holder's.
+//! - PF002 stale_fence: a write under a fence that is no longer the key's live one.
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
@@ -42,4 +47,62 @@ pub fn read_only(what: &str, on_standby: bool) -> ! {
         )
     };
     raise(PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION, message, hint)
+}
+
+pub fn undefined_table(relid: pgrx::pg_sys::Oid) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+        format!("relation with OID {} does not exist", relid.to_u32()),
+        "Pass the table as a name, such as 'invoices' or 'billing.invoices'.",
+    )
+}
+
+pub fn undefined_column(column: &str, table: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN,
+        format!("column \"{column}\" of {table} does not exist"),
+        "The keys of changes and filter must be column names of the table, spelled exactly.",
+    )
+}
+
+pub fn wrong_object_type(message: String) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_WRONG_OBJECT_TYPE,
+        message,
+        "Write to the table itself, not to a view, sequence or other relation.",
+    )
+}
+
+pub fn datatype_mismatch(message: String) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_DATATYPE_MISMATCH,
+        message,
+        "Fences and versions are kept in an integer column (bigint is best).",
+    )
+}
+
+pub fn no_row(table: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_NO_DATA_FOUND,
+        format!("no row of {table} matches the filter"),
+        "Check the filter; versioned_update changes exactly one existing row.",
+    )
+}
+
+pub fn not_one_row(table: &str, found: usize) -> ! {
+    let found = if found > 1 { "more than one row".to_string() } else { format!("{found} rows") };
+    raise(
+        PgSqlErrorCode::ERRCODE_CARDINALITY_VIOLATION,
+        format!("the filter matches {found} of {table}; versioned_update changes exactly one"),
+        "Filter on a unique key, such as the primary key.",
+    )
+}
+
+pub fn version_mismatch(table: &str, expected: i64, actual: Option<i64>) -> ! {
+    let actual = actual.map_or("NULL".to_string(), |v| v.to_string());
+    raise(
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        format!("version conflict on {table}: expected version {expected}, the row has {actual}"),
+        "Another writer changed the row first: read it again and retry.",
+    )
 }

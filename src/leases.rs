@@ -1,16 +1,22 @@
 //! Leases: lease_acquire, lease_release, current_fence, and the core of lease_renew (whose public
-//! shell in sql/api.sql turns "not held" into SQLSTATE PF001).
+//! shell in sql/leases.sql turns "not held" into SQLSTATE PF001).
 //!
 //! Every change to a key follows the same steps, in this order:
 //! 1. check the arguments (nothing is touched when they are bad);
 //! 2. refuse read-only transactions and standbys;
-//! 3. take the key's lock (see `keylock`), waiting for the transaction that holds it to end;
+//! 3. take the key's lock (see `keylock`), waiting for the transaction that holds it to end, but
+//!    only when waiting can achieve something, and hold it only if something changed (see
+//!    `lock_key_unless_futile`);
 //! 4. only then read the clock, so a grant's acquired_at is never before the previous lease ended;
 //! 5. run one statement that decides liveness by that clock reading and changes the row;
 //! 6. settle what the commit needs (see `durability`): a flush for grants and renewals, none for
 //!    a release or a refusal that is all its transaction wrote.
+//!
+//! Tokens are stored only as their SHA-256: a token is shown once, to the caller of lease_acquire,
+//! and not even a superuser reading the table (or a backup of it) can use it afterwards.
 use crate::spi_plans::execute;
-use crate::{durability, input, keylock};
+use crate::keylock::{self, Mode};
+use crate::{clock, durability, input};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
@@ -22,29 +28,38 @@ use pgrx::Uuid;
 /// also WAL-log a row lock: the key lock already keeps every other writer of this key out.
 const GRANT_AGAIN: &str = "
     UPDATE fence.lease_state
-       SET fence = fence + 1, owner = $2, token = pg_catalog.gen_random_uuid(),
+       SET fence = fence + 1, owner = $2, token_hash = pg_catalog.sha256(pg_catalog.uuid_send($5)),
            acquired_at = $3, expires_at = $4
-     WHERE key = $1 AND (token IS NULL OR expires_at <= $3)
-    RETURNING ROW(key, owner, fence, token, acquired_at, expires_at)::fence.lease";
+     WHERE key = $1 AND (token_hash IS NULL OR expires_at <= $3)
+    RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease";
 
 /// A key's first grant, fence 1. When the row exists, GRANT_AGAIN found its lease live: held.
 const GRANT_FIRST: &str = "
-    INSERT INTO fence.lease_state (key, fence, owner, token, acquired_at, expires_at)
-    VALUES ($1, 1, $2, pg_catalog.gen_random_uuid(), $3, $4)
+    INSERT INTO fence.lease_state (key, fence, owner, token_hash, acquired_at, expires_at)
+    VALUES ($1, 1, $2, pg_catalog.sha256(pg_catalog.uuid_send($5)), $3, $4)
     ON CONFLICT (key) DO NOTHING
-    RETURNING ROW(key, owner, fence, token, acquired_at, expires_at)::fence.lease";
+    RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease";
 
 /// Extends a live lease held with this token. An expired lease is never revived.
 const RENEW: &str = "
     UPDATE fence.lease_state SET expires_at = $4
-     WHERE key = $1 AND token = $2 AND expires_at > $3
+     WHERE key = $1 AND token_hash = pg_catalog.sha256(pg_catalog.uuid_send($2)) AND expires_at > $3
     RETURNING expires_at";
 
 /// Ends a live lease held with this token; expires_at becomes the moment it ended.
 const RELEASE: &str = "
-    UPDATE fence.lease_state SET token = NULL, expires_at = $3
-     WHERE key = $1 AND token = $2 AND expires_at > $3
+    UPDATE fence.lease_state SET token_hash = NULL, expires_at = $3
+     WHERE key = $1 AND token_hash = pg_catalog.sha256(pg_catalog.uuid_send($2)) AND expires_at > $3
     RETURNING fence";
+
+/// Before waiting for the key's lock: does this token hold the live lease, as last committed?
+const TOKEN_HOLDS: &str = "
+    SELECT 1 FROM fence.lease_state
+     WHERE key = $1 AND token_hash = pg_catalog.sha256(pg_catalog.uuid_send($2)) AND expires_at > $3";
+
+/// Before waiting for the key's lock: is the key's lease live, as last committed?
+const IS_LIVE: &str = "
+    SELECT 1 FROM fence.lease_state WHERE key = $1 AND token_hash IS NOT NULL AND expires_at > $2";
 
 const CURRENT_FENCE: &str = "SELECT fence FROM fence.lease_state WHERE key = $1";
 
@@ -60,10 +75,20 @@ fn lease_acquire(
     let ttl = input::ttl(ttl);
     let owner = input::owner(owner);
     durability::require_writable("acquire a lease");
-    keylock::lock_for_change(key);
-    let now = clock_now();
-    let args = [key.into(), owner.into(), timestamp(now).into(), timestamp(now + ttl).into()];
     let wal_before = durability::wal_position();
+    let held = |now| execute(IS_LIVE, &[key.into(), clock::timestamp(now).into()], |rows| !rows.is_empty());
+    if !lock_key_unless_futile(key, Mode::Grant, |now| !held(now)) {
+        return None;
+    }
+    let now = clock::now();
+    let token = Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes());
+    let args = [
+        key.into(),
+        owner.into(),
+        clock::timestamp(now).into(),
+        clock::timestamp(now + ttl).into(),
+        token.into(),
+    ];
     let read_lease = |rows: SpiTupleTable| {
         if rows.is_empty() {
             None
@@ -74,7 +99,10 @@ fn lease_acquire(
     let lease = execute(GRANT_AGAIN, &args, read_lease).or_else(|| execute(GRANT_FIRST, &args, read_lease));
     match lease {
         Some(_) => durability::require_durable_commit(),
-        None => durability::skip_flush_if_alone(wal_before),
+        None => {
+            keylock::unlock(key, Mode::Grant);
+            durability::skip_flush_if_alone(wal_before);
+        }
     }
     lease
 }
@@ -91,17 +119,23 @@ fn renew_if_held(
     let token = input::token(token);
     let ttl = input::ttl(ttl);
     durability::require_writable("renew a lease");
-    durability::require_durable_commit();
-    keylock::lock_for_change(key);
-    let now = clock_now();
-    let args = [key.into(), token.into(), timestamp(now).into(), timestamp(now + ttl).into()];
-    execute(RENEW, &args, |rows| {
+    if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
+        return None;
+    }
+    let now = clock::now();
+    let args = [key.into(), token.into(), clock::timestamp(now).into(), clock::timestamp(now + ttl).into()];
+    let renewed = execute(RENEW, &args, |rows| {
         if rows.is_empty() {
             None
         } else {
             rows.first().get::<TimestampWithTimeZone>(1).unwrap_or_report()
         }
-    })
+    });
+    match renewed {
+        Some(_) => durability::require_durable_commit(),
+        None => keylock::unlock(key, Mode::Change),
+    }
+    renewed
 }
 
 /// Ends the lease held with `token`: true when this call ended it, false when that token no longer
@@ -112,11 +146,16 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     let key = input::key(key);
     let token = input::token(token);
     durability::require_writable("release a lease");
-    keylock::lock_for_change(key);
-    let now = clock_now();
-    let args = [key.into(), token.into(), timestamp(now).into()];
     let wal_before = durability::wal_position();
+    if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
+        return false;
+    }
+    let now = clock::now();
+    let args = [key.into(), token.into(), clock::timestamp(now).into()];
     let released = execute(RELEASE, &args, |rows| !rows.is_empty());
+    if !released {
+        keylock::unlock(key, Mode::Change);
+    }
     durability::skip_flush_if_alone(wal_before);
     released
 }
@@ -135,12 +174,25 @@ fn current_fence(key: Option<&str>) -> Option<i64> {
     })
 }
 
-/// clock_timestamp(), in microseconds since the PostgreSQL epoch.
-fn clock_now() -> i64 {
-    // SAFETY: reads the system clock.
-    unsafe { pg_sys::GetCurrentTimestamp() }
+/// Takes the key's lock and returns true; or returns false, taking nothing, when the key is busy
+/// and `worth_waiting(clock now)`, a read of the last committed state, says that the call cannot
+/// succeed anyway. So a call without the live holder's token, or an acquire of a key whose lease is
+/// live, never queues behind a transaction that holds the key. And a call that then changes nothing
+/// gives the lock back at once (`keylock::unlock`), so keeping such a call's transaction open holds
+/// nobody up: without the token, nobody can stall a holder's renew or release. The decisive check is
+/// always the one made under the lock.
+fn lock_key_unless_futile(key: &str, mode: Mode, worth_waiting: impl FnOnce(i64) -> bool) -> bool {
+    if keylock::try_lock(key, mode) {
+        return true;
+    }
+    if !worth_waiting(clock::now()) {
+        return false;
+    }
+    keylock::lock(key, mode);
+    true
 }
 
-fn timestamp(micros: i64) -> TimestampWithTimeZone {
-    TimestampWithTimeZone::try_from(micros).unwrap_or_report()
+fn token_holds(key: &str, token: Uuid, now: i64) -> bool {
+    let args = [key.into(), token.into(), clock::timestamp(now).into()];
+    execute(TOKEN_HOLDS, &args, |rows| !rows.is_empty())
 }

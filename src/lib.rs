@@ -5,16 +5,24 @@
 //! - `keylock`: the per-key advisory lock that serializes every change to one key.
 //! - `durability`: what a transaction that grants or renews must guarantee at commit.
 //! - `input`: argument checks shared by every function; `errors`: how they fail.
-//! - `settings`: the `pg_fence.*` GUCs.
-//! - `sql/`: the tables, types and views (schema.sql) and the SQL shells that raise pg_fence's own
-//!   SQLSTATEs (api.sql).
+//! - `fencing`: fence_guard, fenced_update, fenced_write: writes that a stale holder cannot make.
+//! - `occ`: versioned_update, optimistic concurrency without locks.
+//! - `row_update`: the UPDATE statements those build from the caller's jsonb.
+//! - `clock`: the server's clock, as liveness must read it.
+//! - `settings`: the `pg_fence.*` GUCs; `spi_plans`: statements prepared once per backend.
+//! - `sql/`: the tables, types and views (schema.sql), and per concept the public functions written
+//!   in SQL: shells that raise pg_fence's own SQLSTATEs, and the versioning trigger.
 use pgrx::prelude::*;
 
+mod clock;
 mod durability;
 mod errors;
+mod fencing;
 mod input;
 mod keylock;
 mod leases;
+mod occ;
+mod row_update;
 mod settings;
 mod spi_plans;
 
@@ -24,7 +32,13 @@ mod pg_tests;
 ::pgrx::pg_module_magic!(name, version);
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
-extension_sql_file!("../sql/api.sql", name = "api", finalize);
+extension_sql_file!("../sql/leases.sql", name = "leases", requires = [leases::renew_if_held]);
+extension_sql_file!(
+    "../sql/fencing.sql",
+    name = "fencing",
+    requires = [fencing::fence_holds, fencing::update_matching, fencing::write_unless_stale]
+);
+extension_sql_file!("../sql/occ.sql", name = "occ", requires = [occ::update_versioned_row]);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -132,25 +132,8 @@ mod tests {
         assert_eq!(one::<String>(columns).as_deref(), Some("key,owner,fence,acquired_at,expires_at,live"));
     }
 
-    #[pg_test]
-    fn a_grant_raises_synchronous_commit_to_on_for_its_transaction() {
-        for weak in ["off", "local", "remote_write"] {
-            run(&format!("SET LOCAL synchronous_commit = {weak}"));
-            run("SELECT fence.lease_acquire(gen_random_uuid()::text, '10 s')");
-            assert_eq!(one::<String>("SHOW synchronous_commit").as_deref(), Some("on"), "after {weak}");
-        }
-        run("SET LOCAL synchronous_commit = remote_apply");
-        run("SELECT fence.lease_acquire('strict', '10 s')");
-        assert_eq!(one::<String>("SHOW synchronous_commit").as_deref(), Some("remote_apply"));
-    }
-
-    #[pg_test]
-    fn a_renewal_raises_synchronous_commit_too() {
-        acquire("k", "10 s");
-        run("SET LOCAL synchronous_commit = off");
-        run(&format!("SELECT fence.lease_renew('k', {}, '10 s')", token("k")));
-        assert_eq!(one::<String>("SHOW synchronous_commit").as_deref(), Some("on"));
-    }
+    // That grants and renewals commit durably is checked from outside, by whether their commits
+    // were flushed: tests/tests/commits.rs.
 
     #[pg_test(error = "cannot acquire a lease in a read-only transaction")]
     fn acquire_in_a_read_only_transaction() {
@@ -167,9 +150,27 @@ mod tests {
     }
 
     #[pg_test]
-    fn max_ttl_follows_the_setting() {
+    fn max_ttl_can_be_raised() {
+        run("SET LOCAL pg_fence.max_ttl = '2d'");
+        assert_eq!(acquire("k", "36 hours"), Some(1));
+    }
+
+    #[pg_test(error = "ttl 01:00:01 exceeds pg_fence.max_ttl (3600 s)")]
+    fn max_ttl_can_be_lowered() {
         run("SET LOCAL pg_fence.max_ttl = '1h'");
-        assert_eq!(acquire("k", "1 hour"), Some(1));
+        acquire("k", "1 hour 1 second");
+    }
+
+    #[pg_test]
+    fn tokens_are_stored_only_as_hashes() {
+        let token = one::<String>("SELECT (fence.lease_acquire('k', '10 s')).token::text").unwrap();
+        let stored = format!(
+            "SELECT token_hash = sha256(uuid_send('{token}'::uuid)) FROM fence.lease_state WHERE key = 'k'"
+        );
+        assert_eq!(one::<bool>(&stored), Some(true));
+        let columns = "SELECT count(*) FROM pg_attribute WHERE attrelid = 'fence.lease_state'::regclass
+                          AND atttypid = 'uuid'::regtype AND NOT attisdropped";
+        assert_eq!(one::<i64>(columns), Some(0), "no uuid column may hold a token");
     }
 
     #[pg_test]
@@ -178,8 +179,10 @@ mod tests {
                           OR has_table_privilege('public', 'fence.lease_state', 'INSERT')
                           OR has_table_privilege('public', 'fence.lease_state', 'UPDATE')";
         assert_eq!(one::<bool>(grants), Some(false));
-        let core = "SELECT has_function_privilege('public', 'fence.renew_if_held(text, uuid, interval)', 'EXECUTE')";
-        assert_eq!(one::<bool>(core), Some(false));
+        for core in ["fence.renew_if_held(text, uuid, interval)", "fence.fence_holds(text, bigint)"] {
+            let sql = format!("SELECT has_function_privilege('public', '{core}', 'EXECUTE')");
+            assert_eq!(one::<bool>(&sql), Some(false), "{core}");
+        }
     }
 
     // Bad input: each is refused with an error before anything is locked or changed.

@@ -2,7 +2,8 @@
 //! synchronous_commit; a release skips the flush only when it is all its transaction wrote.
 //!
 //! A commit waited for its flush when, right after it returns, the WAL is flushed up to where it was
-//! inserted. The cluster's WAL writer is made lazy (and autovacuum is off) so that a commit that
+//! inserted. (The check runs right after each commit: a later flushed commit would hide an earlier
+//! unflushed one.) The cluster's WAL writer is made lazy (and autovacuum is off) so that a commit that
 //! skipped the flush stays visibly unflushed.
 use pg_fence_integration::Cluster;
 use postgres::Client;
@@ -50,42 +51,66 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
     let mut client = cluster.connect();
     client.batch_execute("CREATE TABLE audit (note text)").unwrap();
 
-    for synchronous_commit in ["on", "off", "local"] {
+    for synchronous_commit in ["on", "off", "local", "remote_write"] {
         client.batch_execute(&format!("SET synchronous_commit = {synchronous_commit}")).unwrap();
         let grants = flushed_commits(&mut client, |c, key| {
-            let token = acquire(c, &format!("{key}-{synchronous_commit}"));
-            release(c, &format!("{key}-{synchronous_commit}"), token);
-            acquire(c, &format!("{key}-{synchronous_commit}"));
+            let key = format!("{key}-{synchronous_commit}");
+            let token = acquire(c, &key);
+            release(c, &key, token);
+            acquire(c, &key);
         });
         assert_eq!(grants, TRIALS, "grant commits not flushed with synchronous_commit = {synchronous_commit}");
     }
     client.batch_execute("SET synchronous_commit = on").unwrap();
 
+    // Nothing the caller does after the grant, in the same transaction, can undo it.
+    client
+        .batch_execute(
+            "CREATE FUNCTION lazy_acquire(k text) RETURNS bigint LANGUAGE sql SET synchronous_commit = off
+             AS $$ SELECT (fence.lease_acquire(k, '1 minute')).fence $$",
+        )
+        .unwrap();
+    let lowered_after = flushed_commits(&mut client, |c, key| {
+        let mut tx = c.transaction().unwrap();
+        tx.query_one("SELECT (fence.lease_acquire($1, '1 minute')).fence", &[&format!("later-{key}")]).unwrap();
+        tx.batch_execute("SET LOCAL synchronous_commit = off").unwrap();
+        tx.commit().unwrap();
+    });
+    assert_eq!(lowered_after, TRIALS, "SET LOCAL synchronous_commit = off after a grant lost its flush");
+    let wrapped = flushed_commits(&mut client, |c, key| {
+        c.query_one("SELECT lazy_acquire($1)", &[&format!("wrapped-{key}")]).unwrap();
+    });
+    assert_eq!(wrapped, TRIALS, "a grant inside a function with SET synchronous_commit = off lost its flush");
+
     let renewals = flushed_commits(&mut client, |c, key| {
-        let token = acquire(c, &format!("renew-{key}"));
-        c.batch_execute("SET synchronous_commit = off").unwrap();
-        c.query_one("SELECT fence.lease_renew($1, $2, '1 minute')", &[&format!("renew-{key}"), &token])
-            .unwrap();
-        c.batch_execute("SET synchronous_commit = on").unwrap();
+        let key = format!("renew-{key}");
+        let token = acquire(c, &key);
+        let mut tx = c.transaction().unwrap();
+        tx.batch_execute("SET LOCAL synchronous_commit = off").unwrap();
+        tx.query_one("SELECT fence.lease_renew($1, $2, '1 minute')", &[&key, &token]).unwrap();
+        tx.commit().unwrap();
     });
     assert_eq!(renewals, TRIALS, "renewal commits not flushed");
 
     // A release with another write before or after it in its transaction keeps the flush.
-    let mixed = flushed_commits(&mut client, |c, key| {
-        let (before, after) = (format!("before-{key}"), format!("after-{key}"));
-        let (t1, t2) = (acquire(c, &before), acquire(c, &after));
-        let mut tx = c.transaction().unwrap();
-        tx.execute("INSERT INTO audit VALUES ('written before the release')", &[]).unwrap();
-        let released: bool = tx.query_one("SELECT fence.lease_release($1, $2)", &[&before, &t1]).unwrap().get(0);
-        assert!(released);
-        tx.commit().unwrap();
-        let mut tx = c.transaction().unwrap();
-        let released: bool = tx.query_one("SELECT fence.lease_release($1, $2)", &[&after, &t2]).unwrap().get(0);
-        assert!(released);
-        tx.execute("INSERT INTO audit VALUES ('written after the release')", &[]).unwrap();
-        tx.commit().unwrap();
-    });
-    assert_eq!(mixed, TRIALS, "a transaction with other writes lost its flush");
+    for order in ["write, then release", "release, then write"] {
+        let mixed = flushed_commits(&mut client, |c, key| {
+            let key = format!("{order}-{key}");
+            let token = acquire(c, &key);
+            let mut tx = c.transaction().unwrap();
+            let write = "INSERT INTO audit VALUES ('another write')";
+            if order.starts_with("write") {
+                tx.execute(write, &[]).unwrap();
+            }
+            let released: bool = tx.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
+            assert!(released);
+            if order.starts_with("release") {
+                tx.execute(write, &[]).unwrap();
+            }
+            tx.commit().unwrap();
+        });
+        assert_eq!(mixed, TRIALS, "{order}: a transaction with another write lost its flush");
+    }
 
     // A release alone skips the flush. (The WAL writer may still flush now and then; most must not.)
     let alone = flushed_commits(&mut client, |c, key| {

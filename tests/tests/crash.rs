@@ -1,6 +1,6 @@
-//! kill -9 of the whole server in the middle of a stream of grants. After crash recovery, every
-//! fence handed out must be above every fence a client saw acknowledged (committed) before the crash,
-//! even for sessions that set synchronous_commit = off.
+//! kill -9 of the whole server in the middle of a stream of grants and releases. After crash
+//! recovery, every fence handed out must be above every fence a client saw acknowledged (committed)
+//! before the crash, even for sessions that set synchronous_commit = off.
 use pg_fence_integration::Cluster;
 use postgres::Client;
 use rand::Rng;
@@ -19,11 +19,23 @@ const LAZY_WAL_WRITER: &[&str] = &["wal_writer_delay=10s", "wal_writer_flush_aft
 /// One way of granting a key: returns the new fence, or None when the key is held.
 type Grant = fn(&mut Client, &str) -> Result<Option<i64>, postgres::Error>;
 
+/// How long a lease granted before the crash may outlive it: after restart, the check waits this long.
+const TTL_MS: u64 = 200;
+
+/// A grant, then its release: the release commits without a flush (it is all its transaction
+/// writes), so the crash also hits releases that were acknowledged but never flushed.
 fn pg_fence_grant(client: &mut Client, key: &str) -> Result<Option<i64>, postgres::Error> {
     let mut tx = client.transaction()?;
-    let fence = tx.query_one("SELECT (fence.lease_acquire($1, '1 millisecond')).fence", &[&key])?.get(0);
+    let row = tx.query_one(
+        "SELECT (l).fence, (l).token FROM fence.lease_acquire($1, $2::text::interval) l",
+        &[&key, &format!("{TTL_MS} milliseconds")],
+    )?;
     // Acknowledged only once COMMIT has returned: before that the grant may not exist.
     tx.commit()?;
+    let (fence, token): (Option<i64>, Option<uuid::Uuid>) = (row.get(0), row.get(1));
+    if let Some(token) = token {
+        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token])?;
+    }
     Ok(fence)
 }
 
@@ -73,8 +85,9 @@ fn reissued_keys(cluster: &Cluster, acked: &HashMap<String, i64>, grant: Grant) 
     cluster.restart();
     let mut client = cluster.connect();
     let mut reissued = Vec::new();
+    // Leases from before the crash, and releases the crash lost, lapse within the TTL.
+    thread::sleep(Duration::from_millis(TTL_MS + 50));
     for (key, top) in acked {
-        thread::sleep(Duration::from_millis(2)); // let the 1 ms leases from before the crash lapse
         let fence = grant(&mut client, key).unwrap().expect("every lease from before the crash has expired");
         if fence <= *top {
             reissued.push(format!("{key}: acknowledged {top}, granted {fence} after restart"));

@@ -27,6 +27,8 @@ fn racing_sessions_never_share_a_key_and_fences_strictly_increase() {
             thread::spawn(move || {
                 let mut rng = rand::thread_rng();
                 let mut granted = 0;
+                let mut stale_releases_accepted = 0;
+                let mut old_tokens: Vec<(String, Uuid)> = Vec::new();
                 for _ in 0..2_000 {
                     let key = format!("key-{}", rng.gen_range(0..4));
                     let ttl = format!("{} milliseconds", rng.gen_range(2..30));
@@ -50,6 +52,23 @@ fn racing_sessions_never_share_a_key_and_fences_strictly_increase() {
                     .unwrap();
                     tx.commit().unwrap();
                     granted += 1;
+                    // A token whose lease was released must never end anyone's lease (invariant 4).
+                    if let Some((old_key, old_token)) = old_tokens.pop() {
+                        let ended: bool = client
+                            .query_one("SELECT fence.lease_release($1, $2)", &[&old_key, &old_token])
+                            .unwrap()
+                            .get(0);
+                        stale_releases_accepted += i32::from(ended);
+                    }
+                    if rng.gen_bool(0.2) {
+                        // Renew, recording the new end with it; the lease may already have expired
+                        // (lease lost, PF001).
+                        let renew = "UPDATE grants SET ends_at = fence.lease_renew($1, $2, '20 milliseconds')
+                                      WHERE key = $1 AND fence = $3";
+                        if let Err(err) = client.execute(renew, &[&key, &token, &fence]) {
+                            assert_eq!(sqlstate(&err), "PF001", "{err}");
+                        }
+                    }
                     // Sometimes let the lease run out instead of releasing it.
                     if rng.gen_bool(0.2) {
                         continue;
@@ -61,6 +80,8 @@ fn racing_sessions_never_share_a_key_and_fences_strictly_increase() {
                     let released: bool =
                         tx.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
                     if released {
+                        old_tokens.push((key.clone(), token));
+                        // After release, the view's expires_at is the moment the lease ended.
                         tx.execute(
                             "UPDATE grants g SET ends_at = l.expires_at FROM fence.leases l
                               WHERE g.key = $1 AND g.fence = $2 AND l.key = g.key",
@@ -70,6 +91,7 @@ fn racing_sessions_never_share_a_key_and_fences_strictly_increase() {
                     }
                     tx.commit().unwrap();
                 }
+                assert_eq!(stale_releases_accepted, 0, "a stale token ended a lease");
                 granted
             })
         })
@@ -135,4 +157,34 @@ fn an_expired_holder_is_taken_over_and_cannot_renew_or_release() {
     assert_eq!(row.get::<_, String>(0), "B");
     assert_eq!(row.get::<_, i64>(1), b_fence);
     assert!(row.get::<_, bool>(2));
+}
+
+/// Calls that change nothing (a release with a wrong token, an acquire of a held key) give
+/// the key's lock back at once: another role keeping such a call's transaction open does not hold up
+/// the holder's renew and release, nor the next grant.
+#[test]
+fn calls_that_change_nothing_never_hold_up_the_holder() {
+    let cluster = Cluster::start("no_stall", 26103, &[]);
+    let mut holder = cluster.connect();
+    let mut other = cluster.connect();
+    holder.batch_execute("SET lock_timeout = '2s'").unwrap();
+    let token: Uuid = holder
+        .query_one("SELECT (fence.lease_acquire('k', '1 minute')).token", &[])
+        .unwrap()
+        .get(0);
+
+    // (A renew with a wrong token raises PF001, and the failed transaction holds nothing.)
+    let mut open = other.transaction().unwrap();
+    let refused: Option<i64> = open.query_one("SELECT (fence.lease_acquire('k', '1 minute')).fence", &[]).unwrap().get(0);
+    assert!(refused.is_none());
+    let released: bool = open.query_one("SELECT fence.lease_release('k', gen_random_uuid())", &[]).unwrap().get(0);
+    assert!(!released);
+
+    // The other session's transaction is still open; the holder goes on unhindered.
+    holder.query_one("SELECT fence.lease_renew('k', $1, '1 minute')", &[&token]).unwrap();
+    let released: bool = holder.query_one("SELECT fence.lease_release('k', $1)", &[&token]).unwrap().get(0);
+    assert!(released);
+    let next: Option<i64> = holder.query_one("SELECT (fence.lease_acquire('k', '1 minute')).fence", &[]).unwrap().get(0);
+    assert_eq!(next, Some(2));
+    open.rollback().unwrap();
 }

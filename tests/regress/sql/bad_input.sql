@@ -1,4 +1,5 @@
--- Every bad argument: a clear error with its SQLSTATE, and the lease table unchanged.
+-- Every bad argument: a clear error with its SQLSTATE, and the lease table unchanged. (Each case
+-- runs in try()'s subtransaction; the calls outside try() below show the errors as a client sees them.)
 CREATE EXTENSION pg_fence;
 CREATE OR REPLACE FUNCTION try(sql text) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
@@ -44,7 +45,9 @@ SELECT fence.lease_renew('held', (:'l'::fence.lease).token, '2 days') > clock_ti
 RESET pg_fence.max_ttl;
 
 -- Nothing but that renewal changed.
-SELECT b.key, b.fence = s.fence AS same_fence, b.token = s.token AS same_token, b.owner = s.owner AS same_owner
+SELECT b.key, b.fence = s.fence AS same_fence, b.token_hash = s.token_hash AS same_token,
+       b.owner = s.owner AS same_owner, b.acquired_at = s.acquired_at AS same_start,
+       s.expires_at > b.expires_at AS renewed_later
   FROM before b JOIN fence.lease_state s USING (key);
 SELECT count(*) AS rows_now FROM fence.lease_state;
 

@@ -50,13 +50,6 @@ ROLLBACK;
 SELECT fence.current_fence('rolled-back');
 SELECT (fence.lease_acquire('rolled-back', '30 seconds')).fence;
 
--- The grant's transaction commits with synchronous_commit at least 'on'.
-BEGIN;
-SET LOCAL synchronous_commit = off;
-SELECT (fence.lease_acquire('durable', '30 seconds')).fence;
-SHOW synchronous_commit;
-COMMIT;
-
 -- Read-only transactions are refused before anything happens.
 BEGIN READ ONLY;
 SELECT try($$SELECT fence.lease_acquire('ro', '30 seconds')$$) AS read_only_acquire;

@@ -1,5 +1,5 @@
--- Public functions whose failures carry pg_fence's own SQLSTATEs (class PF, see README "Errors").
--- They are thin SQL shells over the Rust core because pgrx can raise only the SQLSTATEs in its closed
+-- lease_renew: a SQL shell over the Rust core (src/leases.rs), for its own SQLSTATE (README "Errors").
+-- It is a shell because pgrx can raise only the SQLSTATEs in its closed
 -- PgSqlErrorCode enum (any other code becomes XX000), while PL/pgSQL can raise any code.
 
 CREATE FUNCTION fence.lease_renew(key text, token uuid, ttl interval)

@@ -1,0 +1,46 @@
+//! Optimistic concurrency without any lock: versioned_update and the versioning trigger
+//! (sql/occ.sql). A version mismatch is SQLSTATE 40001, so standard client retry loops apply.
+use crate::row_update::RowUpdate;
+use crate::spi_plans::execute;
+use crate::errors;
+use pgrx::pg_sys;
+use pgrx::pg_sys::panic::ErrorReportable;
+use pgrx::prelude::*;
+use pgrx::JsonB;
+
+/// Core of fence.versioned_update: updates the one row matching `filter` if its version is
+/// `expected_version`, sets the version to expected + 1 and returns it.
+#[pg_extern(volatile, parallel_unsafe)]
+fn update_versioned_row(
+    target: Option<pg_sys::Oid>,
+    version_column: Option<&str>,
+    expected_version: Option<i64>,
+    changes: Option<JsonB>,
+    filter: Option<JsonB>,
+) -> i64 {
+    let update = RowUpdate::new("versioned_update", target, changes.as_ref(), filter.as_ref());
+    let column = update.counter_column("version_column", version_column);
+    let expected = expected_version.unwrap_or_else(|| errors::null_argument("expected_version"));
+    let write = update.update_sql(
+        &format!("{column} = t.{column} + 1"),
+        &format!("t.{column} = $3"),
+        &format!("t.{column}::pg_catalog.int8"),
+    );
+    let current = update.select_sql(&format!("t.{column}::pg_catalog.int8"), "") + " LIMIT 2";
+    let args = [changes.into(), filter.into(), expected.into()];
+    let written: Vec<i64> =
+        execute(&write, &args, |rows| rows.map(|row| row.get::<i64>(1).unwrap_or_report().unwrap_or(0)).collect());
+    match written.as_slice() {
+        [version] => *version,
+        [] => {
+            let found: Vec<Option<i64>> =
+                execute(&current, &args, |rows| rows.map(|row| row.get::<i64>(1).unwrap_or_report()).collect());
+            match found.as_slice() {
+                [] => errors::no_row(update.table()),
+                [actual] => errors::version_mismatch(update.table(), expected, *actual),
+                _ => errors::not_one_row(update.table(), found.len()),
+            }
+        }
+        many => errors::not_one_row(update.table(), many.len()),
+    }
+}
