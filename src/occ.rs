@@ -21,26 +21,22 @@ fn update_versioned_row(
     let update = RowUpdate::new("versioned_update", target, changes.as_ref(), filter.as_ref());
     let column = update.counter_column("version_column", version_column);
     let expected = expected_version.unwrap_or_else(|| errors::null_argument("expected_version"));
+    // Lock the matching rows first: then the version seen is the latest, and stays so until commit.
+    let current = update.select_sql(&format!("t.{column}::pg_catalog.int8"), "") + " LIMIT 2 FOR UPDATE";
     let write = update.update_sql(
         &format!("{column} = t.{column} + 1"),
         &format!("t.{column} = $3"),
         &format!("t.{column}::pg_catalog.int8"),
     );
-    let current = update.select_sql(&format!("t.{column}::pg_catalog.int8"), "") + " LIMIT 2";
     let args = [changes.into(), filter.into(), expected.into()];
-    let written: Vec<i64> =
-        execute(&write, &args, |rows| rows.map(|row| row.get::<i64>(1).unwrap_or_report().unwrap_or(0)).collect());
-    match written.as_slice() {
-        [version] => *version,
-        [] => {
-            let found: Vec<Option<i64>> =
-                execute(&current, &args, |rows| rows.map(|row| row.get::<i64>(1).unwrap_or_report()).collect());
-            match found.as_slice() {
-                [] => errors::no_row(update.table()),
-                [actual] => errors::version_mismatch(update.table(), expected, *actual),
-                _ => errors::not_one_row(update.table(), found.len()),
-            }
-        }
-        many => errors::not_one_row(update.table(), many.len()),
+    let found: Vec<Option<i64>> =
+        execute(&current, &args, |rows| rows.map(|row| row.get::<i64>(1).unwrap_or_report()).collect());
+    match found.as_slice() {
+        [] => errors::no_row(update.table()),
+        [Some(version)] if *version == expected => {}
+        [actual] => errors::version_mismatch(update.table(), expected, *actual),
+        _ => errors::not_one_row(update.table(), found.len()),
     }
+    execute(&write, &args, |rows| rows.first().get::<i64>(1).unwrap_or_report())
+        .expect("the locked row has the expected version")
 }

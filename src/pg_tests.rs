@@ -14,17 +14,22 @@ mod tests {
         Spi::run(sql).expect("statement failed")
     }
 
-    /// Acquires `key` and remembers the token in the session variable test.token_<key>.
+    /// Acquires `key` and remembers the token in a session variable (see `token`).
     fn acquire(key: &str, ttl: &str) -> Option<i64> {
         let sql = format!(
             "SELECT (l).fence FROM (SELECT fence.lease_acquire('{key}', '{ttl}') AS l) a,
-                    LATERAL (SELECT set_config('test.token_{key}', (l).token::text, true)) t"
+                    LATERAL (SELECT set_config('{}', (l).token::text, true)) t",
+            token_variable(key)
         );
         one::<i64>(&sql)
     }
 
     fn token(key: &str) -> String {
-        format!("current_setting('test.token_{key}')::uuid")
+        format!("current_setting('{}')::uuid", token_variable(key))
+    }
+
+    fn token_variable(key: &str) -> String {
+        format!("test.token_{}", key.replace(|c: char| !c.is_ascii_alphanumeric(), "_"))
     }
 
     #[pg_test]
@@ -270,5 +275,79 @@ mod tests {
     #[pg_test(error = "key must not be NULL")]
     fn current_fence_null_key() {
         run("SELECT fence.current_fence(NULL)");
+    }
+
+    // Fenced writes and optimistic concurrency.
+
+    fn invoices() {
+        run("CREATE TABLE invoices (id int PRIMARY KEY, status text, fence bigint, version bigint DEFAULT 1)");
+        run("INSERT INTO invoices VALUES (42, 'open', NULL, 1)");
+    }
+
+    #[pg_test]
+    fn fence_guard_accepts_the_live_fence_and_holds_the_key_for_writers() {
+        assert_eq!(acquire("invoice:42", "10 s"), Some(1));
+        assert_eq!(one::<bool>("SELECT fence.fence_guard('invoice:42', 1)"), Some(true));
+        let guard_lock = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 28774
+                             AND pid = pg_backend_pid() AND mode = 'RowShareLock'";
+        assert_eq!(one::<i64>(guard_lock), Some(1));
+    }
+
+    #[pg_test(error = "fence 2 is stale for key \"invoice:42\"")]
+    fn fence_guard_refuses_another_fence() {
+        acquire("invoice:42", "10 s");
+        run("SELECT fence.fence_guard('invoice:42', 2)");
+    }
+
+    #[pg_test(error = "fence 1 is stale for key \"invoice:42\"")]
+    fn fence_guard_refuses_an_expired_lease() {
+        acquire("invoice:42", "20 ms");
+        run("SELECT pg_sleep(0.05)");
+        run("SELECT fence.fence_guard('invoice:42', 1)");
+    }
+
+    #[pg_test]
+    fn fenced_update_converts_values_like_jsonb_populate_record() {
+        invoices();
+        acquire("invoice:42", "10 s");
+        let updated = "SELECT fence.fenced_update('invoice:42', 1, 'invoices', '{\"status\": \"paid\", \"version\": \"7\"}', '{\"id\": \"42\"}')";
+        assert_eq!(one::<i64>(updated), Some(1));
+        assert_eq!(one::<String>("SELECT status || version FROM invoices").as_deref(), Some("paid7"));
+    }
+
+    #[pg_test(error = "column \"stat us\" of public.invoices does not exist")]
+    fn fenced_update_refuses_unknown_columns() {
+        invoices();
+        acquire("invoice:42", "10 s");
+        run("SELECT fence.fenced_update('invoice:42', 1, 'invoices', '{\"stat us\": 1}', '{\"id\": 42}')");
+    }
+
+    #[pg_test]
+    fn fenced_write_keeps_the_highest_fence() {
+        invoices();
+        let write = |fence: i64| format!("SELECT fence.fenced_write('invoices', 'fence', {fence}, '{{\"status\": \"w{fence}\"}}', '{{\"id\": 42}}')");
+        assert_eq!(one::<i64>(&write(3)), Some(1));
+        assert_eq!(one::<i64>(&write(5)), Some(1));
+        assert_eq!(one::<String>("SELECT status || fence FROM invoices").as_deref(), Some("w55"));
+    }
+
+    #[pg_test(error = "fence 4 is stale for {\"id\": 42} in invoices")]
+    fn fenced_write_refuses_a_lower_fence() {
+        invoices();
+        run("SELECT fence.fenced_write('invoices', 'fence', 5, '{\"status\": \"w5\"}', '{\"id\": 42}')");
+        run("SELECT fence.fenced_write('invoices', 'fence', 4, '{\"status\": \"w4\"}', '{\"id\": 42}')");
+    }
+
+    #[pg_test]
+    fn versioned_update_returns_the_next_version() {
+        invoices();
+        let update = "SELECT fence.versioned_update('invoices', 'version', 1, '{\"status\": \"v2\"}', '{\"id\": 42}')";
+        assert_eq!(one::<i64>(update), Some(2));
+    }
+
+    #[pg_test(error = "version conflict on public.invoices: expected version 5, the row has 1")]
+    fn versioned_update_refuses_another_version() {
+        invoices();
+        run("SELECT fence.versioned_update('invoices', 'version', 5, '{\"status\": \"x\"}', '{\"id\": 42}')");
     }
 }

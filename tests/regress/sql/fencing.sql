@@ -1,0 +1,109 @@
+-- Fenced writes as a psql user sees them: fence_guard, fenced_update, fenced_write.
+CREATE EXTENSION pg_fence;
+CREATE OR REPLACE FUNCTION try(sql text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE sql;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+
+CREATE TABLE invoices (id int PRIMARY KEY, status text NOT NULL, amount numeric, paid_on date,
+                       fence bigint, tags text[]);
+INSERT INTO invoices VALUES (42, 'open', 100, NULL, NULL, '{}'), (43, 'open', 200, NULL, NULL, '{}');
+
+-- The holder of invoice:42 writes under its fence.
+SELECT fence, token FROM fence.lease_acquire('invoice:42', '1 minute', 'worker-a') \gset a_
+SELECT fence.fence_guard('invoice:42', :a_fence);
+UPDATE invoices SET status = 'sent' WHERE id = 42 AND fence.fence_guard('invoice:42', :a_fence);
+SELECT fence.fenced_update('invoice:42', :a_fence, 'invoices',
+                           '{"status": "paid", "amount": "120.50", "paid_on": "2026-11-29", "tags": ["a", "b"]}',
+                           '{"id": 42}') AS rows_updated;
+SELECT * FROM invoices ORDER BY id;
+-- No row matches: 0 rows, no error.
+SELECT fence.fenced_update('invoice:42', :a_fence, 'invoices', '{"status": "x"}', '{"id": 999}') AS rows_updated;
+
+-- The lease ends and worker-b takes over: worker-a's fence is stale everywhere.
+SELECT fence.lease_release('invoice:42', :'a_token');
+SELECT (fence.lease_acquire('invoice:42', '1 minute', 'worker-b')).fence AS b_fence \gset
+SELECT try(format('SELECT fence.fence_guard(%L, %s)', 'invoice:42', :a_fence)) AS stale_guard;
+SELECT try(format($$UPDATE invoices SET status = 'stale' WHERE id = 42 AND fence.fence_guard(%L, %s)$$, 'invoice:42', :a_fence)) AS stale_update;
+SELECT try(format($$SELECT fence.fenced_update(%L, %s, 'invoices', '{"status": "stale"}', '{"id": 42}')$$, 'invoice:42', :a_fence)) AS stale_fenced_update;
+SELECT fence.fenced_update('invoice:42', :b_fence, 'invoices', '{"status": "refunded"}', '{"id": 42}') AS b_rows;
+-- A fence from the future, or for a key never granted, is stale too.
+SELECT try(format('SELECT fence.fence_guard(%L, %s)', 'invoice:42', :b_fence + 1)) AS future_fence;
+SELECT try($$SELECT fence.fence_guard('never-granted', 1)$$) AS unknown_key;
+SELECT id, status FROM invoices ORDER BY id;
+
+-- fenced_write: the row remembers the highest fence it accepted (tokens from anywhere).
+SELECT fence.fenced_write('invoices', 'fence', 7, '{"status": "w7"}', '{"id": 43}') AS w7;
+SELECT fence.fenced_write('invoices', 'fence', 7, '{"status": "w7 again"}', '{"id": 43}') AS w7_again;
+SELECT try($$SELECT fence.fenced_write('invoices', 'fence', 5, '{"status": "w5"}', '{"id": 43}')$$) AS w5;
+SELECT fence.fenced_write('invoices', 'fence', 9, '{"status": "w9"}', '{"id": 43}') AS w9;
+-- A stale token anywhere among the matching rows refuses the whole write.
+SELECT try($$SELECT fence.fenced_write('invoices', 'fence', 8, '{"amount": 1}', '{"status": "w9"}')$$) AS w8;
+SELECT id, status, amount, fence FROM invoices ORDER BY id;
+
+-- Bad input: a clear error, and the table unchanged.
+CREATE TABLE snapshot AS SELECT * FROM invoices;
+CREATE VIEW invoices_view AS SELECT * FROM invoices;
+CREATE SEQUENCE some_seq;
+SELECT call, try(replace(call, 'F', :'b_fence')) AS outcome FROM (VALUES
+    ($$SELECT fence.fence_guard(NULL, 1)$$),
+    ($$SELECT fence.fence_guard('invoice:42', NULL)$$),
+    ($$SELECT fence.fence_guard('', 1)$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, NULL, '{"status": "x"}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', NULL, '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": "x"}', NULL)$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'no_such_table', '{"status": "x"}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 12345::oid::regclass, '{"status": "x"}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices_view', '{"status": "x"}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'some_seq', '{"status": "x"}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"nope": "x"}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": "x"}', '{"nope": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"amount": "lots"}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"paid_on": 17}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": null}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": "x"}', '{}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '["status"]', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '"status"', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": "x"}', '{"id": null}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status\"; DROP TABLE invoices; --": "x"}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": "x"}', '{"id = id OR true; --": 1}')$$),
+    ($$SELECT fence.fenced_update('invoice:42'' OR true --', F, 'invoices', '{"status": "x"}', '{"id": 42}')$$),
+    ($$SELECT fence.fenced_write(NULL, 'fence', 10, '{"status": "x"}', '{"id": 43}')$$),
+    ($$SELECT fence.fenced_write('invoices', NULL, 10, '{"status": "x"}', '{"id": 43}')$$),
+    ($$SELECT fence.fenced_write('invoices', 'fence', NULL, '{"status": "x"}', '{"id": 43}')$$),
+    ($$SELECT fence.fenced_write('invoices', 'nope', 10, '{"status": "x"}', '{"id": 43}')$$),
+    ($$SELECT fence.fenced_write('invoices', 'status', 10, '{"amount": 1}', '{"id": 43}')$$),
+    ($$SELECT fence.fenced_write('invoices', 'fence', 10, '{"fence": 1}', '{"id": 43}')$$),
+    ($$SELECT fence.fenced_write('invoices_view', 'fence', 10, '{"status": "x"}', '{"id": 43}')$$),
+    ($$SELECT fence.fenced_write('invoices', 'fence', 10, '{}', '{"id": 43}')$$)
+) AS cases(call);
+SELECT count(*) AS changed_rows FROM (SELECT * FROM invoices EXCEPT SELECT * FROM snapshot) changed;
+SELECT count(*) AS tables_left FROM pg_class WHERE relname = 'invoices';
+
+-- Writes run with the caller's privileges: table grants and row-level security apply.
+CREATE ROLE fence_clerk;
+GRANT SELECT ON invoices TO fence_clerk;
+SET ROLE fence_clerk;
+SELECT try(format($$SELECT fence.fenced_update('invoice:42', %s, 'invoices', '{"status": "x"}', '{"id": 42}')$$, :b_fence)) AS without_update_grant;
+SELECT try($$SELECT fence.fenced_write('invoices', 'fence', 100, '{"status": "x"}', '{"id": 43}')$$) AS write_without_grant;
+RESET ROLE;
+GRANT UPDATE ON invoices TO fence_clerk;
+ALTER TABLE invoices ENABLE ROW LEVEL SECURITY;
+CREATE POLICY clerk_sees_43 ON invoices TO fence_clerk USING (id = 43);
+SET ROLE fence_clerk;
+SELECT fence.fenced_update('invoice:42', :b_fence, 'invoices', '{"status": "hidden"}', '{"id": 42}') AS hidden_row;
+SELECT fence.fenced_update('invoice:42', :b_fence, 'invoices', '{"status": "visible"}', '{"id": 43}') AS visible_row;
+RESET ROLE;
+SELECT id, status FROM invoices ORDER BY id;
+SELECT count(*) AS changed_rows FROM (SELECT * FROM invoices EXCEPT SELECT * FROM snapshot) changed;
+
+DROP TABLE invoices CASCADE;
+DROP TABLE snapshot;
+DROP SEQUENCE some_seq;
+DROP ROLE fence_clerk;
+DROP EXTENSION pg_fence;
+DROP FUNCTION try(text);
