@@ -1,24 +1,22 @@
--- lease_renew: a SQL shell over the Rust core (src/leases.rs), for its own SQLSTATE (README "Errors").
--- It is a shell because pgrx can raise only the SQLSTATEs in its closed
--- PgSqlErrorCode enum (any other code becomes XX000), while PL/pgSQL can raise any code.
+-- lease_renew. Like every public function that can fail with one of pg_fence's own SQLSTATEs, it is
+-- a one-line SQL function over a Rust core that answers NULL for "no": pgrx can raise only the
+-- SQLSTATEs of its closed PgSqlErrorCode enum (any other becomes XX000), PL/pgSQL can raise any.
+-- Being plain SQL, PostgreSQL inlines it into the calling query: the shell costs nothing per call.
 
-CREATE FUNCTION fence.lease_renew(key text, token uuid, ttl interval)
+CREATE FUNCTION fence.raise_lease_lost(key text)
 RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    new_expiry timestamptz := fence.renew_if_held(key, token, ttl);
 BEGIN
-    IF new_expiry IS NULL THEN
-        RAISE EXCEPTION 'lease on key "%" is lost', key
-            USING ERRCODE = 'PF001',
-                  DETAIL = 'The token is not the live holder''s: the lease was released, taken over, or has expired.',
-                  HINT = 'Stop work done under this lease and acquire the key again; expired leases are never revived.';
-    END IF;
-    RETURN new_expiry;
+    RAISE EXCEPTION 'lease on key "%" is lost', key
+        USING ERRCODE = 'PF001',
+              DETAIL = 'The token is not the live holder''s: the lease was released, taken over, or has expired.',
+              HINT = 'Stop work done under this lease and acquire the key again; expired leases are never revived.';
 END
 $$;
 
--- The Rust core trusts its callers; only the shells above (running as the extension owner) call it.
-REVOKE ALL ON FUNCTION fence.renew_if_held(text, uuid, interval) FROM PUBLIC;
+CREATE FUNCTION fence.lease_renew(key text, token uuid, ttl interval)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $$ SELECT coalesce(fence.renew_if_held(key, token, ttl), fence.raise_lease_lost(key)) $$;

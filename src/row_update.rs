@@ -75,18 +75,19 @@ impl RowUpdate {
         format!("SELECT {what} FROM {} AS t WHERE {}", self.table, self.where_sql(extra_where))
     }
 
-    /// Each filter column equals its value; a scalar subquery per column keeps index scans possible.
+    /// The filter columns equal their values: one row comparison against one sub-select, which the
+    /// planner turns into plain `column = $param` conditions, so index scans stay possible.
     fn where_sql(&self, extra: &str) -> String {
         let table = &self.table;
-        let mut terms: Vec<String> = self
-            .filter
-            .iter()
-            .map(|c| format!("t.{c} = (SELECT f.{c} FROM pg_catalog.jsonb_populate_record(NULL::{table}, $2) f)"))
-            .collect();
+        let columns = self.filter.iter().map(|c| format!("t.{c}")).collect::<Vec<_>>().join(", ");
+        let values = self.filter.iter().map(|c| format!("f.{c}")).collect::<Vec<_>>().join(", ");
+        let mut condition = format!(
+            "({columns}) = (SELECT {values} FROM pg_catalog.jsonb_populate_record(NULL::{table}, $2) f)"
+        );
         if !extra.is_empty() {
-            terms.push(extra.to_string());
+            condition = format!("{condition} AND {extra}");
         }
-        terms.join(" AND ")
+        condition
     }
 }
 

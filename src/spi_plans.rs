@@ -8,23 +8,25 @@ use pgrx::pg_sys::PgOid;
 use pgrx::spi::{OwnedPreparedStatement, Spi, SpiTupleTable};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 thread_local! {
-    static PLANS: RefCell<HashMap<String, OwnedPreparedStatement>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<String, Rc<OwnedPreparedStatement>>> = RefCell::new(HashMap::new());
 }
 
 /// Executes `sql` with `args` (their types fix the plan's parameter types) and hands the result to
 /// `read`, which must copy out what it needs: SPI frees the rows when it returns.
 pub fn execute<R>(sql: &str, args: &[DatumWithOid], read: impl FnOnce(SpiTupleTable) -> R) -> R {
     Spi::connect_mut(|client| {
-        PLANS.with(|plans| {
-            let mut plans = plans.borrow_mut();
-            if !plans.contains_key(sql) {
-                let types: Vec<PgOid> = args.iter().map(|arg| PgOid::from_untagged(arg.oid())).collect();
-                let plan = client.prepare_mut(sql, &types).unwrap_or_report().keep();
-                plans.insert(sql.to_owned(), plan);
-            }
-            read(client.update(&plans[sql], None, args).unwrap_or_report())
-        })
+        // Not borrowed while the statement runs: it may call back into pg_fence (fenced_update's
+        // statement calls fence_holds), which runs statements of its own.
+        let cached = PLANS.with(|plans| plans.borrow().get(sql).cloned());
+        let plan = cached.unwrap_or_else(|| {
+            let types: Vec<PgOid> = args.iter().map(|arg| PgOid::from_untagged(arg.oid())).collect();
+            let plan = Rc::new(client.prepare_mut(sql, &types).unwrap_or_report().keep());
+            PLANS.with(|plans| plans.borrow_mut().insert(sql.to_owned(), plan.clone()));
+            plan
+        });
+        read(client.update(&*plan, None, args).unwrap_or_report())
     })
 }

@@ -16,7 +16,7 @@ DELETE FROM fence.lease_state;
 INSERT INTO fence.lease_state VALUES ('x', 1, 'me', NULL, now(), now());
 TRUNCATE fence.lease_state;
 SELECT * FROM fence.leases WHERE false;
--- The Rust core behind lease_renew is not callable directly.
+-- The Rust core behind lease_renew answers NULL to a wrong token, and changes nothing.
 SELECT fence.renew_if_held('shared', gen_random_uuid(), '1 hour');
 -- Without the token, another holder's lease cannot be released or renewed...
 SELECT fence.lease_release('shared', gen_random_uuid());
