@@ -21,12 +21,13 @@ RETURNS boolean
 LANGUAGE sql VOLATILE
 AS $$ SELECT coalesce(nullif(fence.fence_holds(key, fence), false), fence.raise_stale_fence(key, fence, true)) $$;
 
+-- The guard runs first (CASE evaluates its condition first), then the UPDATE, as the caller.
 CREATE FUNCTION fence.fenced_update(key text, fence bigint, target regclass, changes jsonb, filter jsonb)
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT coalesce(fence.update_if_fence_holds(key, fence, target::oid, changes, filter),
-                    fence.raise_stale_fence(key, fence, 0::bigint))
+    SELECT CASE WHEN fence.fence_holds(key, fence) THEN fence.update_matching(target::oid, changes, filter)
+                ELSE fence.raise_stale_fence(key, fence, 0::bigint) END
 $$;
 
 CREATE FUNCTION fence.raise_stale_write(target regclass, fence_column name, fence bigint, filter jsonb)

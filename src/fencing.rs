@@ -23,8 +23,6 @@ const HOLDS_LOCKING: &str = "
     SELECT fence = $2 AND token_hash IS NOT NULL AND expires_at > $3 FROM fence.lease_state WHERE key = $1
        FOR SHARE";
 
-const GUARD: &str = "SELECT fence.fence_holds($1, $2)";
-
 /// Core of fence.fence_guard: true when `fence` is the key's current fence and its lease is live;
 /// then no higher grant can commit before this transaction ends. When false, it holds nothing.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -45,25 +43,14 @@ fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
     holds
 }
 
-/// Core of fence.fenced_update: when the guard passes, `UPDATE target SET changes WHERE filter` with
-/// the caller's privileges, and the number of rows updated; NULL when the fence is stale.
+/// Core of fence.fenced_update, called once its guard has passed: `UPDATE target SET changes WHERE
+/// filter` with the caller's privileges; returns the number of rows updated.
 #[pg_extern(volatile, parallel_unsafe)]
-fn update_if_fence_holds(
-    key: Option<&str>,
-    fence: Option<i64>,
-    target: Option<pg_sys::Oid>,
-    changes: Option<JsonB>,
-    filter: Option<JsonB>,
-) -> Option<i64> {
+fn update_matching(target: Option<pg_sys::Oid>, changes: Option<JsonB>, filter: Option<JsonB>) -> i64 {
     let update = RowUpdate::new("fenced_update", target, changes.as_ref(), filter.as_ref());
-    // The guard reads the lease table, which only SECURITY DEFINER code may: call it through SQL.
-    let guard = [input::key(key).into(), fence.unwrap_or_else(|| errors::null_argument("fence")).into()];
-    if !execute(GUARD, &guard, |rows| rows.first().get::<bool>(1).unwrap_or_report() == Some(true)) {
-        return None;
-    }
     let sql = update.update_sql("", "", "1");
     let args = [changes.into(), filter.into(), None::<i64>.into()];
-    Some(execute(&sql, &args, |rows| rows.len() as i64))
+    execute(&sql, &args, |rows| rows.len() as i64)
 }
 
 /// Core of fence.fenced_write: sets `changes` and `fence_column = fence` on the rows matching

@@ -36,7 +36,7 @@ extension_sql_file!("../sql/leases.sql", name = "leases", requires = [leases::re
 extension_sql_file!(
     "../sql/fencing.sql",
     name = "fencing",
-    requires = [fencing::fence_holds, fencing::update_if_fence_holds, fencing::write_unless_stale]
+    requires = [fencing::fence_holds, fencing::update_matching, fencing::write_unless_stale]
 );
 extension_sql_file!("../sql/occ.sql", name = "occ", requires = [occ::update_versioned_row]);
 
