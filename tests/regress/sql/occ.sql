@@ -42,6 +42,21 @@ SELECT try($$SELECT fence.enable_versioning('docs', 'body')$$) AS text_column;
 SELECT try($$SELECT fence.enable_versioning(NULL)$$) AS null_table;
 SELECT try($$SELECT fence.enable_versioning('no_such_table')$$) AS no_table;
 
+-- Like any UPDATE the caller makes: table privileges and row-level security apply.
+CREATE ROLE occ_reader;
+GRANT SELECT ON docs TO occ_reader;
+SET ROLE occ_reader;
+SELECT try($$SELECT fence.versioned_update('docs', 'version', 2, '{"body": "x"}', '{"id": 3}')$$) AS without_update_grant;
+RESET ROLE;
+GRANT UPDATE ON docs TO occ_reader;
+ALTER TABLE docs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY only_doc_1 ON docs TO occ_reader USING (id = 1);
+SET ROLE occ_reader;
+SELECT try($$SELECT fence.versioned_update('docs', 'version', 2, '{"body": "x"}', '{"id": 3}')$$) AS hidden_by_policy;
+RESET ROLE;
+SELECT id, body, version FROM docs ORDER BY id;
+
 DROP TABLE docs;
+DROP ROLE occ_reader;
 DROP EXTENSION pg_fence;
 DROP FUNCTION try(text);
