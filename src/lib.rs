@@ -8,12 +8,14 @@
 //! - `fencing`: fence_guard, fenced_update, fenced_write: writes that a stale holder cannot make.
 //! - `occ`: versioned_update, optimistic concurrency without locks.
 //! - `row_update`: the UPDATE statements those build from the caller's jsonb.
+//! - `admin`: lease_revoke, for role fence_admin.
 //! - `clock`: the server's clock, as liveness must read it.
 //! - `settings`: the `pg_fence.*` GUCs; `spi_plans`: statements prepared once per backend.
 //! - `sql/`: the tables, types and views (schema.sql), and per concept the public functions written
 //!   in SQL: shells that raise pg_fence's own SQLSTATEs, and the versioning trigger.
 use pgrx::prelude::*;
 
+mod admin;
 mod clock;
 mod durability;
 mod errors;
@@ -39,6 +41,7 @@ extension_sql_file!(
     requires = [fencing::fence_holds, fencing::update_matching, fencing::write_unless_stale]
 );
 extension_sql_file!("../sql/occ.sql", name = "occ", requires = [occ::update_versioned_row]);
+extension_sql_file!("../sql/admin.sql", name = "admin", requires = [admin::lease_revoke]);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -346,4 +346,21 @@ mod tests {
         invoices();
         run("SELECT fence.versioned_update('invoices', 'version', 5, '{\"status\": \"x\"}', '{\"id\": 42}')");
     }
+
+    #[pg_test]
+    fn revoke_ends_the_live_lease_and_stales_its_fence() {
+        acquire("k", "1 minute");
+        assert_eq!(one::<bool>("SELECT fence.lease_revoke('k')"), Some(true));
+        assert_eq!(one::<bool>("SELECT fence.lease_revoke('k')"), Some(false), "nothing left to revoke");
+        assert_eq!(one::<bool>(&format!("SELECT fence.renew_if_held('k', {}, '1 s') IS NULL", token("k"))), Some(true));
+        assert_eq!(acquire("k", "1 minute"), Some(2));
+    }
+
+    #[pg_test]
+    fn revoke_is_for_fence_admin_only() {
+        let public = "SELECT has_function_privilege('public', 'fence.lease_revoke(text)', 'EXECUTE')";
+        assert_eq!(one::<bool>(public), Some(false));
+        let admin = "SELECT has_function_privilege('fence_admin', 'fence.lease_revoke(text)', 'EXECUTE')";
+        assert_eq!(one::<bool>(admin), Some(true));
+    }
 }

@@ -25,6 +25,19 @@ SELECT fence.lease_renew('shared', gen_random_uuid(), '1 hour');
 RESET ROLE;
 SELECT owner, live FROM fence.leases WHERE key = 'shared';
 
+-- Revoking another holder's lease takes role fence_admin (or a superuser).
+SET ROLE fence_app;
+SELECT fence.lease_revoke('shared');
+RESET ROLE;
+GRANT fence_admin TO fence_app;
+SET ROLE fence_app;
+SELECT fence.lease_revoke('shared') AS revoked;
+SELECT fence.lease_revoke('shared') AS revoked_again;
+SELECT fence.fence_guard('shared', 1);
+SELECT (fence.lease_acquire('shared', '1 minute', 'next-holder')).fence AS next_fence;
+RESET ROLE;
+REVOKE fence_admin FROM fence_app;
+
 -- Every SECURITY DEFINER function pins search_path.
 SELECT p.proname, p.proconfig
   FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace

@@ -1,0 +1,30 @@
+//! Administration: lease_revoke, for superusers and members of role fence_admin (sql/admin.sql
+//! creates the role and grants EXECUTE to it alone).
+use crate::keylock::{self, Mode};
+use crate::spi_plans::execute;
+use crate::{clock, durability, input};
+use pgrx::prelude::*;
+
+/// Ends the live lease, whoever holds it; expires_at becomes the moment it ended.
+const REVOKE: &str = "
+    UPDATE fence.lease_state SET token_hash = NULL, expires_at = $2
+     WHERE key = $1 AND token_hash IS NOT NULL AND expires_at > $2
+    RETURNING fence";
+
+/// Ends the key's live lease now: true when there was one. Its holder's fence becomes stale (fenced
+/// writes refuse it) and its renew and release fail; the next grant gets a higher fence.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn lease_revoke(key: Option<&str>) -> bool {
+    let key = input::key(key);
+    durability::require_writable("revoke a lease");
+    keylock::lock(key, Mode::Change);
+    let revoked = execute(REVOKE, &[key.into(), clock::timestamp(clock::now()).into()], |rows| !rows.is_empty());
+    if revoked {
+        // An administrator acts on what it sees: a revocation must not come back after a crash.
+        durability::require_durable_commit();
+    } else {
+        keylock::unlock(key, Mode::Change);
+    }
+    revoked
+}
