@@ -19,14 +19,14 @@ $$;
 CREATE FUNCTION fence.fence_guard(key text, fence bigint)
 RETURNS boolean
 LANGUAGE sql VOLATILE
-AS $$ SELECT coalesce(nullif(fence.fence_holds(key, fence), false), fence.raise_stale_fence(key, fence, true)) $$;
+AS $$ SELECT CASE WHEN fence.fence_holds(key, fence) THEN true ELSE fence.raise_stale_fence(key, fence, true) END $$;
 
 -- The guard runs first (CASE evaluates its condition first), then the UPDATE, as the caller.
 CREATE FUNCTION fence.fenced_update(key text, fence bigint, target regclass, changes jsonb, filter jsonb)
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT CASE WHEN fence.fence_holds(key, fence) THEN fence.update_matching(target::oid, changes, filter)
+    SELECT CASE WHEN fence.fence_holds(key, fence) THEN fence.update_matching(target::pg_catalog.oid, changes, filter)
                 ELSE fence.raise_stale_fence(key, fence, 0::bigint) END
 $$;
 
@@ -36,7 +36,6 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    -- Raising also undoes the rows the core has just written.
     RAISE EXCEPTION 'fence % is stale for % in %', fence, filter, target
         USING ERRCODE = 'PF002',
               DETAIL = format('A row matching the filter already holds a higher %I.', fence_column),
@@ -48,6 +47,7 @@ CREATE FUNCTION fence.fenced_write(target regclass, fence_column name, fence big
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT coalesce(fence.write_unless_stale(target::oid, fence_column::text, fence, changes, filter),
+    SELECT coalesce(fence.write_unless_stale(target::pg_catalog.oid, fence_column::pg_catalog.text, fence,
+                                             changes, filter),
                     fence.raise_stale_write(target, fence_column, fence, filter))
 $$;

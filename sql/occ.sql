@@ -7,29 +7,44 @@ CREATE FUNCTION fence.versioned_update(target regclass, version_column name, exp
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT fence.update_versioned_row(target::oid, version_column::text, expected_version, changes, filter)
+    SELECT fence.update_versioned_row(target::pg_catalog.oid, version_column::pg_catalog.text, expected_version,
+                                      changes, filter)
 $$;
 
--- Trigger function: TG_ARGV[0] names the version column. An UPDATE that leaves the version alone gets
--- old + 1; one that sets it to old + 1 (as versioned_update does) passes; any other value is a
--- conflict with a newer write, refused with 40001 like versioned_update's mismatch.
+-- The versioning triggers; TG_ARGV[0] names the version column. Triggers fire in name order:
+-- pg_fence_versioning_1_check runs only for an UPDATE whose SET list names the version column, and
+-- refuses any value but old + 1 (even the old value itself: a writer that read an older version and
+-- sets "its read + 1" must not pass); pg_fence_versioning_2_bump then gives old + 1 to an UPDATE that
+-- left the version alone.
+CREATE FUNCTION fence.check_version()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    old_version bigint := to_jsonb(OLD) ->> TG_ARGV[0];
+    new_version bigint := to_jsonb(NEW) ->> TG_ARGV[0];
+BEGIN
+    IF new_version IS DISTINCT FROM coalesce(old_version, 0) + 1 THEN
+        RAISE EXCEPTION 'version conflict on %: % must go from % to %, not %',
+                TG_TABLE_NAME, TG_ARGV[0], old_version, coalesce(old_version, 0) + 1, new_version
+            USING ERRCODE = '40001',
+                  HINT = 'Another writer changed the row first: read it again and retry.';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
 CREATE FUNCTION fence.bump_version()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    column_name text := TG_ARGV[0];
-    old_version bigint := to_jsonb(OLD) ->> column_name;
-    new_version bigint := to_jsonb(NEW) ->> column_name;
+    old_version bigint := to_jsonb(OLD) ->> TG_ARGV[0];
 BEGIN
-    IF new_version IS NOT DISTINCT FROM old_version THEN
-        NEW := jsonb_populate_record(NEW, jsonb_build_object(column_name, coalesce(old_version, 0) + 1));
-    ELSIF new_version IS DISTINCT FROM coalesce(old_version, 0) + 1 THEN
-        RAISE EXCEPTION 'version conflict on %: % must go from % to %, not %',
-                TG_TABLE_NAME, column_name, old_version, coalesce(old_version, 0) + 1, new_version
-            USING ERRCODE = '40001',
-                  HINT = 'Another writer changed the row first: read it again and retry.';
+    IF to_jsonb(NEW) -> TG_ARGV[0] IS NOT DISTINCT FROM to_jsonb(OLD) -> TG_ARGV[0] THEN
+        NEW := jsonb_populate_record(NEW, jsonb_build_object(TG_ARGV[0], coalesce(old_version, 0) + 1));
     END IF;
     RETURN NEW;
 END
@@ -52,12 +67,14 @@ BEGIN
         RAISE EXCEPTION 'column "%" of % does not exist', version_column, target
             USING ERRCODE = '42703', HINT = 'Add a bigint version column first: ALTER TABLE ... ADD COLUMN version bigint NOT NULL DEFAULT 1.';
     END IF;
-    IF column_type NOT IN ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype, 'numeric'::regtype) THEN
+    IF column_type NOT IN ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype) THEN
         RAISE EXCEPTION 'version column "%" of % is %, not an integer type', version_column, target, column_type
             USING ERRCODE = '42804', HINT = 'Use a bigint column.';
     END IF;
-    EXECUTE format('DROP TRIGGER IF EXISTS pg_fence_versioning ON %s', target);
-    EXECUTE format('CREATE TRIGGER pg_fence_versioning BEFORE UPDATE ON %s FOR EACH ROW '
+    PERFORM fence.disable_versioning(target);
+    EXECUTE format('CREATE TRIGGER pg_fence_versioning_1_check BEFORE UPDATE OF %I ON %s FOR EACH ROW '
+                   'EXECUTE FUNCTION fence.check_version(%L)', version_column, target, version_column);
+    EXECUTE format('CREATE TRIGGER pg_fence_versioning_2_bump BEFORE UPDATE ON %s FOR EACH ROW '
                    'EXECUTE FUNCTION fence.bump_version(%L)', target, version_column);
 END
 $$;
@@ -70,6 +87,9 @@ BEGIN
     IF target IS NULL THEN
         RAISE EXCEPTION 'target must not be NULL' USING ERRCODE = '22004';
     END IF;
-    EXECUTE format('DROP TRIGGER IF EXISTS pg_fence_versioning ON %s', target);
+    IF EXISTS (SELECT FROM pg_catalog.pg_trigger WHERE tgrelid = target AND tgname LIKE 'pg\_fence\_versioning\_%') THEN
+        EXECUTE format('DROP TRIGGER IF EXISTS pg_fence_versioning_1_check ON %s', target);
+        EXECUTE format('DROP TRIGGER IF EXISTS pg_fence_versioning_2_bump ON %s', target);
+    END IF;
 END
 $$;

@@ -2,26 +2,25 @@
 //! SQL shells (sql/fencing.sql) raise the stale-fence error PF002.
 //!
 //! The guard is what makes "a write accepted under fence F commits before any grant above F can
-//! commit" true: it takes the key's lock in `Guard` mode, which every grant waits for, and keeps it
-//! until the writing transaction ends.
+//! commit" true: it takes the key's lock in `Guard` mode, which every grant waits for, keeps it
+//! until the writing transaction ends, and only then reads the latest committed grant.
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
 use crate::keylock::{self, Mode};
 use crate::{clock, errors, input};
 use pgrx::pg_sys;
-use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use pgrx::JsonB;
+use std::cell::Cell;
 
 /// Is `$2` the key's current fence, with its lease live at `$3`?
-const HOLDS: &str = "
+const HOLDS: &std::ffi::CStr = c"
     SELECT fence = $2 AND token_hash IS NOT NULL AND expires_at > $3 FROM fence.lease_state WHERE key = $1";
 
-/// The same under REPEATABLE READ or SERIALIZABLE, whose snapshot may predate the latest grant: the
-/// row lock makes PostgreSQL raise a serialization failure (40001) instead of reading a stale row.
-const HOLDS_LOCKING: &str = "
-    SELECT fence = $2 AND token_hash IS NOT NULL AND expires_at > $3 FROM fence.lease_state WHERE key = $1
-       FOR SHARE";
+thread_local! {
+    /// HOLDS, prepared once per backend (kept by SPI_keepplan for the backend's life).
+    static HOLDS_PLAN: Cell<pg_sys::SPIPlanPtr> = const { Cell::new(std::ptr::null_mut()) };
+}
 
 /// Core of fence.fence_guard: true when `fence` is the key's current fence and its lease is live;
 /// then no higher grant can commit before this transaction ends. When false, it holds nothing.
@@ -31,16 +30,56 @@ fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
     let key = input::key(key);
     let fence = fence.unwrap_or_else(|| errors::null_argument("fence"));
     keylock::lock(key, Mode::Guard);
-    // SAFETY: the transaction's isolation level, a backend-global.
-    let snapshot_per_transaction = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
-    let sql = if snapshot_per_transaction { HOLDS_LOCKING } else { HOLDS };
-    let args = [key.into(), fence.into(), clock::timestamp(clock::now()).into()];
-    let holds =
-        execute(sql, &args, |rows| !rows.is_empty() && rows.first().get::<bool>(1).unwrap_or_report() == Some(true));
+    let holds = holds_in_latest_state(key, fence, clock::now());
     if !holds {
         keylock::unlock(key, Mode::Guard);
     }
     holds
+}
+
+/// Reads the lease row in the latest committed state (GetLatestSnapshot) rather than in the
+/// transaction's snapshot, which under REPEATABLE READ or SERIALIZABLE may predate the latest grant.
+/// Holding the key's lock, nothing newer can commit meanwhile; and no row lock is taken, so the
+/// guard never holds up the holder's renew or release.
+fn holds_in_latest_state(key: &str, fence: i64, now: i64) -> bool {
+    Spi::connect(|_| {
+        // SAFETY: SPI is connected for the closure; the plan is kept for the backend's life; the
+        // datums live in the SPI procedure context until the result is read below.
+        unsafe {
+            let mut plan = HOLDS_PLAN.get();
+            if plan.is_null() {
+                let mut types = [pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID];
+                plan = pg_sys::SPI_prepare(HOLDS.as_ptr(), 3, types.as_mut_ptr());
+                pg_sys::SPI_keepplan(plan);
+                HOLDS_PLAN.set(plan);
+            }
+            let mut values = [
+                key.into_datum().unwrap(),
+                fence.into_datum().unwrap(),
+                clock::timestamp(now).into_datum().unwrap(),
+            ];
+            let nulls = [b' ' as std::ffi::c_char; 3];
+            let latest = pg_sys::GetLatestSnapshot();
+            let status = pg_sys::SPI_execute_snapshot(
+                plan,
+                values.as_mut_ptr(),
+                nulls.as_ptr(),
+                latest,
+                std::ptr::null_mut(),
+                true,
+                false,
+                1,
+            );
+            assert_eq!(status, pg_sys::SPI_OK_SELECT as i32, "fence_holds: SPI status {status}");
+            if pg_sys::SPI_processed == 0 {
+                return false;
+            }
+            let table = &*pg_sys::SPI_tuptable;
+            let mut is_null = false;
+            let answer = pg_sys::SPI_getbinval(*table.vals, table.tupdesc, 1, &mut is_null);
+            !is_null && bool::from_datum(answer, false) == Some(true)
+        }
+    })
 }
 
 /// Core of fence.fenced_update, called once its guard has passed: `UPDATE target SET changes WHERE
@@ -53,10 +92,10 @@ fn update_matching(target: Option<pg_sys::Oid>, changes: Option<JsonB>, filter: 
     execute(&sql, &args, |rows| rows.len() as i64)
 }
 
-/// Core of fence.fenced_write: sets `changes` and `fence_column = fence` on the rows matching
-/// `filter` whose fence_column is NULL or at most `fence`. Returns the number of rows updated, or
-/// NULL when a matching row holds a higher fence: the shell then raises PF002, which undoes the
-/// update. Row locks taken by the UPDATE keep a concurrent writer from slipping in between.
+/// Core of fence.fenced_write: when none of the rows matching `filter` holds a fence above `fence`,
+/// sets `changes` and `fence_column = fence` on them and returns how many; NULL, writing nothing, when
+/// one does. The matching rows are locked before they are checked, so no concurrent writer can slip
+/// in between check and write.
 #[pg_extern(volatile, parallel_unsafe)]
 fn write_unless_stale(
     target: Option<pg_sys::Oid>,
@@ -68,14 +107,12 @@ fn write_unless_stale(
     let update = RowUpdate::new("fenced_write", target, changes.as_ref(), filter.as_ref());
     let column = update.counter_column("fence_column", fence_column);
     let fence = fence.unwrap_or_else(|| errors::null_argument("fence"));
-    let write = update.update_sql(
-        &format!("{column} = $3"),
-        &format!("(t.{column} IS NULL OR t.{column} <= $3)"),
-        "1",
-    );
-    let newer = update.select_sql("1", &format!("t.{column} > $3")) + " LIMIT 1";
+    let lock_and_check = update.select_sql(&format!("t.{column} > $3"), "") + " FOR NO KEY UPDATE";
+    let write = update.update_sql(&format!("{column} = $3"), "", "1");
     let args = [changes.into(), filter.into(), fence.into()];
-    let written = execute(&write, &args, |rows| rows.len() as i64);
-    let stale = execute(&newer, &args, |rows| !rows.is_empty());
-    (!stale).then_some(written)
+    let stale = execute(&lock_and_check, &args, |rows| rows.into_iter().any(|row| row.get::<bool>(1).ok().flatten() == Some(true)));
+    if stale {
+        return None;
+    }
+    Some(execute(&write, &args, |rows| rows.len() as i64))
 }

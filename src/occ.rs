@@ -37,6 +37,13 @@ fn update_versioned_row(
         [actual] => errors::version_mismatch(update.table(), expected, *actual),
         _ => errors::not_one_row(update.table(), found.len()),
     }
-    execute(&write, &args, |rows| rows.first().get::<i64>(1).unwrap_or_report())
-        .expect("the locked row has the expected version")
+    let written: Vec<Option<i64>> =
+        execute(&write, &args, |rows| rows.map(|row| row.get::<i64>(1).unwrap_or_report()).collect());
+    match written.as_slice() {
+        [Some(version)] => *version,
+        // A BEFORE trigger of the caller's skipped the row.
+        [] => errors::no_row(update.table()),
+        // A new row matching the filter, at the same version, committed between the two statements.
+        _ => errors::not_one_row(update.table(), written.len()),
+    }
 }

@@ -1,6 +1,7 @@
 //! "UPDATE target SET <changes> WHERE <filter>" for the fenced and versioned writes, built from the
 //! caller's jsonb. Column names are checked against the table and always quoted; values are converted
-//! by jsonb_populate_record, exactly as PostgreSQL turns JSON into a row of the table. Statements run
+//! by jsonb_to_record with the columns' own types, exactly as PostgreSQL turns JSON into a row (only
+//! the named columns: a NOT NULL domain on another column must not get in the way). Statements run
 //! with the caller's privileges, so table grants and row-level security apply.
 //!
 //! In every statement built here, $1 is `changes`, $2 is `filter` (both jsonb) and $3 a bigint
@@ -14,14 +15,20 @@ pub struct RowUpdate {
     /// The table, schema-qualified and quoted.
     table: String,
     relid: pg_sys::Oid,
-    /// Quoted names of the columns to set and of the columns to match.
-    changes: Vec<String>,
-    filter: Vec<String>,
+    changes: Vec<Column>,
+    filter: Vec<Column>,
+}
+
+/// A column named by the caller: its quoted name and its type, schema-qualified, with typmod.
+struct Column {
+    name: String,
+    sql_type: String,
 }
 
 impl RowUpdate {
     /// Checks the arguments every fenced or versioned write shares; `function` names the caller in
-    /// error messages.
+    /// error messages. Locks the table as the UPDATE will, so it cannot be renamed or dropped while
+    /// the statement is built from its name.
     pub fn new(function: &str, target: Option<pg_sys::Oid>, changes: Option<&JsonB>, filter: Option<&JsonB>) -> Self {
         let relid = target.unwrap_or_else(|| errors::null_argument("target"));
         let table = table_name(function, relid);
@@ -34,16 +41,14 @@ impl RowUpdate {
     /// and hold an integer, and it must not also be among the changes.
     pub fn counter_column(&self, argument: &str, column: Option<&str>) -> String {
         let column = column.unwrap_or_else(|| errors::null_argument(argument));
-        let attnum = attnum(self.relid, column)
-            .unwrap_or_else(|| errors::undefined_column(column, &self.table));
+        let attnum = attnum(self.relid, column).unwrap_or_else(|| errors::undefined_column(column, &self.table));
         // SAFETY: syscache lookup of an existing column.
         let type_oid = unsafe { pg_sys::get_atttype(self.relid, attnum) };
-        let integer = [pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID, pg_sys::NUMERICOID].contains(&type_oid);
-        if !integer {
+        if ![pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID].contains(&type_oid) {
             errors::datatype_mismatch(format!("{argument} \"{column}\" of {} is not an integer column", self.table));
         }
         let quoted = quote(column);
-        if self.changes.contains(&quoted) {
+        if self.changes.iter().any(|c| c.name == quoted) {
             errors::invalid_argument(
                 format!("changes must not set {argument} \"{column}\""),
                 "pg_fence sets that column itself; leave it out of changes.",
@@ -58,16 +63,13 @@ impl RowUpdate {
 
     /// `UPDATE table AS t SET <changes>[, extra_set] WHERE <filter>[ AND extra_where] RETURNING returning`
     pub fn update_sql(&self, extra_set: &str, extra_where: &str, returning: &str) -> String {
-        let table = &self.table;
-        let columns = self.changes.join(", ");
-        let values = self.changes.iter().map(|c| format!("c.{c}")).collect::<Vec<_>>().join(", ");
-        let mut set = format!(
-            "({columns}) = (SELECT {values} FROM pg_catalog.jsonb_populate_record(NULL::{table}, $1) c)"
-        );
+        let columns = names(&self.changes, "");
+        let values = names(&self.changes, "c.");
+        let mut set = format!("({columns}) = (SELECT {values} FROM {})", record(&self.changes, "$1", "c"));
         if !extra_set.is_empty() {
             set = format!("{set}, {extra_set}");
         }
-        format!("UPDATE {table} AS t SET {set} WHERE {} RETURNING {returning}", self.where_sql(extra_where))
+        format!("UPDATE {} AS t SET {set} WHERE {} RETURNING {returning}", self.table, self.where_sql(extra_where))
     }
 
     /// `SELECT what FROM table AS t WHERE <filter>[ AND extra_where]`
@@ -78,17 +80,24 @@ impl RowUpdate {
     /// The filter columns equal their values: one row comparison against one sub-select, which the
     /// planner turns into plain `column = $param` conditions, so index scans stay possible.
     fn where_sql(&self, extra: &str) -> String {
-        let table = &self.table;
-        let columns = self.filter.iter().map(|c| format!("t.{c}")).collect::<Vec<_>>().join(", ");
-        let values = self.filter.iter().map(|c| format!("f.{c}")).collect::<Vec<_>>().join(", ");
-        let mut condition = format!(
-            "({columns}) = (SELECT {values} FROM pg_catalog.jsonb_populate_record(NULL::{table}, $2) f)"
-        );
+        let columns = names(&self.filter, "t.");
+        let values = names(&self.filter, "f.");
+        let mut condition = format!("({columns}) = (SELECT {values} FROM {})", record(&self.filter, "$2", "f"));
         if !extra.is_empty() {
             condition = format!("{condition} AND {extra}");
         }
         condition
     }
+}
+
+fn names(columns: &[Column], prefix: &str) -> String {
+    columns.iter().map(|c| format!("{prefix}{}", c.name)).collect::<Vec<_>>().join(", ")
+}
+
+/// `pg_catalog.jsonb_to_record($n) AS alias("a" type, "b" type)`
+fn record(columns: &[Column], parameter: &str, alias: &str) -> String {
+    let definitions = columns.iter().map(|c| format!("{} {}", c.name, c.sql_type)).collect::<Vec<_>>().join(", ");
+    format!("pg_catalog.jsonb_to_record({parameter}) AS {alias}({definitions})")
 }
 
 #[derive(PartialEq)]
@@ -99,28 +108,32 @@ enum Nulls {
 
 fn table_name(function: &str, relid: pg_sys::Oid) -> String {
     // SAFETY: syscache lookups; they return 0/NULL for an OID that names no relation.
-    let (relkind, name, namespace) = unsafe {
-        (pg_sys::get_rel_relkind(relid) as u8, pg_sys::get_rel_name(relid), pg_sys::get_rel_namespace(relid))
-    };
-    if name.is_null() {
+    let relkind = unsafe { pg_sys::get_rel_relkind(relid) } as u8;
+    if relkind == 0 {
         errors::undefined_table(relid);
     }
-    // SAFETY: checked non-NULL above; namespace of an existing relation.
-    let (name, schema) = unsafe {
-        (
-            CStr::from_ptr(name).to_string_lossy().into_owned(),
-            CStr::from_ptr(pg_sys::get_namespace_name(namespace)).to_string_lossy().into_owned(),
-        )
-    };
-    let qualified = format!("{}.{}", quote(&schema), quote(&name));
     if relkind != pg_sys::RELKIND_RELATION && relkind != pg_sys::RELKIND_PARTITIONED_TABLE {
-        errors::wrong_object_type(format!("{function} needs a table, and {qualified} is not one"));
+        // SAFETY: an existing relation; NULL only if it vanished meanwhile.
+        let name = unsafe { pg_sys::get_rel_name(relid) };
+        let name = if name.is_null() { relid.to_u32().to_string() } else { unsafe { cstr(name) } };
+        errors::wrong_object_type(format!("{function} needs a table, and \"{name}\" is not one"));
     }
-    qualified
+    // SAFETY: the lock the UPDATE would take anyway; after it, the names cannot change under us.
+    unsafe { pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
+    // SAFETY: syscache lookups, checked for NULL (the table may have been dropped before the lock).
+    let (name, schema) = unsafe {
+        let name = pg_sys::get_rel_name(relid);
+        let schema = if name.is_null() { std::ptr::null_mut() } else { pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid)) };
+        if name.is_null() || schema.is_null() {
+            errors::undefined_table(relid);
+        }
+        (cstr(name), cstr(schema))
+    };
+    format!("{}.{}", quote(&schema), quote(&name))
 }
 
-/// The object's keys as quoted column names, each checked to be a column of the table.
-fn columns(relid: pg_sys::Oid, table: &str, argument: &str, object: Option<&JsonB>, nulls: Nulls) -> Vec<String> {
+/// The object's keys as columns of the table, each checked to exist.
+fn columns(relid: pg_sys::Oid, table: &str, argument: &str, object: Option<&JsonB>, nulls: Nulls) -> Vec<Column> {
     let object = object.unwrap_or_else(|| errors::null_argument(argument));
     let Some(map) = object.0.as_object() else {
         errors::invalid_argument(
@@ -136,18 +149,27 @@ fn columns(relid: pg_sys::Oid, table: &str, argument: &str, object: Option<&Json
     }
     map.iter()
         .map(|(column, value)| {
-            if attnum(relid, column).is_none() {
-                errors::undefined_column(column, table);
-            }
+            let attnum = attnum(relid, column).unwrap_or_else(|| errors::undefined_column(column, table));
             if nulls == Nulls::Refused && value.is_null() {
                 errors::invalid_argument(
                     format!("{argument} value for column \"{column}\" is null"),
                     "Filter values are compared with =, which never matches NULL.",
                 );
             }
-            quote(column)
+            Column { name: quote(column), sql_type: column_type(relid, attnum) }
         })
         .collect()
+}
+
+/// The column's type as SQL, schema-qualified whatever the search_path, with its typmod.
+fn column_type(relid: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> String {
+    let (mut type_oid, mut typmod, mut collation) = (pg_sys::InvalidOid, -1, pg_sys::InvalidOid);
+    // SAFETY: syscache lookups of an existing column; format_type returns a palloc'd string.
+    unsafe {
+        pg_sys::get_atttypetypmodcoll(relid, attnum, &mut type_oid, &mut typmod, &mut collation);
+        let flags = pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_FORCE_QUALIFY;
+        cstr(pg_sys::format_type_extended(type_oid, typmod, flags as u16))
+    }
 }
 
 /// The column's number, or None when the table has no such (live, user) column.
@@ -156,6 +178,11 @@ fn attnum(relid: pg_sys::Oid, column: &str) -> Option<pg_sys::AttrNumber> {
     // SAFETY: syscache lookup; InvalidAttrNumber (0) when absent or dropped.
     let attnum = unsafe { pg_sys::get_attnum(relid, name.as_ptr()) };
     (attnum > 0).then_some(attnum)
+}
+
+/// SAFETY: `ptr` must be a valid NUL-terminated string.
+unsafe fn cstr(ptr: *const std::ffi::c_char) -> String {
+    CStr::from_ptr(ptr).to_string_lossy().into_owned()
 }
 
 fn quote(identifier: &str) -> String {

@@ -11,9 +11,17 @@ use uuid::Uuid;
 
 const TRIALS: usize = 20;
 
+/// Whether the WAL is flushed up to where the last record ended. When that record ended exactly at
+/// a page boundary, the insert position already points past the next page's header (24 bytes, or 40
+/// at the start of a segment), which nobody needs to flush.
 fn flushed(client: &mut Client) -> bool {
     client
-        .query_one("SELECT pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()", &[])
+        .query_one(
+            "SELECT pg_wal_lsn_diff(insert, flush) <= CASE WHEN offset_in_page IN (24, 40) THEN offset_in_page ELSE 0 END
+               FROM (SELECT pg_current_wal_insert_lsn() AS insert, pg_current_wal_flush_lsn() AS flush,
+                            (pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0') % 8192)::int AS offset_in_page) w",
+            &[],
+        )
         .unwrap()
         .get(0)
 }
@@ -59,7 +67,7 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
             release(c, &key, token);
             acquire(c, &key);
         });
-        assert_eq!(grants, TRIALS, "grant commits not flushed with synchronous_commit = {synchronous_commit}");
+        assert_eq!(grants, TRIALS, "{grants} of {TRIALS} grant commits flushed with synchronous_commit = {synchronous_commit}");
     }
     client.batch_execute("SET synchronous_commit = on").unwrap();
 

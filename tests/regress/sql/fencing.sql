@@ -40,9 +40,25 @@ SELECT fence.fenced_write('invoices', 'fence', 7, '{"status": "w7"}', '{"id": 43
 SELECT fence.fenced_write('invoices', 'fence', 7, '{"status": "w7 again"}', '{"id": 43}') AS w7_again;
 SELECT try($$SELECT fence.fenced_write('invoices', 'fence', 5, '{"status": "w5"}', '{"id": 43}')$$) AS w5;
 SELECT fence.fenced_write('invoices', 'fence', 9, '{"status": "w9"}', '{"id": 43}') AS w9;
--- A stale token anywhere among the matching rows refuses the whole write.
-SELECT try($$SELECT fence.fenced_write('invoices', 'fence', 8, '{"amount": 1}', '{"status": "w9"}')$$) AS w8;
+-- A stale token anywhere among the matching rows refuses the whole write: row 42 (no fence yet)
+-- would take fence 8, row 43 holds 9, so neither changes.
+UPDATE invoices SET status = 'open' WHERE id = 42;
+ALTER TABLE invoices ADD COLUMN batch int DEFAULT 1;
+SELECT try($$SELECT fence.fenced_write('invoices', 'fence', 8, '{"amount": 1}', '{"batch": 1}')$$) AS w8;
 SELECT id, status, amount, fence FROM invoices ORDER BY id;
+ALTER TABLE invoices DROP COLUMN batch;
+
+-- Values keep their precision and type; odd column names and NOT NULL domains are no obstacle.
+CREATE DOMAIN email AS text NOT NULL CHECK (VALUE LIKE '%@%');
+CREATE TABLE "Odd Table" (id int PRIMARY KEY, "x""; DROP TABLE invoices; --" numeric, mail email, note text);
+INSERT INTO "Odd Table" VALUES (1, 0, 'a@example.com', NULL);
+SELECT fence.fenced_update('invoice:42', :b_fence, '"Odd Table"',
+                           '{"x\"; DROP TABLE invoices; --": 123456789012345678901.50, "note": "kept"}',
+                           '{"id": 1}') AS odd_rows;
+SELECT * FROM "Odd Table";
+SELECT try(format($$SELECT fence.fenced_update('invoice:42', %s, '"Odd Table"', '{"mail": null}', '{"id": 1}')$$, :b_fence)) AS null_into_domain;
+DROP TABLE "Odd Table";
+DROP DOMAIN email;
 
 -- Bad input: a clear error, and the table unchanged.
 CREATE TABLE snapshot AS SELECT * FROM invoices;

@@ -31,6 +31,8 @@ UPDATE docs SET body = 'plain update' WHERE id = 2;
 UPDATE docs SET body = 'set to old + 1', version = version + 1 WHERE id = 2;
 SELECT try($$UPDATE docs SET body = 'stale writer', version = 2 WHERE id = 2$$) AS stale_writer;
 SELECT try($$UPDATE docs SET version = 100 WHERE id = 3$$) AS jump_ahead;
+-- A writer that read an older version and sets "its read + 1", which is the current version.
+SELECT try($$UPDATE docs SET body = 'read + 1', version = 3 WHERE id = 2$$) AS stale_read_plus_one;
 SELECT fence.versioned_update('docs', 'version', 3, '{"body": "versioned"}', '{"id": 2}') AS new_version;
 SELECT * FROM docs ORDER BY id;
 SELECT fence.disable_versioning('docs');
