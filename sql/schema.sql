@@ -50,6 +50,19 @@ SELECT key, owner, fence, acquired_at, expires_at,
 
 GRANT SELECT ON fence.leases TO PUBLIC;
 
+-- What the sweeper did (fence.sweep() keeps it): one row, readable by all through fence.sweeper.
+CREATE TABLE fence.sweeper_stats (
+    one         boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    last_run_at timestamptz,
+    last_swept  bigint      NOT NULL DEFAULT 0,
+    total_swept bigint      NOT NULL DEFAULT 0
+);
+INSERT INTO fence.sweeper_stats DEFAULT VALUES;
+REVOKE ALL ON fence.sweeper_stats FROM PUBLIC;
+
+CREATE VIEW fence.sweeper AS SELECT last_run_at, last_swept, total_swept FROM fence.sweeper_stats;
+GRANT SELECT ON fence.sweeper TO PUBLIC;
+
 -- Like advisory locks, leases are for every role by default: the functions check tokens, and the
 -- table stays closed. To restrict, REVOKE USAGE ON SCHEMA fence FROM PUBLIC and grant it per role.
 GRANT USAGE ON SCHEMA fence TO PUBLIC;

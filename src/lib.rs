@@ -10,6 +10,8 @@
 //! - `row_update`: the UPDATE statements those build from the caller's jsonb.
 //! - `admin`: lease_revoke, for role fence_admin.
 //! - `clock`: the server's clock, as liveness must read it.
+//! - `sweeper`: fence.sweep(), which marks expired leases free; `worker`: the background worker
+//!   that calls it.
 //! - `settings`: the `pg_fence.*` GUCs; `spi_plans`: statements prepared once per backend.
 //! - `sql/`: the tables, types and views (schema.sql), and per concept the public functions written
 //!   in SQL: shells that raise pg_fence's own SQLSTATEs, and the versioning trigger.
@@ -27,6 +29,8 @@ mod occ;
 mod row_update;
 mod settings;
 mod spi_plans;
+mod sweeper;
+mod worker;
 
 #[cfg(any(test, feature = "pg_test"))]
 mod pg_tests;
@@ -46,6 +50,7 @@ extension_sql_file!("../sql/admin.sql", name = "admin", requires = [admin::lease
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     settings::init();
+    worker::register();
 }
 
 /// Required by `cargo pgrx test`.

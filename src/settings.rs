@@ -1,10 +1,41 @@
 //! The `pg_fence.*` configuration parameters and typed accessors for them.
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use std::ffi::CString;
+use std::time::Duration;
 
 /// Longest TTL, in seconds, that lease_acquire and lease_renew accept.
 static MAX_TTL_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(86_400);
 
+/// The database the sweeper worker connects to (postmaster start only).
+static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+
+/// How often the sweeper worker sweeps, in milliseconds.
+static SWEEP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
+
 pub fn init() {
+    // A postmaster-context setting can only be defined while the postmaster loads preloaded
+    // libraries (PostgreSQL refuses it later, FATALly); without preload there is no worker anyway.
+    // SAFETY: a backend-global flag set by the postmaster.
+    if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
+        GucRegistry::define_string_guc(
+            c"pg_fence.database",
+            c"Database in which the pg_fence sweeper worker runs.",
+            c"Only with pg_fence in shared_preload_libraries; takes effect at server start.",
+            &DATABASE,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+    }
+    GucRegistry::define_int_guc(
+        c"pg_fence.sweep_interval",
+        c"How often the pg_fence sweeper worker ends expired leases.",
+        c"Reloadable (SIGHUP). Correctness never depends on the sweeper; it only tidies up.",
+        &SWEEP_INTERVAL_MS,
+        10,
+        86_400_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
     GucRegistry::define_int_guc(
         c"pg_fence.max_ttl",
         c"Longest lease TTL that lease_acquire and lease_renew accept.",
@@ -24,4 +55,12 @@ pub fn init() {
 
 pub fn max_ttl_micros() -> i64 {
     i64::from(MAX_TTL_SECONDS.get()) * 1_000_000
+}
+
+pub fn database() -> String {
+    DATABASE.get().map(|db| db.to_string_lossy().into_owned()).unwrap_or_else(|| "postgres".into())
+}
+
+pub fn sweep_interval() -> Duration {
+    Duration::from_millis(SWEEP_INTERVAL_MS.get().max(10) as u64)
 }

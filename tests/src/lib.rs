@@ -23,6 +23,13 @@ impl Cluster {
     /// Creates and starts a cluster. Each test uses its own `name` and `port` so tests can run in
     /// parallel. `settings` are postgresql.conf lines such as "wal_writer_delay=10s".
     pub fn start(name: &str, port: u16, settings: &[&str]) -> Cluster {
+        let cluster = Cluster::start_without_extension(name, port, settings);
+        cluster.connect().batch_execute("CREATE EXTENSION pg_fence").unwrap();
+        cluster
+    }
+
+    /// The same, without CREATE EXTENSION.
+    pub fn start_without_extension(name: &str, port: u16, settings: &[&str]) -> Cluster {
         let name = format!("it_{name}");
         let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
         let port_text = port.to_string();
@@ -30,9 +37,7 @@ impl Cluster {
         args.extend_from_slice(settings);
         run_script(&args);
         run_script(&["start", &name]);
-        let cluster = Cluster { name, port };
-        cluster.connect().batch_execute("CREATE EXTENSION pg_fence").unwrap();
-        cluster
+        Cluster { name, port }
     }
 
     pub fn connect(&self) -> Client {

@@ -1,13 +1,6 @@
 -- Every bad argument: a clear error with its SQLSTATE, and the lease table unchanged. (Each case
 -- runs in try()'s subtransaction; the calls outside try() below show the errors as a client sees them.)
 CREATE EXTENSION pg_fence;
-CREATE OR REPLACE FUNCTION try(sql text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE sql;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
 
 SELECT fence.lease_acquire('held', '1 hour', 'holder') AS l \gset
 CREATE TABLE before AS SELECT * FROM fence.lease_state;
@@ -58,5 +51,4 @@ SELECT fence.lease_renew('held', gen_random_uuid(), '1 s');
 SELECT fence.lease_acquire(NULL, '1 s');
 
 DROP EXTENSION pg_fence;
-DROP FUNCTION try(text);
 DROP TABLE before;

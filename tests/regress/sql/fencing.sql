@@ -1,12 +1,5 @@
 -- Fenced writes as a psql user sees them: fence_guard, fenced_update, fenced_write.
 CREATE EXTENSION pg_fence;
-CREATE OR REPLACE FUNCTION try(sql text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE sql;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
 
 CREATE TABLE invoices (id int PRIMARY KEY, status text NOT NULL, amount numeric, paid_on date,
                        fence bigint, tags text[]);
@@ -122,4 +115,3 @@ DROP TABLE snapshot;
 DROP SEQUENCE some_seq;
 DROP ROLE fence_clerk;
 DROP EXTENSION pg_fence;
-DROP FUNCTION try(text);

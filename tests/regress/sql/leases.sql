@@ -1,14 +1,5 @@
 -- The lease lifecycle as a psql user sees it.
 CREATE EXTENSION pg_fence;
--- Show errors with their SQLSTATE; other columns vary from run to run, so results are reduced to
--- what is stable (fences, booleans, owners).
-CREATE OR REPLACE FUNCTION try(sql text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE sql;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
 
 -- A first grant gets fence 1 and a token; the key is then held.
 SELECT key, owner, fence, token IS NOT NULL AS has_token, expires_at > acquired_at AS ends_later
@@ -57,4 +48,3 @@ COMMIT;
 SELECT fence.current_fence('ro');
 
 DROP EXTENSION pg_fence;
-DROP FUNCTION try(text);

@@ -1,12 +1,5 @@
 -- Optimistic concurrency: versioned_update, and the versioning trigger.
 CREATE EXTENSION pg_fence;
-CREATE OR REPLACE FUNCTION try(sql text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE sql;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
 
 CREATE TABLE docs (id int PRIMARY KEY, body text, owner_id int, version bigint NOT NULL DEFAULT 1);
 INSERT INTO docs VALUES (1, 'draft', 7, 1), (2, 'other', 7, 1), (3, 'third', 8, 1);
@@ -61,4 +54,3 @@ SELECT id, body, version FROM docs ORDER BY id;
 DROP TABLE docs;
 DROP ROLE occ_reader;
 DROP EXTENSION pg_fence;
-DROP FUNCTION try(text);

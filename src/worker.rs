@@ -1,0 +1,54 @@
+//! The sweeper background worker: with pg_fence in shared_preload_libraries, it connects to the
+//! database named by pg_fence.database and calls fence.sweep() every pg_fence.sweep_interval. It does
+//! nothing while the extension is not created, or while the server is a standby; SIGHUP reloads the
+//! settings; SIGTERM ends it. An error, or pg_terminate_backend(), ends the worker (logged), and the
+//! postmaster starts it again after 5 seconds.
+use crate::settings;
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use pgrx::prelude::*;
+use std::time::Duration;
+
+const RESTART_AFTER: Duration = Duration::from_secs(5);
+
+/// Called from _PG_init: registers the worker when loaded through shared_preload_libraries.
+pub fn register() {
+    // SAFETY: a backend-global flag set by the postmaster while it loads preloaded libraries.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    BackgroundWorkerBuilder::new("pg_fence sweeper")
+        .set_type("pg_fence sweeper")
+        .set_library("pg_fence")
+        .set_function("pg_fence_sweeper_main")
+        .enable_spi_access()
+        .set_restart_time(Some(RESTART_AFTER))
+        .load();
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn pg_fence_sweeper_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
+    log!("pg_fence sweeper started in database \"{}\"", settings::database());
+    while BackgroundWorker::wait_latch(Some(settings::sweep_interval())) {
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: what every background worker does on SIGHUP, outside a transaction.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        // SAFETY: a plain read of shared state.
+        if unsafe { pg_sys::RecoveryInProgress() } {
+            continue;
+        }
+        BackgroundWorker::transaction(|| {
+            let installed = "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_fence')";
+            if Spi::get_one::<bool>(installed).ok().flatten() == Some(true) {
+                Spi::run("SELECT fence.sweep()").expect("fence.sweep()");
+            }
+        });
+    }
+    // SIGTERM. Exit code 1 asks the postmaster to start the worker again (after RESTART_AFTER), so
+    // pg_terminate_backend() restarts it; at server shutdown the postmaster restarts nothing.
+    // SAFETY: ends this process the way PostgreSQL's own workers do.
+    unsafe { pg_sys::proc_exit(1) };
+}
