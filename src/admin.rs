@@ -2,7 +2,9 @@
 //! creates the role and grants EXECUTE to it alone).
 use crate::keylock::{self, Mode};
 use crate::spi_plans::execute;
+use crate::notify::{self, Event};
 use crate::{clock, durability, input};
+use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 
 /// Ends the live lease, whoever holds it; expires_at becomes the moment it ended.
@@ -19,12 +21,21 @@ fn lease_revoke(key: Option<&str>) -> bool {
     let key = input::key(key);
     durability::require_writable("revoke a lease");
     keylock::lock(key, Mode::Change);
-    let revoked = execute(REVOKE, &[key.into(), clock::timestamp(clock::now()).into()], |rows| !rows.is_empty());
-    if revoked {
-        // An administrator acts on what it sees: a revocation must not come back after a crash.
-        durability::require_durable_commit();
-    } else {
-        keylock::unlock(key, Mode::Change);
+    let args = [key.into(), clock::timestamp(clock::now()).into()];
+    let revoked_fence = execute(REVOKE, &args, |rows| {
+        if rows.is_empty() {
+            None
+        } else {
+            rows.first().get::<i64>(1).unwrap_or_report()
+        }
+    });
+    match revoked_fence {
+        Some(fence) => {
+            // An administrator acts on what it sees: a revocation must not come back after a crash.
+            durability::require_durable_commit();
+            notify::send(Event::Revoked, key, fence);
+        }
+        None => keylock::unlock(key, Mode::Change),
     }
-    revoked
+    revoked_fence.is_some()
 }

@@ -16,6 +16,7 @@
 //! and not even a superuser reading the table (or a backup of it) can use it afterwards.
 use crate::spi_plans::execute;
 use crate::keylock::{self, Mode};
+use crate::notify::{self, Event};
 use crate::{clock, durability, input};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
@@ -97,8 +98,12 @@ fn lease_acquire(
         }
     };
     let lease = execute(GRANT_AGAIN, &args, read_lease).or_else(|| execute(GRANT_FIRST, &args, read_lease));
-    match lease {
-        Some(_) => durability::require_durable_commit(),
+    match &lease {
+        Some(granted) => {
+            durability::require_durable_commit();
+            let fence = granted.get_by_name::<i64>("fence").unwrap_or_report().unwrap_or_default();
+            notify::send(Event::Acquired, key, fence);
+        }
         None => {
             keylock::unlock(key, Mode::Grant);
             durability::skip_flush_if_alone(wal_before);
@@ -152,12 +157,19 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     }
     let now = clock::now();
     let args = [key.into(), token.into(), clock::timestamp(now).into()];
-    let released = execute(RELEASE, &args, |rows| !rows.is_empty());
-    if !released {
-        keylock::unlock(key, Mode::Change);
+    let ended_fence = execute(RELEASE, &args, |rows| {
+        if rows.is_empty() {
+            None
+        } else {
+            rows.first().get::<i64>(1).unwrap_or_report()
+        }
+    });
+    match ended_fence {
+        Some(fence) => notify::send(Event::Released, key, fence),
+        None => keylock::unlock(key, Mode::Change),
     }
     durability::skip_flush_if_alone(wal_before);
-    released
+    ended_fence.is_some()
 }
 
 /// The last fence granted for `key`, or NULL if it was never granted.

@@ -8,7 +8,7 @@
 //! - `fencing`: fence_guard, fenced_update, fenced_write: writes that a stale holder cannot make.
 //! - `occ`: versioned_update, optimistic concurrency without locks.
 //! - `row_update`: the UPDATE statements those build from the caller's jsonb.
-//! - `admin`: lease_revoke, for role fence_admin.
+//! - `admin`: lease_revoke, for role fence_admin. `notify`: the NOTIFY events of lease changes.
 //! - `clock`: the server's clock, as liveness must read it.
 //! - `sweeper`: fence.sweep(), which marks expired leases free; `worker`: the background worker
 //!   that calls it.
@@ -25,6 +25,7 @@ mod fencing;
 mod input;
 mod keylock;
 mod leases;
+mod notify;
 mod occ;
 mod row_update;
 mod settings;

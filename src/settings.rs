@@ -12,7 +12,20 @@ static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::ne
 /// How often the sweeper worker sweeps, in milliseconds.
 static SWEEP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 
+/// Whether lease changes are announced with NOTIFY on channel pg_fence.
+static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
+
 pub fn init() {
+    GucRegistry::define_bool_guc(
+        c"pg_fence.notify",
+        c"Announce lease changes with NOTIFY on channel pg_fence.",
+        c"Off by default: each NOTIFY costs the changing transaction a write to the notification queue \
+          at commit, whether anyone listens or not. Turn it on for the database (ALTER DATABASE ... SET) \
+          so that every session, and the sweeper, announces.",
+        &NOTIFY,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
     // A postmaster-context setting can only be defined while the postmaster loads preloaded
     // libraries (PostgreSQL refuses it later, FATALly); without preload there is no worker anyway.
     // SAFETY: a backend-global flag set by the postmaster.
@@ -63,4 +76,8 @@ pub fn database() -> String {
 
 pub fn sweep_interval() -> Duration {
     Duration::from_millis(SWEEP_INTERVAL_MS.get().max(10) as u64)
+}
+
+pub fn notify() -> bool {
+    NOTIFY.get()
 }

@@ -3,7 +3,9 @@
 //! leases free in the table and keeps the sweeper's figures. The background worker (src/worker.rs)
 //! calls it every pg_fence.sweep_interval; without the worker, call it yourself (or from pg_cron).
 use crate::spi_plans::execute;
+use crate::notify::{self, Event};
 use crate::{clock, durability};
+use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 
 /// At most this many leases per call, so one sweep is one short transaction that holds up no
@@ -18,7 +20,7 @@ const SWEEP: &str = "
     UPDATE fence.lease_state s SET token_hash = NULL
       FROM expired
      WHERE s.ctid = expired.ctid
-    RETURNING 1";
+    RETURNING s.key, s.fence";
 
 const RECORD: &str = "
     UPDATE fence.sweeper_stats SET last_run_at = $1, last_swept = $2, total_swept = total_swept + $2";
@@ -30,7 +32,14 @@ fn sweep() -> i64 {
     durability::require_writable("sweep leases");
     let wal_before = durability::wal_position();
     let now = clock::timestamp(clock::now());
-    let swept = execute(SWEEP, &[now.into(), BATCH.into()], |rows| rows.len() as i64);
+    let expired: Vec<(String, i64)> = execute(SWEEP, &[now.into(), BATCH.into()], |rows| {
+        rows.map(|row| (row.get(1).unwrap_or_report().unwrap_or_default(), row.get(2).unwrap_or_report().unwrap_or_default()))
+            .collect()
+    });
+    for (key, fence) in &expired {
+        notify::send(Event::Expired, key, *fence);
+    }
+    let swept = expired.len() as i64;
     execute(RECORD, &[now.into(), swept.into()], |_| ());
     // Nothing here needs to survive a crash: a lost sweep is swept again.
     durability::skip_flush_if_alone(wal_before);

@@ -1,0 +1,39 @@
+//! Lease events for applications that LISTEN: NOTIFY on channel `pg_fence` with a JSON payload
+//! {"event": "acquired"|"released"|"expired"|"revoked", "key": ..., "fence": ...}. PostgreSQL delivers
+//! notifications when the transaction commits, and never for one that rolled back. Off unless
+//! pg_fence.notify is on: a NOTIFY is not free (see settings).
+use crate::settings;
+use pgrx::prelude::*;
+
+pub const CHANNEL: &str = "pg_fence";
+
+#[derive(Clone, Copy)]
+pub enum Event {
+    Acquired,
+    Released,
+    Expired,
+    Revoked,
+}
+
+impl Event {
+    fn name(self) -> &'static str {
+        match self {
+            Event::Acquired => "acquired",
+            Event::Released => "released",
+            Event::Expired => "expired",
+            Event::Revoked => "revoked",
+        }
+    }
+}
+
+/// Announces the change when pg_fence.notify is on.
+pub fn send(event: Event, key: &str, fence: i64) {
+    if !settings::notify() {
+        return;
+    }
+    let payload = serde_json::json!({ "event": event.name(), "key": key, "fence": fence }).to_string();
+    // SAFETY: pg_notify(text, text) reads only its two non-NULL arguments.
+    unsafe {
+        pgrx::direct_function_call_as_datum(pg_sys::pg_notify, &[CHANNEL.into_datum(), payload.into_datum()]);
+    }
+}
