@@ -1,8 +1,8 @@
 //! Administration: lease_revoke, for superusers and members of role fence_admin (sql/admin.sql
 //! creates the role and grants EXECUTE to it alone).
 use crate::keylock::{self, Mode};
-use crate::spi_plans::execute;
 use crate::notify::{self, Event};
+use crate::spi_plans::execute;
 use crate::{clock, durability, input};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;

@@ -16,9 +16,7 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 fn raise(code: PgSqlErrorCode, message: String, hint: &str) -> ! {
-    ErrorReport::new(code, message, "pg_fence")
-        .set_hint(hint)
-        .report(PgLogLevel::ERROR);
+    ErrorReport::new(code, message, "pg_fence").set_hint(hint).report(PgLogLevel::ERROR);
     unreachable!("ERROR-level reports do not return")
 }
 
@@ -41,10 +39,7 @@ pub fn read_only(what: &str, on_standby: bool) -> ! {
             "Leases live on the primary: connect to it (for example with target_session_attrs=read-write).",
         )
     } else {
-        (
-            format!("cannot {what} in a read-only transaction"),
-            "Run the call in a read-write transaction.",
-        )
+        (format!("cannot {what} in a read-only transaction"), "Run the call in a read-write transaction.")
     };
     raise(PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION, message, hint)
 }

@@ -2,11 +2,11 @@
 //! SQL shells (sql/fencing.sql) raise the stale-fence error PF002.
 //!
 //! The guard is what makes "a write accepted under fence F commits before any grant above F can
-//! commit" true: it takes the key's lock in `Guard` mode, which every grant waits for, keeps it
-//! until the writing transaction ends, and only then reads the latest committed grant.
+//! commit" true. It first takes the key's lock in `Guard` mode, which every grant waits for and which
+//! it keeps until the writing transaction ends; only then does it read the latest committed grant.
+use crate::keylock::{self, Mode};
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
-use crate::keylock::{self, Mode};
 use crate::{clock, errors, input};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -110,7 +110,9 @@ fn write_unless_stale(
     let lock_and_check = update.select_sql(&format!("t.{column} > $3"), "") + " FOR NO KEY UPDATE";
     let write = update.update_sql(&format!("{column} = $3"), "", "1");
     let args = [changes.into(), filter.into(), fence.into()];
-    let stale = execute(&lock_and_check, &args, |rows| rows.into_iter().any(|row| row.get::<bool>(1).ok().flatten() == Some(true)));
+    let stale = execute(&lock_and_check, &args, |rows| {
+        rows.into_iter().any(|row| row.get::<bool>(1).ok().flatten() == Some(true))
+    });
     if stale {
         return None;
     }

@@ -14,9 +14,9 @@
 //!
 //! Tokens are stored only as their SHA-256: a token is shown once, to the caller of lease_acquire,
 //! and not even a superuser reading the table (or a backup of it) can use it afterwards.
-use crate::spi_plans::execute;
 use crate::keylock::{self, Mode};
 use crate::notify::{self, Event};
+use crate::spi_plans::execute;
 use crate::{clock, durability, input};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;

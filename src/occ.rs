@@ -1,8 +1,8 @@
 //! Optimistic concurrency without any lock: versioned_update and the versioning trigger
 //! (sql/occ.sql). A version mismatch is SQLSTATE 40001, so standard client retry loops apply.
+use crate::errors;
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
-use crate::errors;
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;

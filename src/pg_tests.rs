@@ -106,7 +106,8 @@ mod tests {
         let release = format!("SELECT fence.lease_release('k', '{old}')");
         assert_eq!(one::<bool>(&release), Some(false), "an expired lease cannot be released");
         assert_eq!(acquire("k", "10 s"), Some(2));
-        let acquired_after_expiry = "SELECT acquired_at >= clock_timestamp() - interval '1 s' FROM fence.leases";
+        let acquired_after_expiry =
+            "SELECT acquired_at >= clock_timestamp() - interval '1 s' FROM fence.leases";
         assert_eq!(one::<bool>(acquired_after_expiry), Some(true));
     }
 
@@ -121,13 +122,19 @@ mod tests {
     fn owner_defaults_to_application_name_then_pid() {
         run("SET LOCAL application_name = 'billing-worker'");
         acquire("a", "10 s");
-        assert_eq!(one::<String>("SELECT owner FROM fence.leases WHERE key = 'a'").as_deref(), Some("billing-worker"));
+        assert_eq!(
+            one::<String>("SELECT owner FROM fence.leases WHERE key = 'a'").as_deref(),
+            Some("billing-worker")
+        );
         run("SET LOCAL application_name = ''");
         acquire("b", "10 s");
         let pid_owner = "SELECT owner = 'pid:' || pg_backend_pid() FROM fence.leases WHERE key = 'b'";
         assert_eq!(one::<bool>(pid_owner), Some(true));
         run("SELECT fence.lease_acquire('c', '10 s', 'host-7')");
-        assert_eq!(one::<String>("SELECT owner FROM fence.leases WHERE key = 'c'").as_deref(), Some("host-7"));
+        assert_eq!(
+            one::<String>("SELECT owner FROM fence.leases WHERE key = 'c'").as_deref(),
+            Some("host-7")
+        );
     }
 
     #[pg_test]
@@ -276,7 +283,9 @@ mod tests {
     // Fenced writes and optimistic concurrency.
 
     fn invoices() {
-        run("CREATE TABLE invoices (id int PRIMARY KEY, status text, fence bigint, version bigint DEFAULT 1)");
+        run(
+            "CREATE TABLE invoices (id int PRIMARY KEY, status text, fence bigint, version bigint DEFAULT 1)",
+        );
         run("INSERT INTO invoices VALUES (42, 'open', NULL, 1)");
     }
 
@@ -321,7 +330,9 @@ mod tests {
     #[pg_test]
     fn fenced_write_keeps_the_highest_fence() {
         invoices();
-        let write = |fence: i64| format!("SELECT fence.fenced_write('invoices', 'fence', {fence}, '{{\"status\": \"w{fence}\"}}', '{{\"id\": 42}}')");
+        let write = |fence: i64| {
+            format!("SELECT fence.fenced_write('invoices', 'fence', {fence}, '{{\"status\": \"w{fence}\"}}', '{{\"id\": 42}}')")
+        };
         assert_eq!(one::<i64>(&write(3)), Some(1));
         assert_eq!(one::<i64>(&write(5)), Some(1));
         assert_eq!(one::<String>("SELECT status || fence FROM invoices").as_deref(), Some("w55"));
@@ -337,7 +348,8 @@ mod tests {
     #[pg_test]
     fn versioned_update_returns_the_next_version() {
         invoices();
-        let update = "SELECT fence.versioned_update('invoices', 'version', 1, '{\"status\": \"v2\"}', '{\"id\": 42}')";
+        let update =
+            "SELECT fence.versioned_update('invoices', 'version', 1, '{\"status\": \"v2\"}', '{\"id\": 42}')";
         assert_eq!(one::<i64>(update), Some(2));
     }
 
@@ -352,7 +364,10 @@ mod tests {
         acquire("k", "1 minute");
         assert_eq!(one::<bool>("SELECT fence.lease_revoke('k')"), Some(true));
         assert_eq!(one::<bool>("SELECT fence.lease_revoke('k')"), Some(false), "nothing left to revoke");
-        assert_eq!(one::<bool>(&format!("SELECT fence.renew_if_held('k', {}, '1 s') IS NULL", token("k"))), Some(true));
+        assert_eq!(
+            one::<bool>(&format!("SELECT fence.renew_if_held('k', {}, '1 s') IS NULL", token("k"))),
+            Some(true)
+        );
         assert_eq!(acquire("k", "1 minute"), Some(2));
     }
 

@@ -29,7 +29,12 @@ impl RowUpdate {
     /// Checks the arguments every fenced or versioned write shares; `function` names the caller in
     /// error messages. Locks the table as the UPDATE will, so it cannot be renamed or dropped while
     /// the statement is built from its name.
-    pub fn new(function: &str, target: Option<pg_sys::Oid>, changes: Option<&JsonB>, filter: Option<&JsonB>) -> Self {
+    pub fn new(
+        function: &str,
+        target: Option<pg_sys::Oid>,
+        changes: Option<&JsonB>,
+        filter: Option<&JsonB>,
+    ) -> Self {
         let relid = target.unwrap_or_else(|| errors::null_argument("target"));
         let table = table_name(function, relid);
         let changes = columns(relid, &table, "changes", changes, Nulls::Allowed);
@@ -41,11 +46,15 @@ impl RowUpdate {
     /// and hold an integer, and it must not also be among the changes.
     pub fn counter_column(&self, argument: &str, column: Option<&str>) -> String {
         let column = column.unwrap_or_else(|| errors::null_argument(argument));
-        let attnum = attnum(self.relid, column).unwrap_or_else(|| errors::undefined_column(column, &self.table));
+        let attnum =
+            attnum(self.relid, column).unwrap_or_else(|| errors::undefined_column(column, &self.table));
         // SAFETY: syscache lookup of an existing column.
         let type_oid = unsafe { pg_sys::get_atttype(self.relid, attnum) };
         if ![pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID].contains(&type_oid) {
-            errors::datatype_mismatch(format!("{argument} \"{column}\" of {} is not an integer column", self.table));
+            errors::datatype_mismatch(format!(
+                "{argument} \"{column}\" of {} is not an integer column",
+                self.table
+            ));
         }
         let quoted = quote(column);
         if self.changes.iter().any(|c| c.name == quoted) {
@@ -69,7 +78,11 @@ impl RowUpdate {
         if !extra_set.is_empty() {
             set = format!("{set}, {extra_set}");
         }
-        format!("UPDATE {} AS t SET {set} WHERE {} RETURNING {returning}", self.table, self.where_sql(extra_where))
+        format!(
+            "UPDATE {} AS t SET {set} WHERE {} RETURNING {returning}",
+            self.table,
+            self.where_sql(extra_where)
+        )
     }
 
     /// `SELECT what FROM table AS t WHERE <filter>[ AND extra_where]`
@@ -82,7 +95,8 @@ impl RowUpdate {
     fn where_sql(&self, extra: &str) -> String {
         let columns = names(&self.filter, "t.");
         let values = names(&self.filter, "f.");
-        let mut condition = format!("({columns}) = (SELECT {values} FROM {})", record(&self.filter, "$2", "f"));
+        let mut condition =
+            format!("({columns}) = (SELECT {values} FROM {})", record(&self.filter, "$2", "f"));
         if !extra.is_empty() {
             condition = format!("{condition} AND {extra}");
         }
@@ -96,7 +110,8 @@ fn names(columns: &[Column], prefix: &str) -> String {
 
 /// `pg_catalog.jsonb_to_record($n) AS alias("a" type, "b" type)`
 fn record(columns: &[Column], parameter: &str, alias: &str) -> String {
-    let definitions = columns.iter().map(|c| format!("{} {}", c.name, c.sql_type)).collect::<Vec<_>>().join(", ");
+    let definitions =
+        columns.iter().map(|c| format!("{} {}", c.name, c.sql_type)).collect::<Vec<_>>().join(", ");
     format!("pg_catalog.jsonb_to_record({parameter}) AS {alias}({definitions})")
 }
 
@@ -123,7 +138,11 @@ fn table_name(function: &str, relid: pg_sys::Oid) -> String {
     // SAFETY: syscache lookups, checked for NULL (the table may have been dropped before the lock).
     let (name, schema) = unsafe {
         let name = pg_sys::get_rel_name(relid);
-        let schema = if name.is_null() { std::ptr::null_mut() } else { pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid)) };
+        let schema = if name.is_null() {
+            std::ptr::null_mut()
+        } else {
+            pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid))
+        };
         if name.is_null() || schema.is_null() {
             errors::undefined_table(relid);
         }
@@ -133,7 +152,13 @@ fn table_name(function: &str, relid: pg_sys::Oid) -> String {
 }
 
 /// The object's keys as columns of the table, each checked to exist.
-fn columns(relid: pg_sys::Oid, table: &str, argument: &str, object: Option<&JsonB>, nulls: Nulls) -> Vec<Column> {
+fn columns(
+    relid: pg_sys::Oid,
+    table: &str,
+    argument: &str,
+    object: Option<&JsonB>,
+    nulls: Nulls,
+) -> Vec<Column> {
     let object = object.unwrap_or_else(|| errors::null_argument(argument));
     let Some(map) = object.0.as_object() else {
         errors::invalid_argument(

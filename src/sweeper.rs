@@ -2,8 +2,8 @@
 //! (an expired lease is free the moment it expires, judged by the clock); sweeping only marks such
 //! leases free in the table and keeps the sweeper's figures. The background worker (src/worker.rs)
 //! calls it every pg_fence.sweep_interval; without the worker, call it yourself (or from pg_cron).
-use crate::spi_plans::execute;
 use crate::notify::{self, Event};
+use crate::spi_plans::execute;
 use crate::{clock, durability};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
@@ -33,8 +33,13 @@ fn sweep() -> i64 {
     let wal_before = durability::wal_position();
     let now = clock::timestamp(clock::now());
     let expired: Vec<(String, i64)> = execute(SWEEP, &[now.into(), BATCH.into()], |rows| {
-        rows.map(|row| (row.get(1).unwrap_or_report().unwrap_or_default(), row.get(2).unwrap_or_report().unwrap_or_default()))
-            .collect()
+        rows.map(|row| {
+            (
+                row.get(1).unwrap_or_report().unwrap_or_default(),
+                row.get(2).unwrap_or_report().unwrap_or_default(),
+            )
+        })
+        .collect()
     });
     for (key, fence) in &expired {
         notify::send(Event::Expired, key, *fence);

@@ -35,7 +35,8 @@ fn acquire(client: &mut Client, key: &str) -> Uuid {
 }
 
 fn release(client: &mut Client, key: &str, token: Uuid) {
-    let released: bool = client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
+    let released: bool =
+        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
     assert!(released);
 }
 
@@ -67,7 +68,10 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
             release(c, &key, token);
             acquire(c, &key);
         });
-        assert_eq!(grants, TRIALS, "{grants} of {TRIALS} grant commits flushed with synchronous_commit = {synchronous_commit}");
+        assert_eq!(
+            grants, TRIALS,
+            "{grants} of {TRIALS} grant commits flushed with synchronous_commit = {synchronous_commit}"
+        );
     }
     client.batch_execute("SET synchronous_commit = on").unwrap();
 
@@ -80,7 +84,8 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
         .unwrap();
     let lowered_after = flushed_commits(&mut client, |c, key| {
         let mut tx = c.transaction().unwrap();
-        tx.query_one("SELECT (fence.lease_acquire($1, '1 minute')).fence", &[&format!("later-{key}")]).unwrap();
+        tx.query_one("SELECT (fence.lease_acquire($1, '1 minute')).fence", &[&format!("later-{key}")])
+            .unwrap();
         tx.batch_execute("SET LOCAL synchronous_commit = off").unwrap();
         tx.commit().unwrap();
     });
@@ -110,7 +115,8 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
             if order.starts_with("write") {
                 tx.execute(write, &[]).unwrap();
             }
-            let released: bool = tx.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
+            let released: bool =
+                tx.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
             assert!(released);
             if order.starts_with("release") {
                 tx.execute(write, &[]).unwrap();
@@ -131,7 +137,8 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
     // So does an acquire refused because the key is held: it changed nothing.
     acquire(&mut client, "held");
     let refused = flushed_commits(&mut client, |c, _| {
-        let lease: Option<i64> = c.query_one("SELECT (fence.lease_acquire('held', '1 minute')).fence", &[]).unwrap().get(0);
+        let lease: Option<i64> =
+            c.query_one("SELECT (fence.lease_acquire('held', '1 minute')).fence", &[]).unwrap().get(0);
         assert!(lease.is_none());
     });
     assert!(refused < TRIALS / 2, "{refused} of {TRIALS} refused acquires waited for a flush");

@@ -41,7 +41,12 @@ fn pg_fence_grant(client: &mut Client, key: &str) -> Result<Option<i64>, postgre
 
 /// The same stream of grants, at a given synchronous_commit, until the server is killed. Returns
 /// the highest acknowledged fence per key.
-fn grants_until_crash(cluster: &Cluster, sessions: usize, synchronous_commit: &str, grant: Grant) -> HashMap<String, i64> {
+fn grants_until_crash(
+    cluster: &Cluster,
+    sessions: usize,
+    synchronous_commit: &str,
+    grant: Grant,
+) -> HashMap<String, i64> {
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..sessions)
         .map(|_| {
@@ -137,7 +142,9 @@ fn control_a_plain_sql_lease_with_synchronous_commit_off_reissues_fences() {
     let cluster = Cluster::start("crash_control", 26203, LAZY_WAL_WRITER);
     cluster
         .connect()
-        .batch_execute("CREATE TABLE plain_lease (key text PRIMARY KEY, fence bigint, expires_at timestamptz)")
+        .batch_execute(
+            "CREATE TABLE plain_lease (key text PRIMARY KEY, fence bigint, expires_at timestamptz)",
+        )
         .unwrap();
     let mut reissued = Vec::new();
     for _ in 0..3 {

@@ -24,9 +24,15 @@ fn signal(pid: u32, signal: &str) {
 }
 
 fn assert_history_in_fence_order(client: &mut Client) -> Vec<i64> {
-    let history: Vec<i64> = client.query_one("SELECT history FROM resource WHERE id = 1", &[]).unwrap().get(0);
+    let history: Vec<i64> =
+        client.query_one("SELECT history FROM resource WHERE id = 1", &[]).unwrap().get(0);
     for pair in history.windows(2) {
-        assert!(pair[0] <= pair[1], "a write under fence {} committed after one under {}: {history:?}", pair[1], pair[0]);
+        assert!(
+            pair[0] <= pair[1],
+            "a write under fence {} committed after one under {}: {history:?}",
+            pair[1],
+            pair[0]
+        );
     }
     history
 }
@@ -98,13 +104,19 @@ fn a_paused_holder_never_writes_after_its_successor_was_granted() {
         // B's write must be the last one: A's write, if accepted, came before B's grant.
         let value: String = b.query_one("SELECT value FROM resource WHERE id = 1", &[]).unwrap().get(0);
         assert_eq!(value, format!("B-{b_fence}"), "round {round}: a stale write landed after B's");
-        let released: bool = b.query_one("SELECT fence.lease_release('resource:1', $1)", &[&b_token]).unwrap().get(0);
+        let released: bool =
+            b.query_one("SELECT fence.lease_release('resource:1', $1)", &[&b_token]).unwrap().get(0);
         assert!(released);
     }
     let history = assert_history_in_fence_order(&mut b);
     assert_eq!(history.len(), 100 + in_time, "every accepted write is in the history");
-    assert!(refused >= 10, "only {refused} of 100 stale writes were even attempted late; the test proves little");
-    eprintln!("Kleppmann scenario: {refused} stale writes refused, {in_time} writes in time, 0 stale writes landed");
+    assert!(
+        refused >= 10,
+        "only {refused} of 100 stale writes were even attempted late; the test proves little"
+    );
+    eprintln!(
+        "Kleppmann scenario: {refused} stale writes refused, {in_time} writes in time, 0 stale writes landed"
+    );
 }
 
 /// One round of the counter workload: 8 clients each loop "acquire, read, sometimes pause past the
@@ -169,8 +181,13 @@ fn fenced_increments_are_never_lost_and_plain_ones_are() {
 
     client.batch_execute("UPDATE counter SET value = 0").unwrap();
     let (landed, value) = counter_workload(&cluster, false);
-    assert!(value < landed, "plain: {landed} increments 'landed' and none was lost ({value}): the workload proves nothing");
-    eprintln!("counter: fenced {accepted} accepted = {accepted} counted; plain {landed} landed, {value} counted");
+    assert!(
+        value < landed,
+        "plain: {landed} increments 'landed' and none was lost ({value}): the workload proves nothing"
+    );
+    eprintln!(
+        "counter: fenced {accepted} accepted = {accepted} counted; plain {landed} landed, {value} counted"
+    );
 }
 
 /// Invariant 3: a write accepted under fence F commits before any grant above F. A writer passes
@@ -216,8 +233,11 @@ fn a_new_grant_waits_for_the_writer_under_the_old_fence() {
     assert_eq!(waiting, 1, "the acquirer is not waiting for the writer");
     assert!(!acquirer.is_finished(), "a grant went ahead while a write under the old fence was open");
 
-    tx.execute("UPDATE resource SET value = 'written under the old fence', last_fence = $1 WHERE id = 1", &[&fence])
-        .unwrap();
+    tx.execute(
+        "UPDATE resource SET value = 'written under the old fence', last_fence = $1 WHERE id = 1",
+        &[&fence],
+    )
+    .unwrap();
     let committed_before: String = tx.query_one("SELECT clock_timestamp()::text", &[]).unwrap().get(0);
     tx.commit().unwrap();
     let (new_fence, acquired_at) = acquirer.join().unwrap();
@@ -258,10 +278,8 @@ fn fenced_write_takes_racing_tokens_only_in_increasing_order() {
             })
         })
         .collect();
-    let (accepted, refused) = writers
-        .into_iter()
-        .map(|w| w.join().unwrap())
-        .fold((0, 0), |(a, r), (a2, r2)| (a + a2, r + r2));
+    let (accepted, refused) =
+        writers.into_iter().map(|w| w.join().unwrap()).fold((0, 0), |(a, r), (a2, r2)| (a + a2, r + r2));
     let history = assert_history_in_fence_order(&mut cluster.connect());
     assert_eq!(history.len(), accepted, "every accepted write, and only those, is in the history");
     assert!(refused > 0, "the two sources never raced");
@@ -274,8 +292,10 @@ fn versioned_increments_from_eight_clients_all_count() {
     let cluster = Cluster::start("versioned", 26405, &[]);
     cluster
         .connect()
-        .batch_execute("CREATE TABLE counter (id int PRIMARY KEY, value bigint NOT NULL, version bigint NOT NULL);
-                        INSERT INTO counter VALUES (1, 0, 1);")
+        .batch_execute(
+            "CREATE TABLE counter (id int PRIMARY KEY, value bigint NOT NULL, version bigint NOT NULL);
+                        INSERT INTO counter VALUES (1, 0, 1);",
+        )
         .unwrap();
     let workers: Vec<_> = (0..8)
         .map(|_| {
@@ -325,7 +345,8 @@ fn the_guard_sees_the_latest_grant_under_repeatable_read() {
     let acquire = "SELECT (l).fence, (l).token FROM fence.lease_acquire('k', $1::text::interval) l";
     let first: i64 = holder.query_one(acquire, &[&"200 milliseconds"]).unwrap().get(0);
 
-    let mut old_snapshot = reader.build_transaction().isolation_level(postgres::IsolationLevel::RepeatableRead).start().unwrap();
+    let mut old_snapshot =
+        reader.build_transaction().isolation_level(postgres::IsolationLevel::RepeatableRead).start().unwrap();
     old_snapshot.query_one("SELECT count(*) FROM fence.leases", &[]).unwrap();
     thread::sleep(Duration::from_millis(300));
     let row = holder.query_one(acquire, &[&"1 minute"]).unwrap();
@@ -335,9 +356,11 @@ fn the_guard_sees_the_latest_grant_under_repeatable_read() {
     assert_eq!(sqlstate(&err), "PF002", "a stale fence passed under an old snapshot: {err}");
     old_snapshot.rollback().unwrap();
 
-    let mut passed = reader.build_transaction().isolation_level(postgres::IsolationLevel::RepeatableRead).start().unwrap();
+    let mut passed =
+        reader.build_transaction().isolation_level(postgres::IsolationLevel::RepeatableRead).start().unwrap();
     passed.query_one("SELECT fence.fence_guard('k', $1)", &[&second]).unwrap();
-    let mut failed = other.build_transaction().isolation_level(postgres::IsolationLevel::RepeatableRead).start().unwrap();
+    let mut failed =
+        other.build_transaction().isolation_level(postgres::IsolationLevel::RepeatableRead).start().unwrap();
     let holds: bool = failed.query_one("SELECT fence.fence_holds('k', 0)", &[]).unwrap().get(0);
     assert!(!holds);
     // Both transactions are still open.

@@ -168,23 +168,24 @@ fn calls_that_change_nothing_never_hold_up_the_holder() {
     let mut holder = cluster.connect();
     let mut other = cluster.connect();
     holder.batch_execute("SET lock_timeout = '2s'").unwrap();
-    let token: Uuid = holder
-        .query_one("SELECT (fence.lease_acquire('k', '1 minute')).token", &[])
-        .unwrap()
-        .get(0);
+    let token: Uuid =
+        holder.query_one("SELECT (fence.lease_acquire('k', '1 minute')).token", &[]).unwrap().get(0);
 
     // (A renew with a wrong token raises PF001, and the failed transaction holds nothing.)
     let mut open = other.transaction().unwrap();
-    let refused: Option<i64> = open.query_one("SELECT (fence.lease_acquire('k', '1 minute')).fence", &[]).unwrap().get(0);
+    let refused: Option<i64> =
+        open.query_one("SELECT (fence.lease_acquire('k', '1 minute')).fence", &[]).unwrap().get(0);
     assert!(refused.is_none());
-    let released: bool = open.query_one("SELECT fence.lease_release('k', gen_random_uuid())", &[]).unwrap().get(0);
+    let released: bool =
+        open.query_one("SELECT fence.lease_release('k', gen_random_uuid())", &[]).unwrap().get(0);
     assert!(!released);
 
     // The other session's transaction is still open; the holder goes on unhindered.
     holder.query_one("SELECT fence.lease_renew('k', $1, '1 minute')", &[&token]).unwrap();
     let released: bool = holder.query_one("SELECT fence.lease_release('k', $1)", &[&token]).unwrap().get(0);
     assert!(released);
-    let next: Option<i64> = holder.query_one("SELECT (fence.lease_acquire('k', '1 minute')).fence", &[]).unwrap().get(0);
+    let next: Option<i64> =
+        holder.query_one("SELECT (fence.lease_acquire('k', '1 minute')).fence", &[]).unwrap().get(0);
     assert_eq!(next, Some(2));
     open.rollback().unwrap();
 }

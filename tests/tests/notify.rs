@@ -34,7 +34,8 @@ fn every_lease_change_is_announced_at_commit() {
     client.batch_execute("SET pg_fence.notify = on").unwrap();
 
     let mut tx = client.transaction().unwrap();
-    let token: uuid::Uuid = tx.query_one("SELECT (fence.lease_acquire('k', '1 minute')).token", &[]).unwrap().get(0);
+    let token: uuid::Uuid =
+        tx.query_one("SELECT (fence.lease_acquire('k', '1 minute')).token", &[]).unwrap().get(0);
     assert!(received(&mut listener).is_empty(), "announced before commit");
     tx.commit().unwrap();
     let events = received(&mut listener);
@@ -52,7 +53,10 @@ fn every_lease_change_is_announced_at_commit() {
     client.query_one("SELECT fence.lease_acquire('k', '1 minute')", &[]).unwrap();
     client.query_one("SELECT fence.lease_revoke('k')", &[]).unwrap();
     let events = received(&mut listener);
-    assert!(events.len() == 2 && event(&events[0], "acquired", "k", 2) && event(&events[1], "revoked", "k", 2), "{events:?}");
+    assert!(
+        events.len() == 2 && event(&events[0], "acquired", "k", 2) && event(&events[1], "revoked", "k", 2),
+        "{events:?}"
+    );
 
     client.query_one("SELECT fence.lease_acquire('short', '10 milliseconds')", &[]).unwrap();
     std::thread::sleep(Duration::from_millis(50));

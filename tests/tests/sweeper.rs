@@ -48,7 +48,10 @@ fn the_sweeper_sweeps_reloads_and_comes_back() {
 
     client.batch_execute("ALTER SYSTEM SET pg_fence.sweep_interval = '100ms'").unwrap();
     client.batch_execute("SELECT pg_reload_conf()").unwrap();
-    assert!(eventually(Duration::from_secs(5), || unswept(&mut client) == 0), "the reloaded interval never took effect");
+    assert!(
+        eventually(Duration::from_secs(5), || unswept(&mut client) == 0),
+        "the reloaded interval never took effect"
+    );
     let total: i64 = client.query_one("SELECT total_swept FROM fence.sweeper", &[]).unwrap().get(0);
     assert!(total >= 1);
 
@@ -59,7 +62,10 @@ fn the_sweeper_sweeps_reloads_and_comes_back() {
         "the sweeper was not restarted"
     );
     client.query_one("SELECT fence.lease_acquire('k2', '10 milliseconds')", &[]).unwrap();
-    assert!(eventually(Duration::from_secs(5), || unswept(&mut client) == 0), "the restarted sweeper does not sweep");
+    assert!(
+        eventually(Duration::from_secs(5), || unswept(&mut client) == 0),
+        "the restarted sweeper does not sweep"
+    );
 }
 
 /// Before CREATE EXTENSION the worker waits; after it, it sweeps; grants keep working throughout.
@@ -76,5 +82,8 @@ fn the_sweeper_waits_for_the_extension() {
     assert!(worker_pid(&mut client).is_some(), "the worker died without the extension");
     client.batch_execute("CREATE EXTENSION pg_fence").unwrap();
     client.query_one("SELECT fence.lease_acquire('k', '10 milliseconds')", &[]).unwrap();
-    assert!(eventually(Duration::from_secs(5), || unswept(&mut client) == 0), "nothing swept after CREATE EXTENSION");
+    assert!(
+        eventually(Duration::from_secs(5), || unswept(&mut client) == 0),
+        "nothing swept after CREATE EXTENSION"
+    );
 }
