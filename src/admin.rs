@@ -2,9 +2,8 @@
 //! creates the role and grants EXECUTE to it alone).
 use crate::keylock::{self, Mode};
 use crate::notify::{self, Event};
-use crate::spi_plans::execute;
+use crate::spi_plans::execute_first;
 use crate::{clock, durability, input};
-use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 
 /// Ends the live lease, whoever holds it; expires_at becomes the moment it ended.
@@ -22,13 +21,7 @@ fn lease_revoke(key: Option<&str>) -> bool {
     durability::require_writable("revoke a lease");
     keylock::lock(key, Mode::Change);
     let args = [key.into(), clock::timestamp(clock::now()).into()];
-    let revoked_fence = execute(REVOKE, &args, |rows| {
-        if rows.is_empty() {
-            None
-        } else {
-            rows.first().get::<i64>(1).unwrap_or_report()
-        }
-    });
+    let revoked_fence = execute_first::<i64>(REVOKE, &args);
     match revoked_fence {
         Some(fence) => {
             // An administrator acts on what it sees: a revocation must not come back after a crash.

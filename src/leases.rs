@@ -16,12 +16,11 @@
 //! and not even a superuser reading the table (or a backup of it) can use it afterwards.
 use crate::keylock::{self, Mode};
 use crate::notify::{self, Event};
-use crate::spi_plans::execute;
+use crate::spi_plans::{execute, execute_first};
 use crate::{clock, durability, input};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
-use pgrx::spi::SpiTupleTable;
 use pgrx::Uuid;
 
 /// A grant of a key granted before: bump the fence, but only when the lease there is dead
@@ -90,14 +89,9 @@ fn lease_acquire(
         clock::timestamp(now + ttl).into(),
         token.into(),
     ];
-    let read_lease = |rows: SpiTupleTable| {
-        if rows.is_empty() {
-            None
-        } else {
-            rows.first().get::<pgrx::composite_type!('static, "lease")>(1).unwrap_or_report()
-        }
-    };
-    let lease = execute(GRANT_AGAIN, &args, read_lease).or_else(|| execute(GRANT_FIRST, &args, read_lease));
+    type Lease = pgrx::composite_type!('static, "lease");
+    let lease =
+        execute_first::<Lease>(GRANT_AGAIN, &args).or_else(|| execute_first::<Lease>(GRANT_FIRST, &args));
     match &lease {
         Some(granted) => {
             durability::require_durable_commit();
@@ -129,13 +123,7 @@ fn renew_if_held(
     }
     let now = clock::now();
     let args = [key.into(), token.into(), clock::timestamp(now).into(), clock::timestamp(now + ttl).into()];
-    let renewed = execute(RENEW, &args, |rows| {
-        if rows.is_empty() {
-            None
-        } else {
-            rows.first().get::<TimestampWithTimeZone>(1).unwrap_or_report()
-        }
-    });
+    let renewed = execute_first::<TimestampWithTimeZone>(RENEW, &args);
     match renewed {
         Some(_) => durability::require_durable_commit(),
         None => keylock::unlock(key, Mode::Change),
@@ -157,13 +145,7 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     }
     let now = clock::now();
     let args = [key.into(), token.into(), clock::timestamp(now).into()];
-    let ended_fence = execute(RELEASE, &args, |rows| {
-        if rows.is_empty() {
-            None
-        } else {
-            rows.first().get::<i64>(1).unwrap_or_report()
-        }
-    });
+    let ended_fence = execute_first::<i64>(RELEASE, &args);
     match ended_fence {
         Some(fence) => notify::send(Event::Released, key, fence),
         None => keylock::unlock(key, Mode::Change),
@@ -177,13 +159,7 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
 #[search_path(pg_catalog, pg_temp)]
 fn current_fence(key: Option<&str>) -> Option<i64> {
     let key = input::key(key);
-    execute(CURRENT_FENCE, &[key.into()], |rows| {
-        if rows.is_empty() {
-            None
-        } else {
-            rows.first().get::<i64>(1).unwrap_or_report()
-        }
-    })
+    execute_first::<i64>(CURRENT_FENCE, &[key.into()])
 }
 
 /// Takes the key's lock and returns true; or returns false, taking nothing, when the key is busy

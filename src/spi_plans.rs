@@ -2,7 +2,7 @@
 //! path neither parses nor plans. That covers the fixed statements and the UPDATEs built for fenced
 //! writes (one plan per table and set of columns). Plans name tables schema-qualified; PostgreSQL's
 //! plan cache re-plans them by itself after DDL, DROP/CREATE EXTENSION, or a change of role.
-use pgrx::datum::DatumWithOid;
+use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::pg_sys::PgOid;
 use pgrx::spi::{OwnedPreparedStatement, Spi, SpiTupleTable};
@@ -29,4 +29,14 @@ pub fn execute<R>(sql: &str, args: &[DatumWithOid], read: impl FnOnce(SpiTupleTa
         });
         read(client.update(&*plan, None, args).unwrap_or_report())
     })
+}
+
+/// Executes `sql` and returns the first column of its first row: None when there is no row (or the
+/// value is NULL).
+pub fn execute_first<T: IntoDatum + FromDatum>(sql: &str, args: &[DatumWithOid]) -> Option<T> {
+    execute(
+        sql,
+        args,
+        |rows| if rows.is_empty() { None } else { rows.first().get::<T>(1).unwrap_or_report() },
+    )
 }
