@@ -5,8 +5,10 @@
 \set VERBOSITY default
 \pset footer off
 
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS pg_fence;
 DROP TABLE IF EXISTS invoices;
+RESET client_min_messages;
 CREATE TABLE invoices (id int PRIMARY KEY, status text NOT NULL, updated_by text);
 INSERT INTO invoices VALUES (42, 'open', NULL);
 
