@@ -48,20 +48,15 @@ pub fn require_durable_commit() {
     }
 }
 
-/// Where this transaction's WAL ends before a change; see `skip_flush_if_alone`.
-pub fn wal_position() -> u64 {
-    wal_written_by_this_transaction()
-}
-
 /// For a release or a refusal, given `wal_position()` from before it: if the transaction had
 /// written no WAL before the change and writes none after it, its commit skips the flush.
 pub fn skip_flush_if_alone(position_before_change: u64) {
     if position_before_change != 0 {
         return;
     }
-    let position_after_change = wal_written_by_this_transaction();
+    let position_after_change = wal_position();
     register_xact_callback(PgXactCallbackEvent::PreCommit, move || {
-        let nothing_written_since = wal_written_by_this_transaction() == position_after_change;
+        let nothing_written_since = wal_position() == position_after_change;
         let strictest_we_lower = pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH;
         let durable_required = DURABLE_COMMIT_REQUIRED.get();
         if nothing_written_since && !durable_required && sync_level() <= strictest_we_lower {
@@ -71,8 +66,8 @@ pub fn skip_flush_if_alone(position_before_change: u64) {
 }
 
 /// End of the last WAL record this transaction wrote; 0 when it has written none (PostgreSQL
-/// resets it when each transaction ends).
-fn wal_written_by_this_transaction() -> u64 {
+/// resets it when each transaction ends). Taken before a change for `skip_flush_if_alone`.
+pub fn wal_position() -> u64 {
     // SAFETY: backend-global, maintained by XLogInsert.
     unsafe { pg_sys::XactLastRecEnd }
 }
