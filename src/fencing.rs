@@ -7,7 +7,7 @@
 use crate::keylock::{self, Mode};
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
-use crate::{clock, errors, input};
+use crate::{clock, input};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -28,7 +28,7 @@ thread_local! {
 #[search_path(pg_catalog, pg_temp)]
 fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
     let key = input::key(key);
-    let fence = fence.unwrap_or_else(|| errors::null_argument("fence"));
+    let fence = input::required(fence, "fence");
     keylock::lock(key, Mode::Guard);
     let holds = holds_in_latest_state(key, fence, clock::now());
     if !holds {
@@ -106,7 +106,7 @@ fn write_unless_stale(
 ) -> Option<i64> {
     let update = RowUpdate::new("fenced_write", target, changes.as_ref(), filter.as_ref());
     let column = update.counter_column("fence_column", fence_column);
-    let fence = fence.unwrap_or_else(|| errors::null_argument("fence"));
+    let fence = input::required(fence, "fence");
     let lock_and_check = update.select_sql(&format!("t.{column} > $3"), "") + " FOR NO KEY UPDATE";
     let write = update.update_sql(&format!("{column} = $3"), "", "1");
     let args = [changes.into(), filter.into(), fence.into()];

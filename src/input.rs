@@ -8,8 +8,13 @@ pub const MAX_KEY_BYTES: usize = 512;
 /// Owner labels are for humans reading fence.leases; a bound keeps the table small.
 pub const MAX_OWNER_BYTES: usize = 256;
 
+/// A required argument: its value, or the null_value_not_allowed error naming it.
+pub fn required<T>(value: Option<T>, argument: &str) -> T {
+    value.unwrap_or_else(|| errors::null_argument(argument))
+}
+
 pub fn key(key: Option<&str>) -> &str {
-    let key = key.unwrap_or_else(|| errors::null_argument("key"));
+    let key = required(key, "key");
     if key.is_empty() {
         errors::invalid_argument(
             "key must not be empty".into(),
@@ -25,13 +30,9 @@ pub fn key(key: Option<&str>) -> &str {
     key
 }
 
-pub fn token(token: Option<pgrx::Uuid>) -> pgrx::Uuid {
-    token.unwrap_or_else(|| errors::null_argument("token"))
-}
-
 /// Returns the TTL in microseconds. Months count as 30 days, as in interval comparisons.
 pub fn ttl(ttl: Option<Interval>) -> i64 {
-    let ttl = ttl.unwrap_or_else(|| errors::null_argument("ttl"));
+    let ttl = required(ttl, "ttl");
     let hint = "Pass a positive, finite interval no longer than pg_fence.max_ttl, such as '30 seconds'.";
     let inner = ttl.into_inner();
     let infinite = inner.month.unsigned_abs() == i32::MAX.unsigned_abs()

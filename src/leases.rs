@@ -115,7 +115,7 @@ fn renew_if_held(
     ttl: Option<Interval>,
 ) -> Option<TimestampWithTimeZone> {
     let key = input::key(key);
-    let token = input::token(token);
+    let token = input::required(token, "token");
     let ttl = input::ttl(ttl);
     durability::require_writable("renew a lease");
     if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
@@ -137,7 +137,7 @@ fn renew_if_held(
 #[search_path(pg_catalog, pg_temp)]
 fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     let key = input::key(key);
-    let token = input::token(token);
+    let token = input::required(token, "token");
     durability::require_writable("release a lease");
     let wal_before = durability::wal_position();
     if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {

@@ -1,8 +1,8 @@
 //! Optimistic concurrency without any lock: versioned_update and the versioning trigger
 //! (sql/occ.sql). A version mismatch is SQLSTATE 40001, so standard client retry loops apply.
-use crate::errors;
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
+use crate::{errors, input};
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
@@ -20,7 +20,7 @@ fn update_versioned_row(
 ) -> i64 {
     let update = RowUpdate::new("versioned_update", target, changes.as_ref(), filter.as_ref());
     let column = update.counter_column("version_column", version_column);
-    let expected = expected_version.unwrap_or_else(|| errors::null_argument("expected_version"));
+    let expected = input::required(expected_version, "expected_version");
     // Lock the matching rows first: then the version seen is the latest, and stays so until commit.
     let current = update.select_sql(&format!("t.{column}::pg_catalog.int8"), "") + " LIMIT 2 FOR UPDATE";
     let write = update.update_sql(

@@ -6,7 +6,7 @@
 //!
 //! In every statement built here, $1 is `changes`, $2 is `filter` (both jsonb) and $3 a bigint
 //! (the fence or the expected version).
-use crate::errors;
+use crate::{errors, input};
 use pgrx::pg_sys;
 use pgrx::JsonB;
 use std::ffi::{CStr, CString};
@@ -35,7 +35,7 @@ impl RowUpdate {
         changes: Option<&JsonB>,
         filter: Option<&JsonB>,
     ) -> Self {
-        let relid = target.unwrap_or_else(|| errors::null_argument("target"));
+        let relid = input::required(target, "target");
         let table = table_name(function, relid);
         let changes = columns(relid, &table, "changes", changes, Nulls::Allowed);
         let filter = columns(relid, &table, "filter", filter, Nulls::Refused);
@@ -45,7 +45,7 @@ impl RowUpdate {
     /// A column named by the caller outside the jsonb (fence_column, version_column): it must exist
     /// and hold an integer, and it must not also be among the changes.
     pub fn counter_column(&self, argument: &str, column: Option<&str>) -> String {
-        let column = column.unwrap_or_else(|| errors::null_argument(argument));
+        let column = input::required(column, argument);
         let attnum =
             attnum(self.relid, column).unwrap_or_else(|| errors::undefined_column(column, &self.table));
         // SAFETY: syscache lookup of an existing column.
@@ -159,7 +159,7 @@ fn columns(
     object: Option<&JsonB>,
     nulls: Nulls,
 ) -> Vec<Column> {
-    let object = object.unwrap_or_else(|| errors::null_argument(argument));
+    let object = input::required(object, argument);
     let Some(map) = object.0.as_object() else {
         errors::invalid_argument(
             format!("{argument} must be a JSON object of column names to values, not {}", object.0),
