@@ -20,3 +20,12 @@ CREATE FUNCTION fence.lease_renew(key text, token uuid, ttl interval)
 RETURNS timestamptz
 LANGUAGE sql VOLATILE
 AS $$ SELECT coalesce(fence.renew_if_held(key, token, ttl), fence.raise_lease_lost(key)) $$;
+
+-- Everyone may see who holds what, but never the tokens. `live` is the condition of src/liveness.rs.
+CREATE VIEW fence.leases AS
+SELECT key, owner, fence, acquired_at, expires_at, session_pid,
+       (token_hash IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()
+        AND (session_pid IS NULL OR fence.holder_alive(session_pid, session_started))) AS live
+  FROM fence.lease_state;
+
+GRANT SELECT ON fence.leases TO PUBLIC;

@@ -19,12 +19,17 @@ CREATE TABLE fence.lease_state (
     fence       bigint      NOT NULL,  -- only ever 1 or the previous fence + 1 (leases.rs, GRANT)
     owner       text        NOT NULL,
     -- SHA-256 of the live holder's token (the token itself is shown once, to the acquirer, and kept
-    -- nowhere); NULL once released. An expired lease keeps its hash but is dead: liveness is always
-    -- `token_hash IS NOT NULL AND expires_at > clock_timestamp()`.
+    -- nowhere); NULL once released. An expired lease keeps its hash but is dead: a lease is live
+    -- when `token_hash IS NOT NULL AND expires_at > clock_timestamp()` and, if session-bound, its
+    -- session is still there (src/liveness.rs).
     token_hash  bytea,
     acquired_at timestamptz NOT NULL,
     -- when the lease ends (or ended: release moves it back to the moment of release)
-    expires_at  timestamptz NOT NULL
+    expires_at  timestamptz NOT NULL,
+    -- for a session-bound lease, the session it ends with (pg_stat_activity's pid and backend_start);
+    -- NULL for a plain lease
+    session_pid     integer,
+    session_started timestamptz
 ) WITH (fillfactor = 70);  -- room on the page so acquire/renew/release stay HOT updates
 
 REVOKE ALL ON fence.lease_state FROM PUBLIC;
@@ -41,14 +46,6 @@ CREATE TYPE fence.lease AS (
     acquired_at timestamptz,
     expires_at  timestamptz
 );
-
--- Everyone may see who holds what, but never the tokens.
-CREATE VIEW fence.leases AS
-SELECT key, owner, fence, acquired_at, expires_at,
-       (token_hash IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()) AS live
-  FROM fence.lease_state;
-
-GRANT SELECT ON fence.leases TO PUBLIC;
 
 -- What the sweeper did (fence.sweep() keeps it): one row, readable by all through fence.sweeper.
 CREATE TABLE fence.sweeper_stats (

@@ -3,14 +3,15 @@
 use crate::keylock::{self, Mode};
 use crate::notify::{self, Event};
 use crate::spi_plans::execute_first;
-use crate::{clock, durability, input};
+use crate::{clock, durability, input, waiting};
 use pgrx::prelude::*;
 
 /// Ends the live lease, whoever holds it; expires_at becomes the moment it ended.
-const REVOKE: &str = "
-    UPDATE fence.lease_state SET token_hash = NULL, expires_at = $2
-     WHERE key = $1 AND token_hash IS NOT NULL AND expires_at > $2
-    RETURNING fence";
+const REVOKE: &str = concat!(
+    "UPDATE fence.lease_state SET token_hash = NULL, expires_at = $2 WHERE key = $1 AND ",
+    live_at!("$2"),
+    " RETURNING fence"
+);
 
 /// Ends the key's live lease now: true when there was one. Its holder's fence becomes stale (fenced
 /// writes refuse it) and its renew and release fail; the next grant gets a higher fence.
@@ -26,6 +27,7 @@ fn lease_revoke(key: Option<&str>) -> bool {
         Some(fence) => {
             // An administrator acts on what it sees: a revocation must not come back after a crash.
             durability::require_durable_commit();
+            waiting::wake_at_commit(key);
             notify::send(Event::Revoked, key, fence);
         }
         None => keylock::unlock(key, Mode::Change),

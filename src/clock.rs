@@ -13,3 +13,8 @@ pub fn now() -> i64 {
 pub fn timestamp(micros: i64) -> TimestampWithTimeZone {
     TimestampWithTimeZone::try_from(micros).unwrap_or_report()
 }
+
+/// Whole milliseconds, rounded up, for timeouts that must not end before `micros` have passed.
+pub fn millis_rounded_up(micros: i64) -> i64 {
+    micros.saturating_add(999).div_euclid(1000)
+}

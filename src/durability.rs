@@ -13,7 +13,7 @@
 //! that its transaction writes, the commit is made asynchronous, sparing a WAL flush (half the
 //! flushes of an acquire+release pair). Any other write in the transaction, before or after, keeps the
 //! session's setting untouched.
-use crate::errors;
+use crate::{errors, settings};
 use pgrx::pg_sys;
 use pgrx::{register_xact_callback, PgXactCallbackEvent};
 use std::cell::Cell;
@@ -79,17 +79,5 @@ fn sync_level() -> u32 {
 
 /// `SET LOCAL synchronous_commit = value`: PostgreSQL restores the session's value at transaction end.
 fn set_local_synchronous_commit(value: &std::ffi::CStr) {
-    // SAFETY: what `SELECT set_config('synchronous_commit', value, true)` does.
-    unsafe {
-        pg_sys::set_config_option(
-            c"synchronous_commit".as_ptr(),
-            value.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_LOCAL,
-            true,
-            0,
-            false,
-        );
-    }
+    settings::set_server_setting(c"synchronous_commit", value, pg_sys::GucAction::GUC_ACTION_LOCAL);
 }

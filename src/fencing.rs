@@ -14,8 +14,8 @@ use pgrx::JsonB;
 use std::cell::Cell;
 
 /// Is `$2` the key's current fence, with its lease live at `$3`?
-const HOLDS: &std::ffi::CStr = c"
-    SELECT fence = $2 AND token_hash IS NOT NULL AND expires_at > $3 FROM fence.lease_state WHERE key = $1";
+const HOLDS: &str =
+    concat!("SELECT fence = $2 AND ", live_at!("$3"), " FROM fence.lease_state WHERE key = $1\0");
 
 thread_local! {
     /// HOLDS, prepared once per backend (kept by SPI_keepplan for the backend's life).
@@ -49,7 +49,7 @@ fn holds_in_latest_state(key: &str, fence: i64, now: i64) -> bool {
             let mut plan = HOLDS_PLAN.get();
             if plan.is_null() {
                 let mut types = [pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID];
-                plan = pg_sys::SPI_prepare(HOLDS.as_ptr(), 3, types.as_mut_ptr());
+                plan = pg_sys::SPI_prepare(HOLDS.as_ptr().cast(), 3, types.as_mut_ptr());
                 pg_sys::SPI_keepplan(plan);
                 HOLDS_PLAN.set(plan);
             }

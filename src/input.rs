@@ -5,6 +5,8 @@ use pgrx::datum::Interval;
 
 /// Keys are compared and indexed whole; a bound keeps index entries far below btree's size limit.
 pub const MAX_KEY_BYTES: usize = 512;
+/// Far beyond any real wait, and far from overflowing timestamps when added to the clock.
+const MAX_WAIT_MICROS: i64 = 100 * 366 * 86_400 * 1_000_000;
 /// Owner labels are for humans reading fence.leases; a bound keeps the table small.
 pub const MAX_OWNER_BYTES: usize = 256;
 
@@ -34,10 +36,7 @@ pub fn key(key: Option<&str>) -> &str {
 pub fn ttl(ttl: Option<Interval>) -> i64 {
     let ttl = required(ttl, "ttl");
     let hint = "Pass a positive, finite interval no longer than pg_fence.max_ttl, such as '30 seconds'.";
-    let inner = ttl.into_inner();
-    let infinite = inner.month.unsigned_abs() == i32::MAX.unsigned_abs()
-        && inner.day.unsigned_abs() == i32::MAX.unsigned_abs();
-    if infinite {
+    if is_infinite(&ttl) {
         errors::invalid_argument("ttl must be finite".into(), hint);
     }
     let micros = ttl.as_micros();
@@ -52,6 +51,29 @@ pub fn ttl(ttl: Option<Interval>) -> i64 {
         );
     }
     micros as i64
+}
+
+/// Returns how long lease_acquire may wait, in microseconds (0: not at all).
+pub fn wait(wait: Option<Interval>) -> i64 {
+    let wait = required(wait, "wait");
+    let hint = "Pass how long to wait for the key, such as '5 seconds', or '0' not to wait.";
+    let micros = wait.as_micros();
+    if is_infinite(&wait) {
+        errors::invalid_argument("wait must be finite".into(), hint);
+    }
+    if micros > i128::from(MAX_WAIT_MICROS) {
+        errors::invalid_argument(format!("wait {wait} is longer than the limit of 100 years"), hint);
+    }
+    if micros < 0 {
+        errors::invalid_argument(format!("wait must not be negative, got {wait}"), hint);
+    }
+    micros as i64
+}
+
+fn is_infinite(interval: &Interval) -> bool {
+    let inner = interval.into_inner();
+    inner.month.unsigned_abs() == i32::MAX.unsigned_abs()
+        && inner.day.unsigned_abs() == i32::MAX.unsigned_abs()
 }
 
 /// NULL or empty means "whoever is calling": application_name, or pid:<backend pid> without one.

@@ -1,5 +1,14 @@
-//! The per-key lock: a PostgreSQL advisory lock on a 64-bit hash of the key, held until the end of
-//! the transaction that takes it. Three modes, so that each kind of call waits only for what it must:
+//! pg_fence's locks: PostgreSQL advisory locks in classes of their own (column objsubid of pg_locks),
+//! so they never collide with an application's pg_advisory_lock calls (objsubid 1 and 2).
+//!
+//! | class          | objsubid | locks                  | see             |
+//! |----------------|---------:|------------------------|-----------------|
+//! | key lock       | 28774    | one key's changes      | this file       |
+//! | waiting room   | 28775    | one key's waiters      | `waiting`       |
+//! | session        | 28776    | one holder backend     | `sessions`      |
+//!
+//! The key lock, on a 64-bit hash of the key, is held until the end of the transaction that takes
+//! it, in one of three modes, so that each kind of call waits only for what it must:
 //!
 //! | mode       | taken by              | PostgreSQL lock mode      | waits for             |
 //! |------------|-----------------------|---------------------------|-----------------------|
@@ -11,12 +20,14 @@
 //! waits until every transaction that wrote under the old fence has ended (the guard); and guards
 //! never hold up the holder's own renew or release. Waits obey lock_timeout, statement_timeout and
 //! query cancel, and take part in deadlock detection.
+use crate::{clock, settings};
 use pgrx::pg_sys;
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::{PgSqlErrorCode, PgTryBuilder};
 
-/// Marks pg_fence's advisory locks in pg_locks (column objsubid) and keeps them apart from the
-/// locks taken by pg_advisory_lock(bigint) (objsubid 1) and pg_advisory_lock(int, int) (objsubid 2),
-/// so an application's own advisory locks never collide with pg_fence's.
 pub const KEY_LOCK_CLASS: u16 = 0x7066;
+pub const WAITING_ROOM_CLASS: u16 = 0x7067;
+pub const SESSION_CLASS: u16 = 0x7068;
 
 #[derive(Clone, Copy)]
 pub enum Mode {
@@ -45,34 +56,116 @@ pub fn key_hash(key: &str) -> u64 {
 
 /// Waits for and takes the key's lock until the end of the current transaction.
 pub fn lock(key: &str, mode: Mode) {
-    // SAFETY: the same call pg_advisory_xact_lock() makes; errors (cancel, timeout, deadlock) are
-    // raised by PostgreSQL and turned into Rust panics by pgrx's FFI guard.
-    unsafe { pg_sys::LockAcquire(&tag(key), mode.lockmode(), false, false) };
+    acquire(&tag(KEY_LOCK_CLASS, key_hash(key)), mode.lockmode(), false);
 }
 
 /// Takes the key's lock if no other transaction's lock conflicts; false (nothing taken) otherwise.
 pub fn try_lock(key: &str, mode: Mode) -> bool {
-    // SAFETY: as in `lock`, without waiting.
-    let result = unsafe { pg_sys::LockAcquire(&tag(key), mode.lockmode(), false, true) };
-    result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+    acquire(&tag(KEY_LOCK_CLASS, key_hash(key)), mode.lockmode(), true)
+}
+
+/// Like `lock`, but gives up at `deadline` (a `clock::now()` reading): false then, nothing taken.
+pub fn lock_until(key: &str, mode: Mode, deadline: i64) -> bool {
+    acquire_until(&tag(KEY_LOCK_CLASS, key_hash(key)), mode.lockmode(), deadline)
 }
 
 /// Gives back one `lock`/`try_lock` of this transaction, for a call that changed nothing: it need
 /// not hold others up until its transaction ends. A lock the transaction took earlier stays held.
 pub fn unlock(key: &str, mode: Mode) {
-    // SAFETY: releases one acquisition this transaction made (PostgreSQL counts them).
-    unsafe { pg_sys::LockRelease(&tag(key), mode.lockmode(), false) };
+    release(&tag(KEY_LOCK_CLASS, key_hash(key)), mode.lockmode());
 }
 
-fn tag(key: &str) -> pg_sys::LOCKTAG {
-    let hash = key_hash(key);
+/// An advisory lock tag in this database: `class` in objsubid, `id` in objid (low) and classid (high).
+pub fn tag(class: u16, id: u64) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
         // SAFETY: MyDatabaseId is set for the whole life of a backend connected to a database.
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
-        locktag_field2: (hash >> 32) as u32,
-        locktag_field3: hash as u32,
-        locktag_field4: KEY_LOCK_CLASS,
+        locktag_field2: (id >> 32) as u32,
+        locktag_field3: id as u32,
+        locktag_field4: class,
         locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
         locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    }
+}
+
+/// Takes a transaction-level lock; with `dont_wait`, only if it is free (false otherwise).
+///
+/// Transaction-level locks are registered with the current (sub)transaction, not with the running
+/// statement's resource owner: `acquire_until` takes them inside a subtransaction, whose locks pass
+/// to the parent transaction, and `release` must find every lock where it was registered.
+pub fn acquire(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, dont_wait: bool) -> bool {
+    // SAFETY: the call pg_advisory_xact_lock() makes; errors (cancel, timeout, deadlock) are
+    // raised by PostgreSQL and turned into Rust panics by pgrx's FFI guard.
+    let result = as_transaction_owner(|| unsafe { pg_sys::LockAcquire(tag, lockmode, false, dont_wait) });
+    result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+}
+
+/// Gives back one acquisition of a transaction-level lock.
+pub fn release(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE) {
+    // SAFETY: releases one acquisition this transaction made (PostgreSQL counts them).
+    as_transaction_owner(|| unsafe { pg_sys::LockRelease(tag, lockmode, false) });
+}
+
+/// Takes a transaction-level lock, waiting in the lock's queue (in arrival order) until `deadline`
+/// at most: false when the deadline passed first, with nothing taken and nothing left behind.
+///
+/// PostgreSQL has no lock wait with a timeout other than lock_timeout, which ends the wait with an
+/// error; so the wait runs in a subtransaction, as a PL/pgSQL EXCEPTION block would, whose rollback
+/// takes the waiter out of the queue. Any other error (cancel, statement_timeout) is raised again
+/// after the subtransaction is rolled back, as PL/pgSQL does: left open, it would leave even an
+/// implicit transaction in the state of an explicit block awaiting ROLLBACK.
+pub fn acquire_until(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, deadline: i64) -> bool {
+    if acquire(tag, lockmode, true) {
+        return true;
+    }
+    let remaining_ms = clock::millis_rounded_up(deadline - clock::now());
+    if remaining_ms <= 0 {
+        return false;
+    }
+    let lock_timeout = std::ffi::CString::new(remaining_ms.min(i64::from(i32::MAX)).to_string()).unwrap();
+    // SAFETY: the sequence PL/pgSQL's exec_stmt_block uses around an EXCEPTION block: the memory
+    // context and resource owner are restored on both paths; any error other than the lock
+    // timeout propagates, and aborting the transaction cleans up the subtransaction with it.
+    unsafe {
+        let memory = pg_sys::CurrentMemoryContext;
+        let owner = pg_sys::CurrentResourceOwner;
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(memory);
+        let taken = PgTryBuilder::new(|| {
+            let guc_level = pg_sys::NewGUCNestLevel();
+            settings::set_server_setting(c"lock_timeout", &lock_timeout, pg_sys::GucAction::GUC_ACTION_SAVE);
+            pg_sys::LockAcquire(tag, lockmode, false, false);
+            pg_sys::AtEOXact_GUC(true, guc_level);
+            pg_sys::ReleaseCurrentSubTransaction();
+            true
+        })
+        .catch_others(|error| {
+            pg_sys::MemoryContextSwitchTo(memory);
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+            match &error {
+                CaughtError::PostgresError(report)
+                    if report.sql_error_code() == PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE =>
+                {
+                    false
+                }
+                _ => error.rethrow(),
+            }
+        })
+        .execute();
+        pg_sys::MemoryContextSwitchTo(memory);
+        pg_sys::CurrentResourceOwner = owner;
+        taken
+    }
+}
+
+fn as_transaction_owner<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: swaps a backend-global pointer for the duration of `f`; an error in `f` aborts the
+    // (sub)transaction, which resets CurrentResourceOwner itself.
+    unsafe {
+        let statement_owner = pg_sys::CurrentResourceOwner;
+        pg_sys::CurrentResourceOwner = pg_sys::CurTransactionResourceOwner;
+        let result = f();
+        pg_sys::CurrentResourceOwner = statement_owner;
+        result
     }
 }

@@ -17,93 +17,184 @@
 use crate::keylock::{self, Mode};
 use crate::notify::{self, Event};
 use crate::spi_plans::{execute, execute_first};
-use crate::{clock, durability, input};
+use crate::{clock, durability, input, sessions, waiting};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use pgrx::Uuid;
 
-/// A grant of a key granted before: bump the fence, but only when the lease there is dead
-/// (released, or expired at $3). A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would
-/// also WAL-log a row lock: the key lock already keeps every other writer of this key out.
-const GRANT_AGAIN: &str = "
-    UPDATE fence.lease_state
-       SET fence = fence + 1, owner = $2, token_hash = pg_catalog.sha256(pg_catalog.uuid_send($5)),
-           acquired_at = $3, expires_at = $4
-     WHERE key = $1 AND (token_hash IS NULL OR expires_at <= $3)
-    RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease";
+/// A grant of a key granted before: bump the fence, but only when the lease there is dead at $3.
+/// A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would also WAL-log a row lock: the key
+/// lock already keeps every other writer of this key out. $6, $7: the session of a session-bound
+/// lease, or NULL.
+const GRANT_AGAIN: &str = concat!(
+    "UPDATE fence.lease_state
+        SET fence = fence + 1, owner = $2, token_hash = pg_catalog.sha256(pg_catalog.uuid_send($5)),
+            acquired_at = $3, expires_at = $4, session_pid = $6, session_started = $7
+      WHERE key = $1 AND NOT ",
+    live_at!("$3"),
+    " RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
+);
 
 /// A key's first grant, fence 1. When the row exists, GRANT_AGAIN found its lease live: held.
 const GRANT_FIRST: &str = "
-    INSERT INTO fence.lease_state (key, fence, owner, token_hash, acquired_at, expires_at)
-    VALUES ($1, 1, $2, pg_catalog.sha256(pg_catalog.uuid_send($5)), $3, $4)
+    INSERT INTO fence.lease_state (key, fence, owner, token_hash, acquired_at, expires_at, session_pid, session_started)
+    VALUES ($1, 1, $2, pg_catalog.sha256(pg_catalog.uuid_send($5)), $3, $4, $6, $7)
     ON CONFLICT (key) DO NOTHING
     RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease";
 
 /// Extends a live lease held with this token. An expired lease is never revived.
-const RENEW: &str = "
-    UPDATE fence.lease_state SET expires_at = $4
-     WHERE key = $1 AND token_hash = pg_catalog.sha256(pg_catalog.uuid_send($2)) AND expires_at > $3
-    RETURNING expires_at";
+const RENEW: &str = concat!(
+    "UPDATE fence.lease_state SET expires_at = $4
+      WHERE key = $1 AND token_hash = pg_catalog.sha256(pg_catalog.uuid_send($2)) AND ",
+    live_at!("$3"),
+    " RETURNING expires_at"
+);
 
 /// Ends a live lease held with this token; expires_at becomes the moment it ended.
-const RELEASE: &str = "
-    UPDATE fence.lease_state SET token_hash = NULL, expires_at = $3
-     WHERE key = $1 AND token_hash = pg_catalog.sha256(pg_catalog.uuid_send($2)) AND expires_at > $3
-    RETURNING fence";
+const RELEASE: &str = concat!(
+    "UPDATE fence.lease_state SET token_hash = NULL, expires_at = $3
+      WHERE key = $1 AND token_hash = pg_catalog.sha256(pg_catalog.uuid_send($2)) AND ",
+    live_at!("$3"),
+    " RETURNING fence"
+);
 
 /// Before waiting for the key's lock: does this token hold the live lease, as last committed?
-const TOKEN_HOLDS: &str = "
-    SELECT 1 FROM fence.lease_state
-     WHERE key = $1 AND token_hash = pg_catalog.sha256(pg_catalog.uuid_send($2)) AND expires_at > $3";
+const TOKEN_HOLDS: &str = concat!(
+    "SELECT 1 FROM fence.lease_state
+      WHERE key = $1 AND token_hash = pg_catalog.sha256(pg_catalog.uuid_send($2)) AND ",
+    live_at!("$3")
+);
 
-/// Before waiting for the key's lock: is the key's lease live, as last committed?
-const IS_LIVE: &str = "
-    SELECT 1 FROM fence.lease_state WHERE key = $1 AND token_hash IS NOT NULL AND expires_at > $2";
+/// Is the key's lease live, as last committed? Until when, and is it session-bound?
+const LIVE_UNTIL: &str = concat!(
+    "SELECT expires_at, session_pid IS NOT NULL FROM fence.lease_state WHERE key = $1 AND ",
+    live_at!("$2")
+);
 
 const CURRENT_FENCE: &str = "SELECT fence FROM fence.lease_state WHERE key = $1";
 
-/// Grants the key for `ttl` and returns the lease, or NULL when another live lease holds it.
+/// A session-bound lease can also end without a call that wakes waiters (pg_advisory_unlock_all()
+/// drops the session's lock), so a waiter behind one looks again at least this often (µs).
+const SESSION_BOUND_RECHECK: i64 = 1_000_000;
+
+/// What lease_acquire returns (the SQL type fence.lease). pg_extern signatures must spell it out.
+type Lease = pgrx::composite_type!('static, "lease");
+
+/// Grants the key for `ttl` and returns the lease. When another live lease holds the key: NULL at
+/// once, or with `wait`, after waiting up to `wait` for the key to become free (NULL if it did not).
+/// A `session_bound` lease also ends when this session ends.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn lease_acquire(
     key: Option<&str>,
     ttl: Option<Interval>,
     owner: default!(Option<&str>, "NULL"),
+    wait: default!(Option<Interval>, "'0'"),
+    session_bound: default!(Option<bool>, "false"),
 ) -> Option<pgrx::composite_type!('static, "lease")> {
-    let key = input::key(key);
-    let ttl = input::ttl(ttl);
-    let owner = input::owner(owner);
+    let (key, ttl, owner) = (input::key(key), input::ttl(ttl), input::owner(owner));
+    let wait = input::wait(wait);
+    let request = Request { key, ttl, owner, session_bound: input::required(session_bound, "session_bound") };
     durability::require_writable("acquire a lease");
     let wal_before = durability::wal_position();
-    let held = |now| execute(IS_LIVE, &[key.into(), clock::timestamp(now).into()], |rows| !rows.is_empty());
-    if !lock_key_unless_futile(key, Mode::Grant, |now| !held(now)) {
-        return None;
-    }
-    let now = clock::now();
-    let token = Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes());
-    let args = [
-        key.into(),
-        owner.into(),
-        clock::timestamp(now).into(),
-        clock::timestamp(now + ttl).into(),
-        token.into(),
-    ];
-    type Lease = pgrx::composite_type!('static, "lease");
     let lease =
-        execute_first::<Lease>(GRANT_AGAIN, &args).or_else(|| execute_first::<Lease>(GRANT_FIRST, &args));
-    match &lease {
-        Some(granted) => {
-            durability::require_durable_commit();
-            let fence = granted.get_by_name::<i64>("fence").unwrap_or_report().unwrap_or_default();
-            notify::send(Event::Acquired, key, fence);
-        }
-        None => {
-            keylock::unlock(key, Mode::Grant);
-            durability::skip_flush_if_alone(wal_before);
-        }
+        if wait == 0 { request.grant_unless_held() } else { request.grant_within(clock::now() + wait) };
+    if lease.is_none() {
+        durability::skip_flush_if_alone(wal_before);
     }
     lease
+}
+
+struct Request<'a> {
+    key: &'a str,
+    ttl: i64,
+    owner: String,
+    session_bound: bool,
+}
+
+impl Request<'_> {
+    /// Grants the key if it is free and nobody waits for it.
+    fn grant_unless_held(&self) -> Option<Lease> {
+        if !lock_key_unless_futile(self.key, Mode::Grant, |now| live_until(self.key, now).is_none()) {
+            return None;
+        }
+        if !waiting::nobody_waiting(self.key) {
+            keylock::unlock(self.key, Mode::Grant);
+            return None;
+        }
+        self.grant_locked()
+    }
+
+    /// Queues for the key (see `waiting`) and, first in line, grants it as soon as it is free;
+    /// None when `deadline` comes first.
+    fn grant_within(&self, deadline: i64) -> Option<Lease> {
+        if !waiting::enter(self.key, deadline) {
+            return None;
+        }
+        let lease = loop {
+            waiting::arm();
+            let now = clock::now();
+            if let Some(held_until) = live_until(self.key, now) {
+                if now >= deadline {
+                    break None;
+                }
+                waiting::sleep(held_until.min(deadline) - now);
+                continue;
+            }
+            // Free as last committed: take the key lock, waiting (until the deadline at most) for a
+            // transaction still holding it, and decide under the lock.
+            if !keylock::lock_until(self.key, Mode::Grant, deadline) {
+                break None;
+            }
+            if let Some(lease) = self.grant_locked() {
+                break Some(lease);
+            }
+        };
+        waiting::leave(self.key);
+        lease
+    }
+
+    /// With the key lock held: grants the key if its lease is dead now, else gives the lock back.
+    fn grant_locked(&self) -> Option<Lease> {
+        let now = clock::now();
+        let token = Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes());
+        let session = self.session_bound.then(sessions::this_session);
+        let args = [
+            self.key.into(),
+            self.owner.as_str().into(),
+            clock::timestamp(now).into(),
+            clock::timestamp(now + self.ttl).into(),
+            token.into(),
+            session.map(|(pid, _)| pid).into(),
+            session.map(|(_, started)| clock::timestamp(started)).into(),
+        ];
+        let lease =
+            execute_first::<Lease>(GRANT_AGAIN, &args).or_else(|| execute_first::<Lease>(GRANT_FIRST, &args));
+        match &lease {
+            Some(granted) => {
+                if self.session_bound {
+                    sessions::bind(self.key);
+                }
+                durability::require_durable_commit();
+                let fence = granted.get_by_name::<i64>("fence").unwrap_or_report().unwrap_or_default();
+                notify::send(Event::Acquired, self.key, fence);
+            }
+            None => keylock::unlock(self.key, Mode::Grant),
+        }
+        lease
+    }
+}
+
+/// When the key's lease is live at `now`, as last committed: until when a waiter may sleep.
+fn live_until(key: &str, now: i64) -> Option<i64> {
+    execute(LIVE_UNTIL, &[key.into(), clock::timestamp(now).into()], |rows| {
+        let row = rows.into_iter().next()?;
+        let expires_at = row.get::<TimestampWithTimeZone>(1).unwrap_or_report()?;
+        let session_bound = row.get::<bool>(2).unwrap_or_report()?;
+        let expires_at = pgrx::pg_sys::TimestampTz::from(expires_at);
+        Some(if session_bound { expires_at.min(now + SESSION_BOUND_RECHECK) } else { expires_at })
+    })
 }
 
 /// Core of fence.lease_renew: the new expiry, or NULL when `token` does not hold a live lease.
@@ -147,7 +238,11 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     let args = [key.into(), token.into(), clock::timestamp(now).into()];
     let ended_fence = execute_first::<i64>(RELEASE, &args);
     match ended_fence {
-        Some(fence) => notify::send(Event::Released, key, fence),
+        Some(fence) => {
+            sessions::unbind(key);
+            waiting::wake_at_commit(key);
+            notify::send(Event::Released, key, fence);
+        }
         None => keylock::unlock(key, Mode::Change),
     }
     durability::skip_flush_if_alone(wal_before);

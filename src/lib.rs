@@ -2,20 +2,27 @@
 //!
 //! Where to look:
 //! - `leases`: lease_acquire / lease_renew / lease_release / current_fence, the heart of it.
-//! - `keylock`: the per-key advisory lock that serializes every change to one key.
+//! - `keylock`: the per-key advisory lock that serializes every change to one key (and the other
+//!   advisory locks pg_fence takes).
 //! - `durability`: what a transaction that grants or renews must guarantee at commit.
 //! - `input`: argument checks shared by every function; `errors`: how they fail.
 //! - `fencing`: fence_guard, fenced_update, fenced_write: writes that a stale holder cannot make.
 //! - `occ`: versioned_update, optimistic concurrency without locks.
 //! - `row_update`: the UPDATE statements those build from the caller's jsonb.
 //! - `admin`: lease_revoke, for role fence_admin. `notify`: the NOTIFY events of lease changes.
-//! - `clock`: the server's clock, as liveness must read it.
+//! - `liveness`: the one SQL condition for "this lease is live"; `clock`: the server's clock, as
+//!   liveness must read it.
+//! - `waiting`: lease_acquire's `wait`, a queue per key and prompt wake-ups.
+//! - `sessions`: session-bound leases, which end with the session that took them.
 //! - `sweeper`: fence.sweep(), which marks expired leases free; `worker`: the background worker
 //!   that calls it.
 //! - `settings`: the `pg_fence.*` GUCs; `spi_plans`: statements prepared once per backend.
 //! - `sql/`: the tables, types and views (schema.sql), and per concept the public functions written
 //!   in SQL: shells that raise pg_fence's own SQLSTATEs, and the versioning trigger.
 use pgrx::prelude::*;
+
+#[macro_use]
+mod liveness;
 
 mod admin;
 mod clock;
@@ -28,9 +35,11 @@ mod leases;
 mod notify;
 mod occ;
 mod row_update;
+mod sessions;
 mod settings;
 mod spi_plans;
 mod sweeper;
+mod waiting;
 mod worker;
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -39,7 +48,11 @@ mod pg_tests;
 ::pgrx::pg_module_magic!(name, version);
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
-extension_sql_file!("../sql/leases.sql", name = "leases", requires = [leases::renew_if_held]);
+extension_sql_file!(
+    "../sql/leases.sql",
+    name = "leases",
+    requires = [leases::renew_if_held, sessions::holder_alive]
+);
 extension_sql_file!(
     "../sql/fencing.sql",
     name = "fencing",

@@ -141,7 +141,10 @@ mod tests {
     fn the_view_never_shows_tokens() {
         let columns = "SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute
                         WHERE attrelid = 'fence.leases'::regclass AND attnum > 0";
-        assert_eq!(one::<String>(columns).as_deref(), Some("key,owner,fence,acquired_at,expires_at,live"));
+        assert_eq!(
+            one::<String>(columns).as_deref(),
+            Some("key,owner,fence,acquired_at,expires_at,session_pid,live")
+        );
     }
 
     // That grants and renewals commit durably is checked from outside, by whether their commits

@@ -1,6 +1,6 @@
 //! The `pg_fence.*` configuration parameters and typed accessors for them.
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::time::Duration;
 
 /// Longest TTL, in seconds, that lease_acquire and lease_renew accept.
@@ -80,4 +80,24 @@ pub fn sweep_interval() -> Duration {
 
 pub fn notify() -> bool {
     NOTIFY.get()
+}
+
+/// Sets one of PostgreSQL's own user-settable GUCs from inside pg_fence: `GUC_ACTION_LOCAL` is
+/// `SET LOCAL` (undone at transaction end), `GUC_ACTION_SAVE` a function's SET clause (undone by
+/// AtEOXact_GUC at the nesting level the caller opened).
+pub fn set_server_setting(name: &CStr, value: &CStr, action: pgrx::pg_sys::GucAction::Type) {
+    use pgrx::pg_sys;
+    // SAFETY: what `SELECT set_config(name, value, ...)` does, for a PGC_USERSET setting.
+    unsafe {
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            action,
+            true,
+            0,
+            false,
+        );
+    }
 }

@@ -27,7 +27,11 @@ pub fn execute<R>(sql: &str, args: &[DatumWithOid], read: impl FnOnce(SpiTupleTa
             PLANS.with(|plans| plans.borrow_mut().insert(sql.to_owned(), plan.clone()));
             plan
         });
-        read(client.update(&*plan, None, args).unwrap_or_report())
+        // `select` on a plan prepared with prepare_mut runs it read-write (each statement sees the
+        // latest commits, as the lock-then-read order needs) without what `update` adds: asking
+        // for a transaction id, which would make read-only calls write a commit record (and fail
+        // on a standby).
+        read(client.select(&*plan, None, args).unwrap_or_report())
     })
 }
 

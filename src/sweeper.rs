@@ -12,15 +12,18 @@ use pgrx::prelude::*;
 /// acquirer for long; rows another transaction has locked are skipped, to be swept next time.
 const BATCH: i64 = 10_000;
 
-const SWEEP: &str = "
-    WITH expired AS (
+/// Expired leases, and session-bound ones whose session has ended.
+const SWEEP: &str = concat!(
+    "WITH expired AS (
         SELECT ctid FROM fence.lease_state
-         WHERE token_hash IS NOT NULL AND expires_at <= $1
-         LIMIT $2 FOR UPDATE SKIP LOCKED)
+         WHERE token_hash IS NOT NULL AND NOT ",
+    live_at!("$1"),
+    " LIMIT $2 FOR UPDATE SKIP LOCKED)
     UPDATE fence.lease_state s SET token_hash = NULL
       FROM expired
      WHERE s.ctid = expired.ctid
-    RETURNING s.key, s.fence";
+    RETURNING s.key, s.fence"
+);
 
 const RECORD: &str = "
     UPDATE fence.sweeper_stats SET last_run_at = $1, last_swept = $2, total_swept = total_swept + $2";

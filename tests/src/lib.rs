@@ -3,6 +3,8 @@
 use postgres::{Client, NoTls};
 use std::path::PathBuf;
 use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
 
 /// A scratch cluster with pg_fence created in database `postgres`. Destroyed when dropped.
 pub struct Cluster {
@@ -72,4 +74,40 @@ impl Drop for Cluster {
 /// The SQLSTATE of a failed call, or "" when the error did not come from the server.
 pub fn sqlstate(err: &postgres::Error) -> String {
     err.code().map(|code| code.code().to_string()).unwrap_or_default()
+}
+
+/// Polls `check` until it is true or `limit` has passed. Limits are generous on purpose: they bound
+/// how long a failing test hangs, they do not measure speed.
+pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if check() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+/// Sends a signal (such as "-STOP") to a process, a client or a server backend.
+pub fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill").args([signal, &pid.to_string()]).status().unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// The pid of the server backend serving `client`.
+pub fn backend_pid(client: &mut Client) -> i32 {
+    client.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0)
+}
+
+/// What the backend `pid` is waiting on, as pg_stat_activity says: (wait_event_type, wait_event).
+pub fn wait_event(client: &mut Client, pid: i32) -> (Option<String>, Option<String>) {
+    let row = client
+        .query_one(
+            "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE pid = $1 AND state = 'active'
+             UNION ALL SELECT NULL, NULL LIMIT 1",
+            &[&pid],
+        )
+        .unwrap();
+    (row.get(0), row.get(1))
 }

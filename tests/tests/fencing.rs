@@ -1,7 +1,7 @@
 //! Fenced writes seen from real clients and real processes: a holder paused past its TTL cannot
 //! write once another holder has taken over, increments are never lost, and a new grant waits for
 //! the writes made under the old fence.
-use pg_fence_integration::{sqlstate, Cluster};
+use pg_fence_integration::{signal, sqlstate, Cluster};
 use postgres::Client;
 use rand::Rng;
 use std::io::{BufRead, BufReader};
@@ -17,11 +17,6 @@ const RESOURCE: &str = "
     CREATE FUNCTION record_fence() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN NEW.history := OLD.history || NEW.last_fence; RETURN NEW; END $$;
     CREATE TRIGGER record_fence BEFORE UPDATE ON resource FOR EACH ROW EXECUTE FUNCTION record_fence();";
-
-fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill").args([signal, &pid.to_string()]).status().unwrap();
-    assert!(status.success(), "kill {signal} {pid}");
-}
 
 fn assert_history_in_fence_order(client: &mut Client) -> Vec<i64> {
     let history: Vec<i64> =

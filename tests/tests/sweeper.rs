@@ -1,20 +1,8 @@
 //! The sweeper background worker, in a cluster with pg_fence in shared_preload_libraries.
-use pg_fence_integration::Cluster;
+use pg_fence_integration::{eventually, Cluster};
 use postgres::Client;
 use std::thread;
-use std::time::{Duration, Instant};
-
-/// Polls `check` until it is true or `limit` has passed; the bounds are generous on purpose.
-fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if check() {
-            return true;
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    false
-}
+use std::time::Duration;
 
 fn worker_pid(client: &mut Client) -> Option<i32> {
     client

@@ -47,4 +47,23 @@ SELECT try($$SELECT fence.lease_acquire('ro', '30 seconds')$$) AS read_only_acqu
 COMMIT;
 SELECT fence.current_fence('ro');
 
+-- Reads, and calls that change nothing, take no transaction id: they write no commit record and
+-- work in read-only transactions.
+BEGIN READ ONLY;
+SELECT fence.current_fence('migration') AS read_only_current_fence;
+SELECT live AS migration_live FROM fence.leases WHERE key = 'migration';
+COMMIT;
+BEGIN;
+SELECT fence.current_fence('migration') IS NOT NULL AS known,
+       fence.lease_acquire('migration', '1 minute') IS NULL AS refused,
+       fence.lease_acquire('migration', '1 minute', wait => '1 ms') IS NULL AS refused_after_waiting,
+       fence.lease_release('migration', gen_random_uuid()) AS released_with_a_wrong_token;
+SELECT txid_current_if_assigned() IS NULL AS no_transaction_id;
+COMMIT;
+
+-- Session-bound leases: the view shows the holder's backend, and the lease is live while it is.
+SELECT (fence.lease_acquire('bound', '1 minute', session_bound => true)).fence;
+SELECT key, session_pid = pg_backend_pid() AS this_backend, live FROM fence.leases WHERE key = 'bound';
+SELECT fence.lease_acquire('bound', '1 minute') IS NULL AS held_by_this_session;
+
 DROP EXTENSION pg_fence;

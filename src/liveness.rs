@@ -1,0 +1,14 @@
+//! What makes a lease live, as one SQL condition that every statement deciding it shares (and the
+//! view fence.leases repeats): not released, not expired at the clock reading passed in, and, for a
+//! session-bound lease, its session still connected (see `sessions`).
+
+/// `live_at!("$3")`: the lease in the row of fence.lease_state is live at the timestamptz `$3`.
+macro_rules! live_at {
+    ($now:literal) => {
+        concat!(
+            "(token_hash IS NOT NULL AND expires_at > ",
+            $now,
+            " AND (session_pid IS NULL OR fence.holder_alive(session_pid, session_started)))"
+        )
+    };
+}

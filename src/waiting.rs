@@ -1,0 +1,109 @@
+//! Waiting for a held key (lease_acquire with `wait`): a queue per key in arrival order, and prompt
+//! wake-ups when the lease ends.
+//!
+//! - The queue is PostgreSQL's lock manager, which grants conflicting requests in arrival order: a
+//!   waiter takes the key's *waiting room* lock (ExclusiveLock, class 28775) and queues for it. The
+//!   one holding it, the head, tries to grant itself the key; while the key is held, it sleeps on its
+//!   latch until the lease expires, its own wait runs out, or someone wakes it. It leaves the room
+//!   when its call ends, which hands the room to the next waiter.
+//! - Whoever ends a lease wakes the head: lease_release and lease_revoke when their transaction
+//!   commits (not before, or the head would find the lease still held), the backend of a
+//!   session-bound holder when it exits (see `sessions`). An expiry needs nobody: the head sleeps
+//!   until then. No shared memory is needed: the head is found as the room lock's holder.
+//! - An acquire without `wait` does not jump the queue: while the room is taken it is refused.
+use crate::keylock::{self, WAITING_ROOM_CLASS};
+use pgrx::pg_sys;
+use pgrx::{register_xact_callback, PgXactCallbackEvent};
+use std::cell::RefCell;
+
+const ROOM_MODE: pg_sys::LOCKMODE = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
+
+thread_local! {
+    /// Keys whose lease this transaction ended, whose heads are to be woken when it commits.
+    static WAKE_AT_COMMIT: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+unsafe extern "C-unwind" {
+    /// In PostgreSQL since 8.x (storage/sinvaladt.h), though pgrx does not bind it.
+    fn BackendIdGetProc(backend_id: std::ffi::c_int) -> *mut pg_sys::PGPROC;
+}
+
+/// Queues for the key's waiting room, until `deadline` at most: false when it ran out first.
+pub fn enter(key: &str, deadline: i64) -> bool {
+    keylock::acquire_until(&room(key), ROOM_MODE, deadline)
+}
+
+pub fn leave(key: &str) {
+    keylock::release(&room(key), ROOM_MODE);
+}
+
+/// Whether nobody waits for the key, so that an acquire without `wait` may take it. It does not
+/// ask the lock manager to wait, so it can be called holding the key lock without risk of deadlock.
+pub fn nobody_waiting(key: &str) -> bool {
+    let free = keylock::acquire(&room(key), ROOM_MODE, true);
+    if free {
+        keylock::release(&room(key), ROOM_MODE);
+    }
+    free
+}
+
+/// Forgets earlier wake-ups: call before looking at the key, then `sleep`. A wake-up that comes in
+/// between makes `sleep` return at once, so none is lost.
+pub fn arm() {
+    // SAFETY: MyLatch is this backend's own latch.
+    unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+}
+
+/// Sleeps until woken or for `micros` at most; query cancel and statement_timeout end it (with
+/// their error). Shows in pg_stat_activity as wait_event_type 'Extension'.
+pub fn sleep(micros: i64) {
+    let timeout_ms = crate::clock::millis_rounded_up(micros).clamp(1, i64::from(i32::MAX));
+    let events = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
+    // SAFETY: the standard latch wait of a backend; interrupts are processed right after.
+    unsafe {
+        pg_sys::WaitLatch(pg_sys::MyLatch, events as i32, timeout_ms as _, pg_sys::PG_WAIT_EXTENSION);
+    }
+    pgrx::check_for_interrupts!();
+}
+
+/// Wakes the key's head waiter when the current transaction commits; a rollback wakes nobody.
+pub fn wake_at_commit(key: &str) {
+    let first = WAKE_AT_COMMIT.with_borrow_mut(|keys| {
+        keys.push(key.to_owned());
+        keys.len() == 1
+    });
+    if first {
+        register_xact_callback(PgXactCallbackEvent::Commit, || {
+            WAKE_AT_COMMIT.take().iter().for_each(|key| wake(key));
+        });
+        // A prepared transaction commits later, elsewhere: its waiters wake at their next timeout.
+        for end in [PgXactCallbackEvent::Abort, PgXactCallbackEvent::Prepare] {
+            register_xact_callback(end, || drop(WAKE_AT_COMMIT.take()));
+        }
+    }
+}
+
+/// Sets the latch of whoever is in the key's waiting room. Spurious wake-ups are harmless: the head
+/// looks again and goes back to sleep.
+pub fn wake(key: &str) {
+    let mut count = 0;
+    // SAFETY: GetLockConflicts lists the holders of the room lock (other than this backend) as
+    // virtual transaction ids; setting another backend's latch is how PostgreSQL itself wakes it.
+    unsafe {
+        let holders = pg_sys::GetLockConflicts(&room(key), ROOM_MODE, &mut count);
+        for i in 0..usize::try_from(count).unwrap_or(0) {
+            let backend_id = (*holders.add(i)).backendId;
+            if backend_id == pg_sys::InvalidBackendId {
+                continue; // a prepared transaction: nobody to wake
+            }
+            let proc = BackendIdGetProc(backend_id);
+            if !proc.is_null() {
+                pg_sys::SetLatch(&mut (*proc).procLatch);
+            }
+        }
+    }
+}
+
+fn room(key: &str) -> pg_sys::LOCKTAG {
+    keylock::tag(WAITING_ROOM_CLASS, keylock::key_hash(key))
+}

@@ -1,0 +1,253 @@
+//! lease_acquire with `wait`, from real clients: a waiter is granted promptly when the lease ends,
+//! waiters are granted in arrival order, a wait ends with NULL at its deadline, and cancel or
+//! statement_timeout end a wait leaving nothing behind.
+use pg_fence_integration::{backend_pid, eventually, signal, sqlstate, wait_event, Cluster};
+use postgres::Client;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Bounds how long a broken test hangs; never a measure of speed.
+const GENEROUS: Duration = Duration::from_secs(20);
+
+/// A granted lease: (fence, token, acquired_at in seconds since the epoch).
+type Grant = (i64, Uuid, f64);
+
+const ACQUIRE: &str = "SELECT fence, token, extract(epoch FROM acquired_at)::float8
+                         FROM fence.lease_acquire($1, '1 minute', wait => $2::text::interval)";
+
+fn acquire(client: &mut Client, key: &str, wait: &str) -> Option<Grant> {
+    let row = client.query_one(ACQUIRE, &[&key, &wait]).unwrap();
+    row.get::<_, Option<i64>>(0).map(|fence| (fence, row.get(1), row.get(2)))
+}
+
+/// Runs `acquire` with `wait` on its own connection, in a thread; returns the connection's pid.
+fn waiter(cluster: &Cluster, key: &str, wait: &str) -> (i32, JoinHandle<(Client, Option<Grant>)>) {
+    let mut client = cluster.connect();
+    let pid = backend_pid(&mut client);
+    let (key, wait) = (key.to_string(), wait.to_string());
+    (
+        pid,
+        thread::spawn(move || {
+            let grant = acquire(&mut client, &key, &wait);
+            (client, grant)
+        }),
+    )
+}
+
+/// First in line: asleep on its latch inside lease_acquire.
+fn sleeping(observer: &mut Client, pid: i32) -> bool {
+    wait_event(observer, pid).0.as_deref() == Some("Extension")
+}
+
+/// Behind the first: queued for the key's waiting-room lock.
+fn queued(observer: &mut Client, pid: i32) -> bool {
+    wait_event(observer, pid) == (Some("Lock".into()), Some("advisory".into()))
+}
+
+fn release(client: &mut Client, key: &str, token: Uuid) {
+    let released: bool =
+        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
+    assert!(released);
+}
+
+/// pg_fence's advisory locks (key, waiting room, session) held or awaited by `pid`.
+fn fence_locks(observer: &mut Client, pid: i32) -> i64 {
+    observer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND objsubid BETWEEN 28774 AND 28776",
+            &[&pid],
+        )
+        .unwrap()
+        .get(0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Release-to-grant delay over 200 handoffs, by the server's clock: from the moment the holder's
+/// release returns (before its commit) to the waiter's acquired_at.
+#[test]
+fn a_release_wakes_the_waiter_promptly() {
+    let cluster = Cluster::start("wait_delay", 26701, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let mut delays_ms = Vec::new();
+    let mut previous_fence = 0;
+    for _ in 0..200 {
+        let (fence, token, _) = acquire(&mut holder, "hot", "0").expect("the key is free");
+        assert_eq!(fence, previous_fence + 1);
+        let (pid, handle) = waiter(&cluster, "hot", "30 seconds");
+        assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)), "the waiter never went to sleep");
+        let released_at: f64 = holder
+            .query_one(
+                "SELECT extract(epoch FROM clock_timestamp())::float8 FROM fence.lease_release('hot', $1) AS released WHERE released",
+                &[&token],
+            )
+            .unwrap()
+            .get(0);
+        let (mut waiting_client, grant) = handle.join().unwrap();
+        let (waiter_fence, waiter_token, acquired_at) = grant.expect("the waiter was not granted the key");
+        assert_eq!(waiter_fence, fence + 1);
+        delays_ms.push((acquired_at - released_at) * 1000.0);
+        release(&mut waiting_client, "hot", waiter_token);
+        previous_fence = waiter_fence;
+    }
+    delays_ms.sort_by(f64::total_cmp);
+    let (p50, p90, p99, max) = (
+        percentile(&delays_ms, 0.5),
+        percentile(&delays_ms, 0.9),
+        percentile(&delays_ms, 0.99),
+        delays_ms[delays_ms.len() - 1],
+    );
+    println!("release-to-grant over 200 handoffs: p50 {p50:.2} ms, p90 {p90:.2} ms, p99 {p99:.2} ms, max {max:.2} ms");
+    assert!(delays_ms[0] >= 0.0, "granted before the release: {delays_ms:?}");
+    assert!(p99 < 1000.0, "release-to-grant p99 {p99:.1} ms: the waiter is not woken by the release");
+}
+
+/// Eight waiters queued one after another are granted in that order.
+#[test]
+fn waiters_are_granted_in_arrival_order() {
+    let cluster = Cluster::start("wait_fifo", 26702, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let (first_fence, token, _) = acquire(&mut holder, "fifo", "0").unwrap();
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let mut client = cluster.connect();
+        let pid = backend_pid(&mut client);
+        handles.push(thread::spawn(move || {
+            let (fence, token, _) = acquire(&mut client, "fifo", "1 minute").expect("waiter not granted");
+            release(&mut client, "fifo", token); // hands the key on to the next in line
+            fence
+        }));
+        let in_line =
+            |observer: &mut Client| if i == 0 { sleeping(observer, pid) } else { queued(observer, pid) };
+        assert!(eventually(GENEROUS, || in_line(&mut observer)), "waiter {i} never got in line");
+    }
+    release(&mut holder, "fifo", token);
+    let fences: Vec<i64> = handles.into_iter().map(|handle| handle.join().unwrap()).collect();
+    let arrival_order: Vec<i64> = (1..=8).map(|i| first_fence + i).collect();
+    assert_eq!(fences, arrival_order, "waiters were not granted in arrival order");
+}
+
+/// A wait that runs out returns NULL no earlier than its deadline, for the first in line and for
+/// one queued behind it; both leave no lock behind, and the key is granted normally afterwards.
+#[test]
+fn a_wait_that_runs_out_returns_null_and_leaves_nothing_behind() {
+    let cluster = Cluster::start("wait_timeout", 26703, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let (fence, token, _) = acquire(&mut holder, "busy", "0").unwrap();
+    const TIMED: &str = "SELECT extract(epoch FROM clock_timestamp())::float8,
+                                fence.lease_acquire('busy', '1 minute', wait => $1::text::interval) IS NULL,
+                                extract(epoch FROM clock_timestamp())::float8";
+    let timed = |mut client: Client, wait: &'static str| {
+        thread::spawn(move || {
+            let row = client.query_one(TIMED, &[&wait]).unwrap();
+            let (before, timed_out, after): (f64, bool, f64) = (row.get(0), row.get(1), row.get(2));
+            (client, timed_out, after - before)
+        })
+    };
+    let (mut first, mut second) = (cluster.connect(), cluster.connect());
+    let (first_pid, second_pid) = (backend_pid(&mut first), backend_pid(&mut second));
+    let first = timed(first, "800 milliseconds");
+    assert!(eventually(GENEROUS, || sleeping(&mut observer, first_pid)));
+    let second = timed(second, "300 milliseconds");
+    for (handle, wait, pid) in [(second, 0.3, second_pid), (first, 0.8, first_pid)] {
+        let (_client, timed_out, waited) = handle.join().unwrap();
+        assert!(timed_out, "granted a key that stayed held");
+        assert!(waited >= wait, "gave up after {waited} s, before its wait of {wait} s");
+        assert_eq!(fence_locks(&mut observer, pid), 0, "a timed-out wait left a lock behind");
+    }
+    release(&mut holder, "busy", token);
+    assert_eq!(acquire(&mut observer, "busy", "0").map(|grant| grant.0), Some(fence + 1));
+}
+
+/// pg_cancel_backend of a waiter (first in line, or queued) and statement_timeout end the wait
+/// with 57014, leave no lock behind, and the connections and the key stay usable.
+#[test]
+fn cancel_and_statement_timeout_end_a_wait_cleanly() {
+    let cluster = Cluster::start("wait_cancel", 26704, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let (fence, token, _) = acquire(&mut holder, "c", "0").unwrap();
+    let cancellable = |cluster: &Cluster| {
+        let mut client = cluster.connect();
+        let pid = backend_pid(&mut client);
+        (
+            pid,
+            thread::spawn(move || {
+                let result = client.query_one(ACQUIRE, &[&"c", &"1 minute"]);
+                (client, result.map(|_| ()).map_err(|err| sqlstate(&err)))
+            }),
+        )
+    };
+    let (first_pid, first) = cancellable(&cluster);
+    assert!(eventually(GENEROUS, || sleeping(&mut observer, first_pid)));
+    let (second_pid, second) = cancellable(&cluster);
+    assert!(eventually(GENEROUS, || queued(&mut observer, second_pid)));
+    for (pid, handle) in [(second_pid, second), (first_pid, first)] {
+        observer.query_one("SELECT pg_cancel_backend($1)", &[&pid]).unwrap();
+        let (mut client, result) = handle.join().unwrap();
+        assert_eq!(result, Err("57014".to_string()), "cancel did not end the wait");
+        // The error reaches the client just before the backend's abort releases its locks.
+        let released = eventually(GENEROUS, || fence_locks(&mut observer, pid) == 0);
+        assert!(released, "a cancelled wait left a lock behind");
+        client.batch_execute("SELECT 1").unwrap();
+    }
+
+    let mut timed = cluster.connect();
+    timed.batch_execute("SET statement_timeout = '200ms'").unwrap();
+    let err = timed.query_one(ACQUIRE, &[&"c", &"1 minute"]).unwrap_err();
+    assert_eq!(sqlstate(&err), "57014");
+    let pid = backend_pid(&mut timed);
+    let released = eventually(GENEROUS, || fence_locks(&mut observer, pid) == 0);
+    assert!(released, "a timed-out statement left a lock behind");
+
+    release(&mut holder, "c", token);
+    assert_eq!(acquire(&mut timed, "c", "1 second").map(|grant| grant.0), Some(fence + 1));
+}
+
+/// Expiry and revocation end the lease too: the waiter is granted at once (expiry) or promptly
+/// (revocation) with the next fence.
+#[test]
+fn expiry_and_revocation_hand_the_key_to_the_waiter() {
+    let cluster = Cluster::start("wait_ends", 26705, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let expires_at: f64 = holder
+        .query_one(
+            "SELECT extract(epoch FROM expires_at)::float8 FROM fence.lease_acquire('e', '500 milliseconds')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let (_, handle) = waiter(&cluster, "e", "30 seconds");
+    let (_, grant) = handle.join().unwrap();
+    let (fence, _, acquired_at) = grant.expect("not granted after the lease expired");
+    assert_eq!(fence, 2);
+    assert!(acquired_at >= expires_at, "granted at {acquired_at}, before the lease expired at {expires_at}");
+
+    let (pid, handle) = waiter(&cluster, "e", "30 seconds");
+    assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)));
+    observer.query_one("SELECT fence.lease_revoke('e')", &[]).unwrap();
+    let (_, grant) = handle.join().unwrap();
+    assert_eq!(grant.map(|grant| grant.0), Some(3), "not granted after the lease was revoked");
+}
+
+/// While a waiter is first in line, an acquire without `wait` is refused even when the key is free:
+/// the waiter is stopped (SIGSTOP of its backend) after the release woke it, so the key stays free.
+#[test]
+fn an_acquire_without_wait_does_not_jump_the_queue() {
+    let cluster = Cluster::start("wait_queue", 26706, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let (fence, token, _) = acquire(&mut holder, "q", "0").unwrap();
+    let (pid, handle) = waiter(&cluster, "q", "1 minute");
+    assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)));
+    signal(pid as u32, "-STOP");
+    release(&mut holder, "q", token);
+    let live: bool = observer.query_one("SELECT live FROM fence.leases WHERE key = 'q'", &[]).unwrap().get(0);
+    assert!(!live);
+    let barged = acquire(&mut observer, "q", "0");
+    signal(pid as u32, "-CONT");
+    assert!(barged.is_none(), "an acquire without wait took the key from the waiter");
+    let (_, grant) = handle.join().unwrap();
+    assert_eq!(grant.map(|grant| grant.0), Some(fence + 1));
+}
