@@ -26,10 +26,11 @@ CREATE TABLE fence.lease_state (
     acquired_at timestamptz NOT NULL,
     -- when the lease ends (or ended: release moves it back to the moment of release)
     expires_at  timestamptz NOT NULL,
-    -- for a session-bound lease, the session it ends with (pg_stat_activity's pid and backend_start);
-    -- NULL for a plain lease
-    session_pid     integer,
-    session_started timestamptz
+    -- for a session-bound lease, the session it ends with: the backend's pid (as in pg_stat_activity)
+    -- and its session lock (src/sessions.rs); NULL for a plain lease
+    session_pid integer,
+    session_id  bigint,
+    CHECK ((session_pid IS NULL) = (session_id IS NULL))
 ) WITH (fillfactor = 70);  -- room on the page so acquire/renew/release stay HOT updates
 
 REVOKE ALL ON fence.lease_state FROM PUBLIC;

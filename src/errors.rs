@@ -4,6 +4,7 @@
 //! - 22004 null_value_not_allowed: a required argument is NULL.
 //! - 22023 invalid_parameter_value: an argument is out of range (empty key, bad ttl, ...).
 //! - 25006 read_only_sql_transaction: a change was asked of a read-only transaction or a standby.
+//! - 0A000 feature_not_supported: lease_acquire with wait under REPEATABLE READ or SERIALIZABLE.
 //! - 42P01 undefined_table, 42703 undefined_column, 42809 wrong_object_type, 42804
 //!   datatype_mismatch: the target of a fenced or versioned write is not what it must be.
 //! - 40001 serialization_failure: versioned_update found another version (retry).
@@ -42,6 +43,14 @@ pub fn read_only(what: &str, on_standby: bool) -> ! {
         (format!("cannot {what} in a read-only transaction"), "Run the call in a read-write transaction.")
     };
     raise(PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION, message, hint)
+}
+
+pub fn wait_needs_read_committed() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        "lease_acquire cannot wait in a REPEATABLE READ or SERIALIZABLE transaction".into(),
+        "Call it with wait in a READ COMMITTED transaction (the default), ideally on its own.",
+    )
 }
 
 pub fn undefined_table(relid: pgrx::pg_sys::Oid) -> ! {

@@ -69,6 +69,15 @@ pub fn lock_until(key: &str, mode: Mode, deadline: i64) -> bool {
     acquire_until(&tag(KEY_LOCK_CLASS, key_hash(key)), mode.lockmode(), deadline)
 }
 
+/// Whether this transaction holds the key's lock, in any mode.
+pub fn held_by_me(key: &str) -> bool {
+    let tag = tag(KEY_LOCK_CLASS, key_hash(key));
+    // SAFETY: reads this backend's own lock table.
+    [Mode::Grant, Mode::Change, Mode::Guard]
+        .iter()
+        .any(|mode| unsafe { pg_sys::LockHeldByMe(&tag, mode.lockmode()) })
+}
+
 /// Gives back one `lock`/`try_lock` of this transaction, for a call that changed nothing: it need
 /// not hold others up until its transaction ends. A lock the transaction took earlier stays held.
 pub fn unlock(key: &str, mode: Mode) {
@@ -115,17 +124,33 @@ pub fn release(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE) {
 /// after the subtransaction is rolled back, as PL/pgSQL does: left open, it would leave even an
 /// implicit transaction in the state of an explicit block awaiting ROLLBACK.
 pub fn acquire_until(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, deadline: i64) -> bool {
-    if acquire(tag, lockmode, true) {
-        return true;
+    loop {
+        if acquire(tag, lockmode, true) {
+            return true;
+        }
+        let remaining_ms = clock::millis_rounded_up(deadline - clock::now());
+        if remaining_ms <= 0 {
+            return false;
+        }
+        // SAFETY: the backend's current lock_timeout, in milliseconds (0: none).
+        let users_timeout = i64::from(unsafe { pg_sys::LockTimeout });
+        if users_timeout > 0 && users_timeout <= remaining_ms {
+            // The caller's own lock_timeout ends the wait first: let it, with its usual error.
+            acquire(tag, lockmode, false);
+            return true;
+        }
+        // lock_timeout takes at most i32::MAX ms (24.8 days): a longer wait goes round again.
+        if acquire_within_ms(tag, lockmode, remaining_ms.min(i64::from(i32::MAX))) {
+            return true;
+        }
     }
-    let remaining_ms = clock::millis_rounded_up(deadline - clock::now());
-    if remaining_ms <= 0 {
-        return false;
-    }
-    let lock_timeout = std::ffi::CString::new(remaining_ms.min(i64::from(i32::MAX)).to_string()).unwrap();
+}
+
+fn acquire_within_ms(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, timeout_ms: i64) -> bool {
+    let lock_timeout = std::ffi::CString::new(timeout_ms.to_string()).unwrap();
     // SAFETY: the sequence PL/pgSQL's exec_stmt_block uses around an EXCEPTION block: the memory
-    // context and resource owner are restored on both paths; any error other than the lock
-    // timeout propagates, and aborting the transaction cleans up the subtransaction with it.
+    // context and resource owner are restored on both paths, and the subtransaction is rolled back
+    // before any error other than our lock timeout is raised again.
     unsafe {
         let memory = pg_sys::CurrentMemoryContext;
         let owner = pg_sys::CurrentResourceOwner;

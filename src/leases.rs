@@ -30,15 +30,15 @@ use pgrx::Uuid;
 const GRANT_AGAIN: &str = concat!(
     "UPDATE fence.lease_state
         SET fence = fence + 1, owner = $2, token_hash = pg_catalog.sha256(pg_catalog.uuid_send($5)),
-            acquired_at = $3, expires_at = $4, session_pid = $6, session_started = $7
-      WHERE key = $1 AND NOT ",
+            acquired_at = $3, expires_at = $4, session_pid = $6, session_id = $7
+      WHERE key = $1 AND ",
     live_at!("$3"),
-    " RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
+    " IS NOT TRUE RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
 );
 
 /// A key's first grant, fence 1. When the row exists, GRANT_AGAIN found its lease live: held.
 const GRANT_FIRST: &str = "
-    INSERT INTO fence.lease_state (key, fence, owner, token_hash, acquired_at, expires_at, session_pid, session_started)
+    INSERT INTO fence.lease_state (key, fence, owner, token_hash, acquired_at, expires_at, session_pid, session_id)
     VALUES ($1, 1, $2, pg_catalog.sha256(pg_catalog.uuid_send($5)), $3, $4, $6, $7)
     ON CONFLICT (key) DO NOTHING
     RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease";
@@ -66,17 +66,17 @@ const TOKEN_HOLDS: &str = concat!(
     live_at!("$3")
 );
 
-/// Is the key's lease live, as last committed? Until when, and is it session-bound?
-const LIVE_UNTIL: &str = concat!(
-    "SELECT expires_at, session_pid IS NOT NULL FROM fence.lease_state WHERE key = $1 AND ",
-    live_at!("$2")
-);
+/// Is the key's lease live, as last committed? Until when?
+const LIVE_UNTIL: &str =
+    concat!("SELECT expires_at FROM fence.lease_state WHERE key = $1 AND ", live_at!("$2"));
 
 const CURRENT_FENCE: &str = "SELECT fence FROM fence.lease_state WHERE key = $1";
 
-/// A session-bound lease can also end without a call that wakes waiters (pg_advisory_unlock_all()
-/// drops the session's lock), so a waiter behind one looks again at least this often (µs).
-const SESSION_BOUND_RECHECK: i64 = 1_000_000;
+/// A waiter is woken when the lease ends, but a few ends come without a wake-up: a session-bound
+/// lease whose session dropped its advisory locks, a release committed with COMMIT PREPARED, a
+/// wake-up consumed by one of PostgreSQL's own latch waits. So a waiter looks again at least this
+/// often (µs): a safety net, not the mechanism.
+const RECHECK_AT_LEAST_EVERY: i64 = 1_000_000;
 
 /// What lease_acquire returns (the SQL type fence.lease). pg_extern signatures must spell it out.
 type Lease = pgrx::composite_type!('static, "lease");
@@ -97,9 +97,17 @@ fn lease_acquire(
     let wait = input::wait(wait);
     let request = Request { key, ttl, owner, session_bound: input::required(session_bound, "session_bound") };
     durability::require_writable("acquire a lease");
+    if wait > 0 {
+        waiting::require_read_committed();
+    }
     let wal_before = durability::wal_position();
-    let lease =
-        if wait == 0 { request.grant_unless_held() } else { request.grant_within(clock::now() + wait) };
+    // A transaction that already holds the key's lock (it changed or guarded the key) would wait
+    // for itself, or deadlock with the waiter it queues behind: it does not wait.
+    let lease = if wait == 0 || keylock::held_by_me(key) {
+        request.grant_unless_held()
+    } else {
+        request.grant_within(clock::now() + wait)
+    };
     if lease.is_none() {
         durability::skip_flush_if_alone(wal_before);
     }
@@ -119,7 +127,7 @@ impl Request<'_> {
         if !lock_key_unless_futile(self.key, Mode::Grant, |now| live_until(self.key, now).is_none()) {
             return None;
         }
-        if !waiting::nobody_waiting(self.key) {
+        if waiting::someone_waiting(self.key) {
             keylock::unlock(self.key, Mode::Grant);
             return None;
         }
@@ -133,17 +141,25 @@ impl Request<'_> {
             return None;
         }
         let lease = loop {
+            if clock::now() >= deadline {
+                break None;
+            }
             waiting::arm();
+            // First let any change of the key in flight (a release, revocation, renewal or grant;
+            // not the holder's fenced writes, which take no Change-conflicting lock) end: what it
+            // did is then committed and read below. A change that starts later finds this waiter
+            // in the waiting room and wakes it at commit (see `waiting`): no wake-up is lost.
+            if !keylock::lock_until(self.key, Mode::Change, deadline) {
+                break None;
+            }
+            keylock::unlock(self.key, Mode::Change);
             let now = clock::now();
             if let Some(held_until) = live_until(self.key, now) {
-                if now >= deadline {
-                    break None;
-                }
                 waiting::sleep(held_until.min(deadline) - now);
                 continue;
             }
-            // Free as last committed: take the key lock, waiting (until the deadline at most) for a
-            // transaction still holding it, and decide under the lock.
+            // Free: take the key lock for a grant, waiting (until the deadline at most) for writers
+            // under the old fence, and decide under the lock.
             if !keylock::lock_until(self.key, Mode::Grant, deadline) {
                 break None;
             }
@@ -159,7 +175,7 @@ impl Request<'_> {
     fn grant_locked(&self) -> Option<Lease> {
         let now = clock::now();
         let token = Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes());
-        let session = self.session_bound.then(sessions::this_session);
+        let session = self.session_bound.then(sessions::hold_session_lock);
         let args = [
             self.key.into(),
             self.owner.as_str().into(),
@@ -167,14 +183,14 @@ impl Request<'_> {
             clock::timestamp(now + self.ttl).into(),
             token.into(),
             session.map(|(pid, _)| pid).into(),
-            session.map(|(_, started)| clock::timestamp(started)).into(),
+            session.map(|(_, id)| id).into(),
         ];
         let lease =
             execute_first::<Lease>(GRANT_AGAIN, &args).or_else(|| execute_first::<Lease>(GRANT_FIRST, &args));
         match &lease {
             Some(granted) => {
                 if self.session_bound {
-                    sessions::bind(self.key);
+                    sessions::bound(self.key);
                 }
                 durability::require_durable_commit();
                 let fence = granted.get_by_name::<i64>("fence").unwrap_or_report().unwrap_or_default();
@@ -188,13 +204,9 @@ impl Request<'_> {
 
 /// When the key's lease is live at `now`, as last committed: until when a waiter may sleep.
 fn live_until(key: &str, now: i64) -> Option<i64> {
-    execute(LIVE_UNTIL, &[key.into(), clock::timestamp(now).into()], |rows| {
-        let row = rows.into_iter().next()?;
-        let expires_at = row.get::<TimestampWithTimeZone>(1).unwrap_or_report()?;
-        let session_bound = row.get::<bool>(2).unwrap_or_report()?;
-        let expires_at = pgrx::pg_sys::TimestampTz::from(expires_at);
-        Some(if session_bound { expires_at.min(now + SESSION_BOUND_RECHECK) } else { expires_at })
-    })
+    let expires_at =
+        execute_first::<TimestampWithTimeZone>(LIVE_UNTIL, &[key.into(), clock::timestamp(now).into()])?;
+    Some(pgrx::pg_sys::TimestampTz::from(expires_at).min(now + RECHECK_AT_LEAST_EVERY))
 }
 
 /// Core of fence.lease_renew: the new expiry, or NULL when `token` does not hold a live lease.
@@ -216,7 +228,10 @@ fn renew_if_held(
     let args = [key.into(), token.into(), clock::timestamp(now).into(), clock::timestamp(now + ttl).into()];
     let renewed = execute_first::<TimestampWithTimeZone>(RENEW, &args);
     match renewed {
-        Some(_) => durability::require_durable_commit(),
+        Some(_) => {
+            durability::require_durable_commit();
+            waiting::wake_at_commit(key); // the lease may now end sooner than its waiter planned
+        }
         None => keylock::unlock(key, Mode::Change),
     }
     renewed
@@ -239,7 +254,7 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     let ended_fence = execute_first::<i64>(RELEASE, &args);
     match ended_fence {
         Some(fence) => {
-            sessions::unbind(key);
+            sessions::unbound(key);
             waiting::wake_at_commit(key);
             notify::send(Event::Released, key, fence);
         }

@@ -8,7 +8,7 @@ macro_rules! live_at {
         concat!(
             "(token_hash IS NOT NULL AND expires_at > ",
             $now,
-            " AND (session_pid IS NULL OR fence.holder_alive(session_pid, session_started)))"
+            " AND (session_pid IS NULL OR fence.holder_alive(session_pid, session_id)))"
         )
     };
 }

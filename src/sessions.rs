@@ -1,18 +1,19 @@
 //! Session-bound leases: a lease that also ends the moment the session that took it ends.
 //!
-//! The holder's backend keeps a session-level advisory lock (class 28776) on its own identity, the
-//! pair (pid, backend_start) as in pg_stat_activity, which the lease row records. PostgreSQL drops
-//! the lock when the session ends, however it ends: disconnect, pg_terminate_backend, a crash. So
-//! "is the holder's session alive?" is "is that lock still held?", which anyone can ask without
-//! waiting (`holder_alive`). One lock serves all of a session's leases and stays until it ends.
+//! The holder's backend keeps a session-level advisory lock (class 28776) on a *session lock id*,
+//! which the lease row records with the backend's pid. PostgreSQL drops the lock when the session
+//! ends, however it ends: disconnect, pg_terminate_backend, a crash. So "is the holder's session
+//! alive?" is "is that lock still held?", which anyone can ask without waiting (`holder_alive`).
+//! One lock serves all of a session's leases and stays until the session ends.
 //!
-//! pg_advisory_unlock_all(), and so DISCARD ALL, drop the lock too, and with it the session's
-//! session-bound leases: fencing keeps that safe (the old holder's fence is stale once another holder
-//! takes the key). Behind a pooler in transaction mode the "session" is a shared server connection,
-//! which is why session-bound leases need a direct or session-pooled connection.
+//! The id mixes backend_start, which tells apart two backends that had the same pid, with a
+//! generation that counts how often this backend had to take its lock.
+//! pg_advisory_unlock_all(), and so DISCARD ALL, drop the lock, and with it the session's
+//! session-bound leases; a later session-bound grant takes a lock with the next generation, so those
+//! ended leases stay ended. Behind a pooler in transaction mode the "session" is a shared server
+//! connection, which is why session-bound leases need a direct or session-pooled connection.
 use crate::keylock::{self, SESSION_CLASS};
 use crate::waiting;
-use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
@@ -23,47 +24,49 @@ const PROBE_MODE: pg_sys::LOCKMODE = pg_sys::ShareLock as pg_sys::LOCKMODE;
 thread_local! {
     /// Keys this session holds (or held) session-bound: their waiters are woken when it exits.
     static BOUND_KEYS: RefCell<BTreeSet<String>> = const { RefCell::new(BTreeSet::new()) };
+    static GENERATION: Cell<u32> = const { Cell::new(0) };
     static EXIT_HOOK_SET: Cell<bool> = const { Cell::new(false) };
 }
 
-/// This session's identity as the lease row records it: (pid, backend_start in microseconds).
-pub fn this_session() -> (i32, i64) {
-    // SAFETY: both are set once at backend start.
-    unsafe { (pg_sys::MyProcPid, pg_sys::MyStartTimestamp) }
-}
-
-/// Ties `key`'s lease, just granted in this transaction, to this session.
-pub fn bind(key: &str) {
-    let (pid, started) = this_session();
-    let tag = session_tag(pid, started);
-    // SAFETY: LockHeldByMe reads this backend's own lock table; a session-level LockAcquire is
-    // what pg_try_advisory_lock() does, and survives the transaction whatever its outcome.
+/// Makes sure this session holds its session lock and returns what a lease row records of it:
+/// (pid, session lock id). Called before a session-bound grant.
+pub fn hold_session_lock() -> (i32, i64) {
+    // SAFETY: set once at backend start.
+    let pid = unsafe { pg_sys::MyProcPid };
+    let mut id = session_id(GENERATION.get());
+    // SAFETY: LockHeldByMe reads this backend's own lock table. The session-level LockAcquire is
+    // what pg_advisory_lock() does; it may wait an instant for a `holder_alive` probe of the same
+    // id (probes never wait), and the lock survives the transaction whatever its outcome.
     unsafe {
-        if !pg_sys::LockHeldByMe(&tag, HOLDER_MODE)
-            && pg_sys::LockAcquire(&tag, HOLDER_MODE, true, true)
-                == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
-        {
-            panic!("the session lock of backend {pid} is held by another backend");
+        if !pg_sys::LockHeldByMe(&tag(pid, id), HOLDER_MODE) {
+            GENERATION.set(GENERATION.get().wrapping_add(1));
+            id = session_id(GENERATION.get());
+            pg_sys::LockAcquire(&tag(pid, id), HOLDER_MODE, true, false);
         }
         if !EXIT_HOOK_SET.replace(true) {
             pg_sys::on_shmem_exit(Some(wake_waiters_at_exit), pg_sys::Datum::from(0));
         }
     }
+    (pid, id)
+}
+
+/// Remembers that this session took `key` session-bound, to wake its waiters when it exits.
+pub fn bound(key: &str) {
     BOUND_KEYS.with_borrow_mut(|keys| keys.insert(key.to_owned()));
 }
 
-/// This session no longer holds `key` (it released it): nobody to wake for it at exit.
-pub fn unbind(key: &str) {
+/// This session released `key`: nobody to wake for it at exit.
+pub fn unbound(key: &str) {
     BOUND_KEYS.with_borrow_mut(|keys| keys.remove(key));
 }
 
-/// Whether the session (pid, backend_start) that took a session-bound lease is still connected.
-/// Called from the statements that judge liveness (a NULL session, for a plain lease, gives NULL).
+/// Whether the session lock `id` of backend `pid`, recorded by a session-bound lease, is still held.
+/// Called from the statements that judge liveness (a plain lease has NULLs there, and gets NULL).
 #[pg_extern(volatile, strict, parallel_unsafe)]
-fn holder_alive(pid: i32, started: TimestampWithTimeZone) -> bool {
-    let started = pg_sys::TimestampTz::from(started);
-    let tag = session_tag(pid, started);
-    if (pid, started) == this_session() {
+fn holder_alive(pid: i32, id: i64) -> bool {
+    let tag = tag(pid, id);
+    // SAFETY: set once at backend start.
+    if pid == unsafe { pg_sys::MyProcPid } {
         // Our own lock never conflicts with our probe: ask whether we still hold it.
         // SAFETY: reads this backend's own lock table.
         return unsafe { pg_sys::LockHeldByMe(&tag, HOLDER_MODE) };
@@ -75,9 +78,21 @@ fn holder_alive(pid: i32, started: TimestampWithTimeZone) -> bool {
     !orphaned
 }
 
-/// The low 32 bits of backend_start (in microseconds) tell apart two backends that had the same pid.
-fn session_tag(pid: i32, started: i64) -> pg_sys::LOCKTAG {
-    keylock::tag(SESSION_CLASS, (u64::from(pid as u32) << 32) | (started as u64 & 0xffff_ffff))
+/// 16 bits of backend_start (in microseconds) and 16 of the generation: two backends that had the
+/// same pid almost surely differ in the first, and a lease ended by dropping the lock would need
+/// 65,536 more drops, while still unexpired, for its id to come back.
+fn session_id(generation: u32) -> i64 {
+    // SAFETY: set once at backend start.
+    let started = unsafe { pg_sys::MyStartTimestamp } as u64;
+    i64::from(((started as u32) << 16) | (generation & 0xffff))
+}
+
+/// In pg_locks: database, then the pid in classid and the session lock id in objid.
+fn tag(pid: i32, id: i64) -> pg_sys::LOCKTAG {
+    let mut tag = keylock::tag(SESSION_CLASS, 0);
+    tag.locktag_field2 = pid as u32;
+    tag.locktag_field3 = id as u32;
+    tag
 }
 
 /// Runs at backend exit after PostgreSQL has dropped the session's locks (on_shmem_exit callbacks

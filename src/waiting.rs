@@ -9,11 +9,16 @@
 //! - Whoever ends a lease wakes the head: lease_release and lease_revoke when their transaction
 //!   commits (not before, or the head would find the lease still held), the backend of a
 //!   session-bound holder when it exits (see `sessions`). An expiry needs nobody: the head sleeps
-//!   until then. No shared memory is needed: the head is found as the room lock's holder.
+//!   until then. No shared memory is needed: the head is found as the room lock's holder, and a
+//!   release with nobody in the room costs one look at the lock table.
+//! - Before it reads the lease, the head waits for any change of the key in flight (the key lock in
+//!   Change mode), so a release that looked at the room before the head entered it cannot leave
+//!   the head asleep.
 //! - An acquire without `wait` does not jump the queue: while the room is taken it is refused.
+use crate::errors;
 use crate::keylock::{self, WAITING_ROOM_CLASS};
 use pgrx::pg_sys;
-use pgrx::{register_xact_callback, PgXactCallbackEvent};
+use pgrx::{register_xact_callback, PgTryBuilder, PgXactCallbackEvent};
 use std::cell::RefCell;
 
 const ROOM_MODE: pg_sys::LOCKMODE = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
@@ -24,8 +29,18 @@ thread_local! {
 }
 
 unsafe extern "C-unwind" {
-    /// In PostgreSQL since 8.x (storage/sinvaladt.h), though pgrx does not bind it.
+    /// In PostgreSQL since 8.x (storage/sinvaladt.h), though pgrx does not bind it. It raises no
+    /// errors (an array lookup under a shared LWLock), so it needs no pg_guard.
     fn BackendIdGetProc(backend_id: std::ffi::c_int) -> *mut pg_sys::PGPROC;
+}
+
+/// A waiter must see each change of the key as it commits. Under REPEATABLE READ or SERIALIZABLE it
+/// would keep seeing the key as its snapshot left it, and its grant would fail with 40001 anyway.
+pub fn require_read_committed() {
+    // SAFETY: the backend's isolation level for the current transaction.
+    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        errors::wait_needs_read_committed();
+    }
 }
 
 /// Queues for the key's waiting room, until `deadline` at most: false when it ran out first.
@@ -37,14 +52,9 @@ pub fn leave(key: &str) {
     keylock::release(&room(key), ROOM_MODE);
 }
 
-/// Whether nobody waits for the key, so that an acquire without `wait` may take it. It does not
-/// ask the lock manager to wait, so it can be called holding the key lock without risk of deadlock.
-pub fn nobody_waiting(key: &str) -> bool {
-    let free = keylock::acquire(&room(key), ROOM_MODE, true);
-    if free {
-        keylock::release(&room(key), ROOM_MODE);
-    }
-    free
+/// Whether someone is in the key's waiting room.
+pub fn someone_waiting(key: &str) -> bool {
+    !room_holders(key).is_empty()
 }
 
 /// Forgets earlier wake-ups: call before looking at the key, then `sleep`. A wake-up that comes in
@@ -66,15 +76,26 @@ pub fn sleep(micros: i64) {
     pgrx::check_for_interrupts!();
 }
 
-/// Wakes the key's head waiter when the current transaction commits; a rollback wakes nobody.
+/// Wakes the key's head waiter, if there is one, when the current transaction commits; a rollback
+/// wakes nobody. Call it holding the key lock in Change or Grant mode, after changing the lease: a
+/// waiter that enters the room after this look waits for that lock before it reads the lease (see
+/// leases.rs, `grant_within`), so it reads the change and needs no wake-up.
 pub fn wake_at_commit(key: &str) {
+    if !someone_waiting(key) {
+        return;
+    }
     let first = WAKE_AT_COMMIT.with_borrow_mut(|keys| {
-        keys.push(key.to_owned());
+        if !keys.iter().any(|k| k == key) {
+            keys.push(key.to_owned());
+        }
         keys.len() == 1
     });
     if first {
         register_xact_callback(PgXactCallbackEvent::Commit, || {
-            WAKE_AT_COMMIT.take().iter().for_each(|key| wake(key));
+            // An error after commit would be a PANIC; a lost wake-up only delays the waiter until
+            // it looks again by itself.
+            let keys = WAKE_AT_COMMIT.take();
+            PgTryBuilder::new(|| keys.iter().for_each(|key| wake(key))).catch_others(|_| ()).execute();
         });
         // A prepared transaction commits later, elsewhere: its waiters wake at their next timeout.
         for end in [PgXactCallbackEvent::Abort, PgXactCallbackEvent::Prepare] {
@@ -86,21 +107,29 @@ pub fn wake_at_commit(key: &str) {
 /// Sets the latch of whoever is in the key's waiting room. Spurious wake-ups are harmless: the head
 /// looks again and goes back to sleep.
 pub fn wake(key: &str) {
-    let mut count = 0;
-    // SAFETY: GetLockConflicts lists the holders of the room lock (other than this backend) as
-    // virtual transaction ids; setting another backend's latch is how PostgreSQL itself wakes it.
-    unsafe {
-        let holders = pg_sys::GetLockConflicts(&room(key), ROOM_MODE, &mut count);
-        for i in 0..usize::try_from(count).unwrap_or(0) {
-            let backend_id = (*holders.add(i)).backendId;
-            if backend_id == pg_sys::InvalidBackendId {
-                continue; // a prepared transaction: nobody to wake
-            }
+    for backend_id in room_holders(key) {
+        // SAFETY: setting another backend's latch is how PostgreSQL itself wakes it; a backend
+        // that has exited in the meantime leaves a latch nobody waits on.
+        unsafe {
             let proc = BackendIdGetProc(backend_id);
             if !proc.is_null() {
                 pg_sys::SetLatch(&mut (*proc).procLatch);
             }
         }
+    }
+}
+
+/// The backends (other than this one) holding the key's waiting-room lock.
+fn room_holders(key: &str) -> Vec<pg_sys::BackendId> {
+    let mut count = 0;
+    // SAFETY: GetLockConflicts lists, in a palloc'd array of `count`, the virtual transaction ids
+    // of the lock's holders other than this backend (it takes the lock partition's LWLock itself).
+    unsafe {
+        let holders = pg_sys::GetLockConflicts(&room(key), ROOM_MODE, &mut count);
+        (0..usize::try_from(count).unwrap_or(0))
+            .map(|i| (*holders.add(i)).backendId)
+            .filter(|&backend_id| backend_id != pg_sys::InvalidBackendId) // a prepared transaction
+            .collect()
     }
 }
 

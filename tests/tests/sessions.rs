@@ -80,8 +80,8 @@ fn a_disconnected_holder_s_key_is_free_at_once() {
 }
 
 /// A plain lease outlives its session; a session-bound one stays with a session that is connected
-/// (renewals work), ends when that session drops its advisory locks, and then its holder's fence
-/// is stale and its token renews nothing.
+/// (renewals work), ends when that session drops its advisory locks (and stays ended when the
+/// session binds another lease), and then its holder's fence is stale and its token renews nothing.
 #[test]
 fn only_the_end_of_its_session_ends_a_session_bound_lease() {
     let cluster = Cluster::start("session_bound", 26803, &[]);
@@ -101,6 +101,12 @@ fn only_the_end_of_its_session_ends_a_session_bound_lease() {
     assert!(live);
 
     holder.batch_execute("SELECT pg_advisory_unlock_all()").unwrap();
+    // A later session-bound grant in the same session takes a new session lock: the ended lease
+    // does not come back with it.
+    acquire(&mut holder, "another", true).unwrap();
+    let live: bool =
+        other.query_one("SELECT live FROM fence.leases WHERE key = 'bound'", &[]).unwrap().get(0);
+    assert!(!live, "a session-bound lease came back after its session lock was dropped");
     assert_eq!(acquire(&mut other, "bound", false).map(|grant| grant.0), Some(fence + 1));
     let err = holder.query_one("SELECT fence.lease_renew('bound', $1, '1 hour')", &[&token]).unwrap_err();
     assert_eq!(sqlstate(&err), "PF001");

@@ -232,6 +232,31 @@ fn expiry_and_revocation_hand_the_key_to_the_waiter() {
     assert_eq!(grant.map(|grant| grant.0), Some(3), "not granted after the lease was revoked");
 }
 
+/// A renewal that shortens the lease: the waiter, asleep until the old expiry, is woken and gets the
+/// key once the shortened lease has run out.
+#[test]
+fn a_renewal_that_shortens_the_lease_reaches_the_waiter() {
+    let cluster = Cluster::start("wait_renew", 26707, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let (fence, token, _) = acquire(&mut holder, "r", "0").unwrap();
+    let (pid, handle) = waiter(&cluster, "r", "30 seconds");
+    assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)));
+    let new_expiry: f64 = holder
+        .query_one(
+            "SELECT extract(epoch FROM fence.lease_renew('r', $1, '200 milliseconds'))::float8",
+            &[&token],
+        )
+        .unwrap()
+        .get(0);
+    let (_, grant) = handle.join().unwrap();
+    let (next_fence, _, acquired_at) = grant.expect("not granted after the shortened lease ran out");
+    assert_eq!(next_fence, fence + 1);
+    assert!(
+        acquired_at >= new_expiry,
+        "granted at {acquired_at}, before the renewed lease ended at {new_expiry}"
+    );
+}
+
 /// While a waiter is first in line, an acquire without `wait` is refused even when the key is free:
 /// the waiter is stopped (SIGSTOP of its backend) after the release woke it, so the key stays free.
 #[test]

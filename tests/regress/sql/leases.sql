@@ -66,4 +66,17 @@ SELECT (fence.lease_acquire('bound', '1 minute', session_bound => true)).fence;
 SELECT key, session_pid = pg_backend_pid() AS this_backend, live FROM fence.leases WHERE key = 'bound';
 SELECT fence.lease_acquire('bound', '1 minute') IS NULL AS held_by_this_session;
 
+-- A transaction that already changed a key does not wait for itself (statement_timeout would show it).
+BEGIN;
+SET LOCAL statement_timeout = '2s';
+SELECT (fence.lease_acquire('mine', '1 minute')).fence AS granted;
+SELECT fence.lease_acquire('mine', '1 minute', wait => '1 hour') IS NULL AS refused_at_once;
+COMMIT;
+
+-- Waiting needs READ COMMITTED: a snapshot-holding transaction would never see the key freed.
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT try($$SELECT fence.lease_acquire('mine', '1 minute', wait => '1 second')$$) AS repeatable_read_wait;
+SELECT fence.lease_acquire('mine', '1 minute') IS NULL AS repeatable_read_without_wait;
+COMMIT;
+
 DROP EXTENSION pg_fence;
