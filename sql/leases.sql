@@ -25,7 +25,7 @@ AS $$ SELECT coalesce(fence.renew_if_held(key, token, ttl), fence.raise_lease_lo
 CREATE VIEW fence.leases AS
 SELECT key, owner, fence, acquired_at, expires_at, session_pid,
        (token_hash IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()
-        AND (session_pid IS NULL OR fence.holder_alive(session_pid, session_id))) AS live
+        AND (session_id IS NULL OR coalesce(fence.holder_alive(session_pid, session_id), false))) AS live
   FROM fence.lease_state;
 
 GRANT SELECT ON fence.leases TO PUBLIC;

@@ -28,9 +28,10 @@ CREATE TABLE fence.lease_state (
     expires_at  timestamptz NOT NULL,
     -- for a session-bound lease, the session it ends with: the backend's pid (as in pg_stat_activity)
     -- and its session lock (src/sessions.rs); NULL for a plain lease
+    -- (No CHECK that both are set together: PostgreSQL would re-read its expression at every
+    -- UPDATE. The liveness condition treats a half-set pair as dead instead.)
     session_pid integer,
-    session_id  bigint,
-    CHECK ((session_pid IS NULL) = (session_id IS NULL))
+    session_id  bigint
 ) WITH (fillfactor = 70);  -- room on the page so acquire/renew/release stay HOT updates
 
 REVOKE ALL ON fence.lease_state FROM PUBLIC;

@@ -3,12 +3,13 @@
 //! session-bound lease, its session still connected (see `sessions`).
 
 /// `live_at!("$3")`: the lease in the row of fence.lease_state is live at the timestamptz `$3`.
+/// Never NULL, so `NOT live_at!(..)` means "dead", even for a row edited by hand.
 macro_rules! live_at {
     ($now:literal) => {
         concat!(
             "(token_hash IS NOT NULL AND expires_at > ",
             $now,
-            " AND (session_pid IS NULL OR fence.holder_alive(session_pid, session_id)))"
+            " AND (session_id IS NULL OR coalesce(fence.holder_alive(session_pid, session_id), false)))"
         )
     };
 }

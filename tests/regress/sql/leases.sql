@@ -65,6 +65,10 @@ COMMIT;
 SELECT (fence.lease_acquire('bound', '1 minute', session_bound => true)).fence;
 SELECT key, session_pid = pg_backend_pid() AS this_backend, live FROM fence.leases WHERE key = 'bound';
 SELECT fence.lease_acquire('bound', '1 minute') IS NULL AS held_by_this_session;
+-- A row edited by hand into a half-set session pair counts as dead (never as "unknown").
+UPDATE fence.lease_state SET session_pid = NULL WHERE key = 'bound';
+SELECT live FROM fence.leases WHERE key = 'bound';
+SELECT (fence.lease_acquire('bound', '1 minute')).fence AS taken_over;
 
 -- A transaction that already changed a key does not wait for itself (statement_timeout would show it).
 BEGIN;
