@@ -6,6 +6,8 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub mod torture;
+
 /// A scratch cluster with pg_fence created in database `postgres`. Destroyed when dropped.
 pub struct Cluster {
     name: String,
@@ -42,8 +44,45 @@ impl Cluster {
         Cluster { name, port }
     }
 
+    /// A streaming standby of `primary` (pg_basebackup -R), started; its application_name is its
+    /// cluster name, "it_" + `name`, for the primary's synchronous_standby_names.
+    pub fn start_standby(name: &str, primary: &Cluster, port: u16, settings: &[&str]) -> Cluster {
+        let name = format!("it_{name}");
+        let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
+        let port_text = port.to_string();
+        let mut args = vec!["standby", &name, &primary.name, &port_text];
+        args.extend_from_slice(settings);
+        run_script(&args);
+        run_script(&["start", &name]);
+        Cluster { name, port }
+    }
+
+    /// Waits until the server accepts connections (after it restarted by itself, say).
+    pub fn wait_until_ready(&self) {
+        assert!(
+            eventually(Duration::from_secs(60), || self.try_connect().is_ok()),
+            "{} never came back",
+            self.name
+        );
+    }
+
+    /// Promotes a standby to primary, waiting until it accepts writes.
+    pub fn promote(&self) {
+        run_script(&["promote", &self.name]);
+    }
+
     pub fn connect(&self) -> Client {
         self.try_connect().expect("connect to scratch cluster")
+    }
+
+    /// A connection to another database of the cluster.
+    pub fn connect_to(&self, database: &str) -> Client {
+        let config = format!("host=127.0.0.1 port={} user=postgres dbname={database}", self.port);
+        Client::connect(&config, NoTls).expect("connect to scratch cluster")
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     pub fn try_connect(&self) -> Result<Client, postgres::Error> {

@@ -1,0 +1,178 @@
+//! The server-side record of a torture run: an audit table that clients write under their fences,
+//! and triggers that append every lease change and every accepted write to history tables. A
+//! history row is inserted by the transaction that makes the change, so it commits with the change
+//! or vanishes with it, crashes included; its commit timestamp orders it among all the others.
+use postgres::Client;
+use std::collections::HashMap;
+
+/// The objects, created once (it is safe to run this again). Names outside schema `fence` are
+/// schema-qualified because the trigger on `fence.lease_state` runs inside pg_fence's functions,
+/// whose search_path is pinned to pg_catalog.
+const SCHEMA: &str = r#"
+    -- The audit table: one row per key, which clients change only with fence.fenced_update.
+    CREATE TABLE IF NOT EXISTS public.torture_resource (
+        key        text PRIMARY KEY,
+        last_fence bigint,
+        write_id   bigint
+    );
+
+    -- Every accepted write: the fence it was made under and the client's id for it.
+    CREATE TABLE IF NOT EXISTS public.torture_writes (
+        key      text   NOT NULL,
+        fence    bigint NOT NULL,
+        write_id bigint NOT NULL
+    );
+    CREATE OR REPLACE FUNCTION public.torture_record_write() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO public.torture_writes VALUES (NEW.key, NEW.last_fence, NEW.write_id);
+        RETURN NULL;
+    END $$;
+    CREATE OR REPLACE TRIGGER torture_record_write AFTER UPDATE ON public.torture_resource
+        FOR EACH ROW EXECUTE FUNCTION public.torture_record_write();
+
+    -- Every new version of a lease row, with what the change was and which session made it.
+    CREATE TABLE IF NOT EXISTS public.torture_leases (
+        key         text        NOT NULL,
+        fence       bigint      NOT NULL,
+        kind        text        NOT NULL,  -- 'grant', 'renew' or 'end' (release, revoke, sweep)
+        held        boolean     NOT NULL,  -- token_hash IS NOT NULL
+        acquired_at timestamptz NOT NULL,
+        expires_at  timestamptz NOT NULL,
+        by          text        NOT NULL   -- application_name of the session
+    );
+    CREATE OR REPLACE FUNCTION public.torture_record_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        kind text := CASE WHEN TG_OP = 'INSERT' OR NEW.fence <> OLD.fence THEN 'grant'
+                          WHEN NEW.token_hash IS NULL THEN 'end'
+                          ELSE 'renew' END;
+    BEGIN
+        INSERT INTO public.torture_leases
+        VALUES (NEW.key, NEW.fence, kind, NEW.token_hash IS NOT NULL, NEW.acquired_at, NEW.expires_at,
+                current_setting('application_name'));
+        -- pg_fence commits a release without a WAL flush when the release is all its transaction
+        -- writes. This insert is a second write, which would make the release's commit flush; keep
+        -- the documented behaviour (an acknowledged release can be lost in a crash) under test.
+        IF kind = 'end' THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE OR REPLACE TRIGGER torture_record_lease AFTER INSERT OR UPDATE ON fence.lease_state
+        FOR EACH ROW EXECUTE FUNCTION public.torture_record_lease();
+"#;
+
+/// Creates the audit table with a row per key, and the recording triggers.
+pub fn install(client: &mut Client, keys: &[String]) -> Result<(), postgres::Error> {
+    let on: String = client.query_one("SHOW track_commit_timestamp", &[])?.get(0);
+    assert_eq!(on, "on", "the torture checker orders changes by commit timestamp");
+    client.batch_execute(SCHEMA)?;
+    for key in keys {
+        client.execute(
+            "INSERT INTO public.torture_resource (key) VALUES ($1) ON CONFLICT DO NOTHING",
+            &[key],
+        )?;
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LeaseChangeKind {
+    Grant,
+    Renew,
+    /// Release (or revoke, or sweep): `expires_at` is the moment the lease ended.
+    End,
+}
+
+/// One recorded version of a lease row. Times are microseconds since the Unix epoch.
+#[derive(Clone, Debug)]
+pub struct LeaseChange {
+    pub key: String,
+    pub fence: i64,
+    pub kind: LeaseChangeKind,
+    pub acquired_us: i64,
+    pub expires_us: i64,
+    /// application_name of the session that made the change.
+    pub by: String,
+    pub committed_us: i64,
+}
+
+/// One recorded accepted write.
+#[derive(Clone, Debug)]
+pub struct RecordedWrite {
+    pub key: String,
+    pub fence: i64,
+    pub write_id: i64,
+    pub committed_us: i64,
+}
+
+/// Everything the server recorded, read in one snapshot.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    pub leases: Vec<LeaseChange>,
+    pub writes: Vec<RecordedWrite>,
+    /// The fence in `fence.lease_state` per key, to check that no grant escaped the recording.
+    pub final_fences: HashMap<String, i64>,
+}
+
+/// A timestamptz as microseconds since the epoch, exactly (extract gives a numeric).
+macro_rules! micros {
+    ($column:literal) => {
+        concat!("(extract(epoch FROM ", $column, ") * 1000000)::bigint")
+    };
+}
+
+const LEASES: &str = concat!(
+    "SELECT key, fence, kind, ",
+    micros!("acquired_at"),
+    ", ",
+    micros!("expires_at"),
+    ", by, ",
+    micros!("pg_xact_commit_timestamp(xmin)"),
+    " FROM public.torture_leases"
+);
+
+const WRITES: &str = concat!(
+    "SELECT key, fence, write_id, ",
+    micros!("pg_xact_commit_timestamp(xmin)"),
+    " FROM public.torture_writes"
+);
+
+pub fn load_history(client: &mut Client) -> Result<History, postgres::Error> {
+    let mut snapshot =
+        client.build_transaction().isolation_level(postgres::IsolationLevel::RepeatableRead).start()?;
+    let leases = snapshot.query(LEASES, &[])?.iter().map(lease_change).collect();
+    let writes = snapshot
+        .query(WRITES, &[])?
+        .iter()
+        .map(|row| RecordedWrite {
+            key: row.get(0),
+            fence: row.get(1),
+            write_id: row.get(2),
+            committed_us: row.get(3),
+        })
+        .collect();
+    let final_fences = snapshot
+        .query("SELECT key, fence FROM fence.lease_state", &[])?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    snapshot.commit()?;
+    Ok(History { leases, writes, final_fences })
+}
+
+fn lease_change(row: &postgres::Row) -> LeaseChange {
+    let kind = match row.get::<_, &str>(2) {
+        "grant" => LeaseChangeKind::Grant,
+        "renew" => LeaseChangeKind::Renew,
+        _ => LeaseChangeKind::End,
+    };
+    LeaseChange {
+        key: row.get(0),
+        fence: row.get(1),
+        kind,
+        acquired_us: row.get(3),
+        expires_us: row.get(4),
+        by: row.get(5),
+        committed_us: row.get(6),
+    }
+}

@@ -1,0 +1,371 @@
+//! One client of the torture run. It loops: acquire a random key (waiting for it half of the
+//! time), write under the fence one to three times (sometimes renewing in between), then release,
+//! or let the lease run out. It records what it was told succeeded (acknowledged), treats a call
+//! whose outcome it cannot know (connection lost, error at COMMIT) as unknown, and reconnects,
+//! retrying, whenever its connection is lost. It takes the faults the chaos thread leaves for it.
+use super::checker::{AckedGrant, AckedRelease, AckedRenewal, AckedWrite, Acknowledged};
+use super::{client_name, key_name, Counts, Fault, Shared};
+use crate::sqlstate;
+use postgres::Client;
+use rand::rngs::ThreadRng;
+use rand::Rng;
+use std::mem::ManuallyDrop;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::{FromRawFd, RawFd};
+use std::thread;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Times are fetched as microseconds since the epoch, to compare exactly with the history.
+const ACQUIRE: &str = "
+    SELECT (l).fence, (l).token, (extract(epoch FROM (l).acquired_at) * 1000000)::bigint
+      FROM fence.lease_acquire($1, $2::text::interval, wait => $3::text::interval) l";
+const RENEW: &str =
+    "SELECT (extract(epoch FROM fence.lease_renew($1, $2, $3::text::interval)) * 1000000)::bigint";
+const RELEASE: &str = "SELECT fence.lease_release($1, $2)";
+/// The key's row of the audit table gets the fence and the id of this write.
+const WRITE: &str = "
+    SELECT fence.fenced_update($1, $2, 'public.torture_resource',
+                               jsonb_build_object('last_fence', $2::bigint, 'write_id', $3::bigint),
+                               jsonb_build_object('key', $1::text))";
+
+/// The wait of an acquire that waits: longer than most TTLs.
+const WAIT: &str = "200 milliseconds";
+
+/// How a call ended when it did not succeed.
+enum Stop {
+    /// pg_fence said no: lease lost (PF001) or stale fence (PF002). The connection is fine.
+    Refused,
+    /// The outcome is unknown; the connection is given up.
+    Unknown,
+}
+
+type Outcome<T> = Result<T, Stop>;
+
+struct Lease {
+    key: String,
+    fence: i64,
+    token: Uuid,
+    /// The TTL of the last grant or renewal.
+    ttl_ms: u64,
+}
+
+struct Connection {
+    client: Client,
+    /// (this end's port, the server's port) of a TCP connection, to cut it.
+    ports: Option<(u16, u16)>,
+}
+
+/// What a client hands back at the end of the run.
+#[derive(Default)]
+pub(super) struct WorkerLog {
+    pub counts: Counts,
+    pub acked: Acknowledged,
+    pub unexpected: Vec<String>,
+}
+
+pub(super) struct Worker<'s> {
+    id: usize,
+    shared: &'s Shared<'s>,
+    connection: Option<Connection>,
+    ever_connected: bool,
+    rng: ThreadRng,
+    writes_made: i64,
+    log: WorkerLog,
+}
+
+impl<'s> Worker<'s> {
+    pub fn new(id: usize, shared: &'s Shared<'s>) -> Self {
+        Worker {
+            id,
+            shared,
+            connection: None,
+            ever_connected: false,
+            rng: rand::thread_rng(),
+            writes_made: 0,
+            log: WorkerLog::default(),
+        }
+    }
+
+    pub fn run(mut self) -> WorkerLog {
+        while self.connected() {
+            self.lease_cycle();
+        }
+        self.log
+    }
+
+    /// Acquire, work, release. Returns early when the key is held or the connection is lost.
+    fn lease_cycle(&mut self) {
+        let mut lease = match self.acquire() {
+            Ok(Some(lease)) => lease,
+            Ok(None) => return self.think(),
+            Err(_) => return,
+        };
+        let told_lost = match self.work_under(&mut lease) {
+            Ok(()) => false,
+            Err(Stop::Refused) => true,
+            Err(Stop::Unknown) => return,
+        };
+        // Sometimes let the lease run out instead. A client told its lease is lost releases it
+        // anyway: that release must return false and touch no one (invariant 4).
+        if told_lost || self.rng.gen_bool(0.85) {
+            self.release(&lease, told_lost);
+        }
+    }
+
+    /// Writes, and sometimes renews, until refused or done.
+    fn work_under(&mut self, lease: &mut Lease) -> Outcome<()> {
+        for _ in 0..self.rng.gen_range(1..=3) {
+            self.write(lease)?;
+            if self.rng.gen_bool(0.3) {
+                self.renew(lease)?;
+            }
+            self.think();
+        }
+        Ok(())
+    }
+
+    fn acquire(&mut self) -> Outcome<Option<Lease>> {
+        let key = key_name(self.rng.gen_range(0..self.shared.workload.keys));
+        let ttl_ms = self.ttl_ms();
+        let wait = if self.rng.gen_bool(0.5) { WAIT } else { "0" };
+        self.arm_kill();
+        let result = self.client().query_one(ACQUIRE, &[&key, &format!("{ttl_ms} milliseconds"), &wait]);
+        let row = self.settle(result, "")?;
+        let (Some(fence), Some(token), Some(acquired_us)) = (row.get(0), row.get(1), row.get(2)) else {
+            self.log.counts.refused_acquires += 1;
+            return Ok(None);
+        };
+        self.log.counts.grants += 1;
+        self.log.acked.grants.push(AckedGrant { key: key.clone(), fence, acquired_us });
+        Ok(Some(Lease { key, fence, token, ttl_ms }))
+    }
+
+    /// A fenced write, in autocommit or in an explicit transaction, with a pause past the TTL
+    /// before it or inside its transaction when the chaos thread asked for one.
+    fn write(&mut self, lease: &Lease) -> Outcome<()> {
+        self.writes_made += 1;
+        // Unique, and readable: 3000000017 is client 3's 17th write.
+        let write_id = self.id as i64 * 1_000_000_000 + self.writes_made;
+        let pause = self.take_pause(lease);
+        let result = if self.rng.gen_bool(0.3) {
+            self.write_in_transaction(lease, write_id, pause)
+        } else {
+            if let Some(pause) = pause {
+                thread::sleep(pause);
+            }
+            self.arm_kill();
+            let result = self.client().query_one(WRITE, &[&lease.key, &lease.fence, &write_id]);
+            self.settle(result, "PF002").map(|_| ())
+        };
+        match result {
+            Ok(()) => {
+                self.log.counts.accepted_writes += 1;
+                let (key, fence) = (lease.key.clone(), lease.fence);
+                self.log.acked.writes.push(AckedWrite { key, fence, write_id });
+            }
+            Err(Stop::Refused) => self.log.counts.stale_writes += 1,
+            Err(Stop::Unknown) => {}
+        }
+        result
+    }
+
+    /// BEGIN; fenced_update; [pause]; COMMIT. A pause here outlasts the lease after the write
+    /// passed its fence check: the commit must still come before the next holder's grant
+    /// (invariant 3). An error at COMMIT leaves the outcome unknown.
+    fn write_in_transaction(&mut self, lease: &Lease, write_id: i64, pause: Option<Duration>) -> Outcome<()> {
+        self.arm_kill();
+        let attempt = (|| {
+            let mut transaction = self.client().transaction().map_err(Failed::Before)?;
+            transaction.query_one(WRITE, &[&lease.key, &lease.fence, &write_id]).map_err(Failed::Before)?;
+            if let Some(pause) = pause {
+                thread::sleep(pause);
+            }
+            transaction.commit().map_err(|_| Failed::AtCommit)
+        })();
+        match attempt {
+            Ok(()) => Ok(()),
+            Err(Failed::Before(err)) => self.settle(Err(err), "PF002"),
+            Err(Failed::AtCommit) => Err(self.give_up_connection()),
+        }
+    }
+
+    /// Renews, after a pause past the TTL when the chaos thread asked for one (lease lost, PF001).
+    fn renew(&mut self, lease: &mut Lease) -> Outcome<()> {
+        if let Some(pause) = self.take_pause(lease) {
+            thread::sleep(pause);
+        }
+        let ttl_ms = self.ttl_ms();
+        self.arm_kill();
+        let result =
+            self.client().query_one(RENEW, &[&lease.key, &lease.token, &format!("{ttl_ms} milliseconds")]);
+        match self.settle(result, "PF001") {
+            Ok(row) => {
+                self.log.counts.renewals += 1;
+                let (key, fence, expires_us) = (lease.key.clone(), lease.fence, row.get(0));
+                self.log.acked.renewals.push(AckedRenewal { key, fence, expires_us });
+                lease.ttl_ms = ttl_ms;
+                Ok(())
+            }
+            Err(Stop::Refused) => {
+                self.log.counts.lost_renewals += 1;
+                Err(Stop::Refused)
+            }
+            Err(stop) => Err(stop),
+        }
+    }
+
+    fn release(&mut self, lease: &Lease, told_lost: bool) {
+        self.arm_kill();
+        let result = self.client().query_one(RELEASE, &[&lease.key, &lease.token]);
+        let Ok(row) = self.settle(result, "") else { return };
+        if !row.get::<_, bool>(0) {
+            self.log.counts.stale_releases += 1;
+            return;
+        }
+        self.log.counts.releases += 1;
+        self.log.acked.releases.push(AckedRelease { key: lease.key.clone(), fence: lease.fence });
+        if told_lost {
+            let detail = format!(
+                "{}: release of fence {} by {} returned true after the lease was reported lost",
+                lease.key,
+                lease.fence,
+                client_name(self.id)
+            );
+            self.log.acked.stale_releases_accepted.push(detail);
+        }
+    }
+
+    /// Sorts a failed call: `refusal` (a SQLSTATE, or "" for none) is pg_fence saying no; the
+    /// connection dying is an unknown outcome; anything else is unexpected, and unknown too.
+    fn settle<T>(&mut self, result: Result<T, postgres::Error>, refusal: &str) -> Outcome<T> {
+        let err = match result {
+            Ok(value) => return Ok(value),
+            Err(err) => err,
+        };
+        let code = sqlstate(&err);
+        if !refusal.is_empty() && code == refusal {
+            return Err(Stop::Refused);
+        }
+        if !connection_lost(&code) {
+            self.log.counts.unexpected_errors += 1;
+            self.log.unexpected.push(format!("{}: {err} ({code})", client_name(self.id)));
+        }
+        Err(self.give_up_connection())
+    }
+
+    fn give_up_connection(&mut self) -> Stop {
+        self.connection = None;
+        self.log.counts.unknown += 1;
+        Stop::Unknown
+    }
+
+    /// Makes sure there is a connection, retrying until the run is over; false once it is over.
+    fn connected(&mut self) -> bool {
+        while !self.shared.over() {
+            if self.connection.is_some() {
+                return true;
+            }
+            match self.open() {
+                Ok(connection) => {
+                    self.log.counts.reconnects += u64::from(self.ever_connected);
+                    self.ever_connected = true;
+                    self.connection = Some(connection);
+                }
+                // The server may be restarting, or refusing connections during recovery.
+                Err(_) => thread::sleep(Duration::from_millis(25)),
+            }
+        }
+        false
+    }
+
+    fn open(&self) -> Result<Connection, postgres::Error> {
+        let mut client = (self.shared.connect)()?;
+        // The name lets the chaos thread find this client's backend; the timeout bounds a hang.
+        let name = client_name(self.id);
+        client.batch_execute(&format!("SET application_name = '{name}'; SET statement_timeout = '30s'"))?;
+        let row = client.query_one("SELECT inet_client_port(), inet_server_port()", &[])?;
+        let ports = match (row.get::<_, Option<i32>>(0), row.get::<_, Option<i32>>(1)) {
+            (Some(ours), Some(theirs)) => Some((ours as u16, theirs as u16)),
+            _ => None, // a Unix socket: it cannot be cut, KillClient passes it by
+        };
+        Ok(Connection { client, ports })
+    }
+
+    fn client(&mut self) -> &mut Client {
+        &mut self.connection.as_mut().expect("a call after the connection was given up").client
+    }
+
+    /// When the chaos thread asked for it, cuts this client's connection a random moment (under
+    /// 1.5 ms) after the next statement is sent: while it runs, between a transaction's statements,
+    /// or at its COMMIT.
+    fn arm_kill(&mut self) {
+        let Some(ports) = self.connection.as_ref().and_then(|connection| connection.ports) else { return };
+        if !self.shared.take_fault(self.id, Fault::KillClient) {
+            return;
+        }
+        self.log.counts.kills += 1;
+        let delay = Duration::from_micros(self.rng.gen_range(0..1_500));
+        thread::spawn(move || {
+            thread::sleep(delay);
+            sever(ports);
+        });
+    }
+
+    /// A pause the chaos thread asked for: past the lease's TTL, counted from now, so certainly
+    /// past its expiry.
+    fn take_pause(&mut self, lease: &Lease) -> Option<Duration> {
+        if !self.shared.take_fault(self.id, Fault::Pause) {
+            return None;
+        }
+        self.log.counts.pauses += 1;
+        Some(Duration::from_millis(lease.ttl_ms + self.rng.gen_range(10..100)))
+    }
+
+    fn ttl_ms(&mut self) -> u64 {
+        self.rng.gen_range(self.shared.workload.ttl_ms.clone())
+    }
+
+    /// A moment between calls, as real clients have.
+    fn think(&mut self) {
+        thread::sleep(Duration::from_micros(self.rng.gen_range(0..5_000)));
+    }
+}
+
+/// Where an explicit transaction failed.
+enum Failed {
+    Before(postgres::Error),
+    AtCommit,
+}
+
+/// The errors that mean the connection (or the server) went away: no SQLSTATE at all (I/O error,
+/// closed connection), class 08 (connection exception) and 57P0x (admin shutdown, crash shutdown,
+/// cannot connect now).
+fn connection_lost(code: &str) -> bool {
+    code.is_empty() || code.starts_with("08") || code.starts_with("57P")
+}
+
+/// Shuts down, in both directions, this process's TCP connection from local port `ours` to port
+/// `theirs`, found among its open file descriptors. An abrupt end, as when a client process is
+/// killed: the client library gets no chance to say goodbye, the server sees the socket close
+/// wherever it is (mid-statement, mid-transaction, at COMMIT), and the client's pending call fails.
+fn sever((ours, theirs): (u16, u16)) {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else { return };
+    let port = |address: std::io::Result<SocketAddr>| address.ok().map(|address| address.port());
+    for entry in entries.flatten() {
+        let Some(fd) = entry.file_name().to_str().and_then(|name| name.parse::<RawFd>().ok()) else {
+            continue;
+        };
+        let link = std::fs::read_link(entry.path()).unwrap_or_default();
+        if !link.to_string_lossy().starts_with("socket:") {
+            continue;
+        }
+        // SAFETY: the descriptor is only borrowed: ManuallyDrop never closes it. If another thread
+        // closed it meanwhile, the address lookups below fail and it is skipped.
+        let socket = ManuallyDrop::new(unsafe { TcpStream::from_raw_fd(fd) });
+        if port(socket.local_addr()) == Some(ours) && port(socket.peer_addr()) == Some(theirs) {
+            let _ = socket.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+}
