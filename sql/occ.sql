@@ -50,9 +50,29 @@ BEGIN
 END
 $$;
 
+-- A regclass given as a bare number may name no relation at all.
+CREATE FUNCTION fence.require_table(target regclass)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF target IS NULL THEN
+        RAISE EXCEPTION 'target must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_class WHERE oid = target) THEN
+        RAISE EXCEPTION 'relation with OID % does not exist', target::oid
+            USING ERRCODE = '42P01', HINT = 'Pass the table as a name, such as ''invoices'' or ''billing.invoices''.';
+    END IF;
+END
+$$;
+
+-- enable_versioning and disable_versioning pin search_path: they run DDL, often as a table owner
+-- or superuser, and a look-alike format() or operator earlier on the caller's path must not run.
 CREATE FUNCTION fence.enable_versioning(target regclass, version_column name DEFAULT 'version')
 RETURNS void
 LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     column_type regtype;
@@ -60,6 +80,7 @@ BEGIN
     IF target IS NULL OR version_column IS NULL THEN
         RAISE EXCEPTION 'target and version_column must not be NULL' USING ERRCODE = '22004';
     END IF;
+    PERFORM fence.require_table(target);
     SELECT atttypid::regtype INTO column_type
       FROM pg_catalog.pg_attribute
      WHERE attrelid = target AND attname = version_column AND attnum > 0 AND NOT attisdropped;
@@ -82,11 +103,10 @@ $$;
 CREATE FUNCTION fence.disable_versioning(target regclass)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF target IS NULL THEN
-        RAISE EXCEPTION 'target must not be NULL' USING ERRCODE = '22004';
-    END IF;
+    PERFORM fence.require_table(target);
     IF EXISTS (SELECT FROM pg_catalog.pg_trigger WHERE tgrelid = target AND tgname LIKE 'pg\_fence\_versioning\_%') THEN
         EXECUTE format('DROP TRIGGER IF EXISTS pg_fence_versioning_1_check ON %s', target);
         EXECUTE format('DROP TRIGGER IF EXISTS pg_fence_versioning_2_bump ON %s', target);

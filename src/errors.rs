@@ -7,6 +7,7 @@
 //! - 0A000 feature_not_supported: lease_acquire with wait under REPEATABLE READ or SERIALIZABLE.
 //! - 42P01 undefined_table, 42703 undefined_column, 42809 wrong_object_type, 42804
 //!   datatype_mismatch: the target of a fenced or versioned write is not what it must be.
+//! - 42883 undefined_function: a filter column's type has no equality operator.
 //! - 40001 serialization_failure: versioned_update found another version (retry).
 //! - P0002 no_data_found, 21000 cardinality_violation: versioned_update matched no row, or several.
 //!
@@ -66,6 +67,14 @@ pub fn undefined_column(column: &str, table: &str) -> ! {
         PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN,
         format!("column \"{column}\" of {table} does not exist"),
         "The keys of changes and filter must be column names of the table, spelled exactly.",
+    )
+}
+
+pub fn no_equality(column: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION,
+        format!("filter column \"{column}\" has a type without an equality operator"),
+        "Filter on columns whose type can be compared with =, such as the primary key.",
     )
 }
 

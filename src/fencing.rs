@@ -107,7 +107,8 @@ fn write_unless_stale(
     let update = RowUpdate::new("fenced_write", target, changes.as_ref(), filter.as_ref());
     let column = update.counter_column("fence_column", fence_column);
     let fence = input::required(fence, "fence");
-    let lock_and_check = update.select_sql(&format!("t.{column} > $3"), "") + " FOR NO KEY UPDATE";
+    let lock_and_check =
+        update.select_sql(&format!("t.{column} OPERATOR(pg_catalog.>) $3"), "") + " FOR NO KEY UPDATE";
     let write = update.update_sql(&format!("{column} = $3"), "", "1");
     let args = [changes.into(), filter.into(), fence.into()];
     let stale = execute(&lock_and_check, &args, |rows| {

@@ -5,8 +5,9 @@ use pgrx::datum::Interval;
 
 /// Keys are compared and indexed whole; a bound keeps index entries far below btree's size limit.
 pub const MAX_KEY_BYTES: usize = 512;
-/// Far beyond any real wait, and far from overflowing timestamps when added to the clock.
-const MAX_WAIT_MICROS: i64 = 100 * 366 * 86_400 * 1_000_000;
+/// 100 years as intervals count them (a year is 12 months of 30 days): far beyond any real wait,
+/// and far from overflowing timestamps when added to the clock.
+const MAX_WAIT_MICROS: i64 = 100 * 12 * 30 * 86_400 * 1_000_000;
 /// Owner labels are for humans reading fence.leases; a bound keeps the table small.
 pub const MAX_OWNER_BYTES: usize = 256;
 

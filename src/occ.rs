@@ -24,8 +24,8 @@ fn update_versioned_row(
     // Lock the matching rows first: then the version seen is the latest, and stays so until commit.
     let current = update.select_sql(&format!("t.{column}::pg_catalog.int8"), "") + " LIMIT 2 FOR UPDATE";
     let write = update.update_sql(
-        &format!("{column} = t.{column} + 1"),
-        &format!("t.{column} = $3"),
+        &format!("{column} = t.{column} OPERATOR(pg_catalog.+) 1"),
+        &format!("t.{column} OPERATOR(pg_catalog.=) $3"),
         &format!("t.{column}::pg_catalog.int8"),
     );
     let args = [changes.into(), filter.into(), expected.into()];

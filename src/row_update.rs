@@ -6,6 +6,11 @@
 //!
 //! In every statement built here, $1 is `changes`, $2 is `filter` (both jsonb) and $3 a bigint
 //! (the fence or the expected version).
+//!
+//! The statements run with the caller's search_path, so every name in them is schema-qualified,
+//! operators included (`OPERATOR(pg_catalog.>)`, and for a filter column the equality operator of
+//! its type's default operator class, as foreign keys use): a look-alike operator earlier on the
+//! search_path must not decide which rows are written.
 use crate::{errors, input};
 use pgrx::pg_sys;
 use pgrx::JsonB;
@@ -19,10 +24,12 @@ pub struct RowUpdate {
     filter: Vec<Column>,
 }
 
-/// A column named by the caller: its quoted name and its type, schema-qualified, with typmod.
+/// A column named by the caller: its quoted name, its type (schema-qualified, with typmod), and for
+/// a filter column its type's equality operator, as `OPERATOR(schema.=)`.
 struct Column {
     name: String,
     sql_type: String,
+    equals: String,
 }
 
 impl RowUpdate {
@@ -90,17 +97,19 @@ impl RowUpdate {
         format!("SELECT {what} FROM {} AS t WHERE {}", self.table, self.where_sql(extra_where))
     }
 
-    /// The filter columns equal their values: one row comparison against one sub-select, which the
-    /// planner turns into plain `column = $param` conditions, so index scans stay possible.
+    /// Each filter column equals its value, taken from a sub-select the planner runs once (an
+    /// InitPlan), so `column = value` stays an index condition.
     fn where_sql(&self, extra: &str) -> String {
-        let columns = names(&self.filter, "t.");
-        let values = names(&self.filter, "f.");
-        let mut condition =
-            format!("({columns}) = (SELECT {values} FROM {})", record(&self.filter, "$2", "f"));
+        let record = record(&self.filter, "$2", "f");
+        let mut conditions: Vec<String> = self
+            .filter
+            .iter()
+            .map(|c| format!("t.{} {} (SELECT f.{} FROM {record})", c.name, c.equals, c.name))
+            .collect();
         if !extra.is_empty() {
-            condition = format!("{condition} AND {extra}");
+            conditions.push(extra.to_string());
         }
-        condition
+        conditions.join(" AND ")
     }
 }
 
@@ -181,19 +190,44 @@ fn columns(
                     "Filter values are compared with =, which never matches NULL.",
                 );
             }
-            Column { name: quote(column), sql_type: column_type(relid, attnum) }
+            let (sql_type, type_oid) = column_type(relid, attnum);
+            let equals =
+                if nulls == Nulls::Refused { equality_operator(type_oid, column) } else { String::new() };
+            Column { name: quote(column), sql_type, equals }
         })
         .collect()
 }
 
-/// The column's type as SQL, schema-qualified whatever the search_path, with its typmod.
-fn column_type(relid: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> String {
+/// The column's type as SQL, schema-qualified whatever the search_path, with its typmod; and its OID.
+fn column_type(relid: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> (String, pg_sys::Oid) {
     let (mut type_oid, mut typmod, mut collation) = (pg_sys::InvalidOid, -1, pg_sys::InvalidOid);
     // SAFETY: syscache lookups of an existing column; format_type returns a palloc'd string.
     unsafe {
         pg_sys::get_atttypetypmodcoll(relid, attnum, &mut type_oid, &mut typmod, &mut collation);
         let flags = pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_FORCE_QUALIFY;
-        cstr(pg_sys::format_type_extended(type_oid, typmod, flags as u16))
+        (cstr(pg_sys::format_type_extended(type_oid, typmod, flags as u16)), type_oid)
+    }
+}
+
+/// `OPERATOR(schema.name)` of the equality operator of the type's default btree or hash operator
+/// class: the operator PostgreSQL itself means by "equal" for the type.
+fn equality_operator(type_oid: pg_sys::Oid, column: &str) -> String {
+    // SAFETY: the type cache and the syscache are PostgreSQL's own caches; the operator tuple is
+    // read (GETSTRUCT) and released before anything else happens.
+    unsafe {
+        let entry = pg_sys::lookup_type_cache(type_oid, pg_sys::TYPECACHE_EQ_OPR as i32);
+        let operator = (*entry).eq_opr;
+        let tuple = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::OPEROID as i32, operator.into());
+        if operator == pg_sys::InvalidOid || tuple.is_null() {
+            errors::no_equality(column);
+        }
+        let header = (*tuple).t_data;
+        let form =
+            &*(header.cast::<u8>().add((*header).t_hoff as usize) as *const pg_sys::FormData_pg_operator);
+        let name = cstr(form.oprname.data.as_ptr());
+        let schema = cstr(pg_sys::get_namespace_name(form.oprnamespace));
+        pg_sys::ReleaseSysCache(tuple);
+        format!("OPERATOR({}.{name})", quote(&schema))
     }
 }
 

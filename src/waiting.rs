@@ -15,9 +15,11 @@
 //!   Change mode), so a release that looked at the room before the head entered it cannot leave
 //!   the head asleep.
 //! - An acquire without `wait` does not jump the queue: while the room is taken it is refused.
-use crate::errors;
 use crate::keylock::{self, WAITING_ROOM_CLASS};
+use crate::spi_plans::execute_first;
+use crate::{errors, input};
 use pgrx::pg_sys;
+use pgrx::prelude::*;
 use pgrx::{register_xact_callback, PgTryBuilder, PgXactCallbackEvent};
 use std::cell::RefCell;
 
@@ -132,6 +134,25 @@ fn room_holders(key: &str) -> Vec<pg_sys::BackendId> {
             .collect()
     }
 }
+
+/// How many sessions wait for `key` right now, the first in line included: for spotting hot keys.
+#[pg_extern(volatile)]
+fn waiters(key: Option<&str>) -> i32 {
+    let key = input::key(key);
+    let room = room(key);
+    let args = [
+        pg_sys::Oid::from(room.locktag_field1).into(),
+        pg_sys::Oid::from(room.locktag_field2).into(),
+        pg_sys::Oid::from(room.locktag_field3).into(),
+        (room.locktag_field4 as i16).into(),
+    ];
+    execute_first::<i32>(WAITERS, &args).unwrap_or(0)
+}
+
+/// The sessions holding or queueing for a waiting-room lock, as pg_locks (readable by all) shows them.
+const WAITERS: &str = "
+    SELECT count(*)::int FROM pg_catalog.pg_locks
+     WHERE locktype = 'advisory' AND database = $1 AND classid = $2 AND objid = $3 AND objsubid = $4";
 
 fn room(key: &str) -> pg_sys::LOCKTAG {
     keylock::tag(WAITING_ROOM_CLASS, keylock::key_hash(key))

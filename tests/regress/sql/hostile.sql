@@ -156,6 +156,16 @@ INSERT INTO cases (block, expr) SELECT 'args', expr FROM (VALUES
     ($$fence.current_fence('never-granted')$$),
     ($$fence.current_fence('held'' OR true --')$$),
     ($$fence.current_fence('held')$$),
+    -- waiters
+    ($$fence.waiters(NULL)$$),
+    ($$fence.waiters('')$$),
+    ($$fence.waiters(repeat('k', 513))$$),
+    ($$fence.waiters('held'' OR true --')$$),
+    ($$fence.waiters('held')$$),
+    -- require_table (behind enable_versioning / disable_versioning)
+    ($$fence.require_table(NULL)$$),
+    ($$fence.require_table(0)$$),
+    ($$fence.require_table('target')$$),
     -- lease_revoke (as the superuser; the ordinary role is refused in block "role")
     ($$fence.lease_revoke(NULL)$$),
     ($$fence.lease_revoke('')$$),

@@ -1,0 +1,108 @@
+//! Versions and upgrades: the oldest kept version can be created, holds state, and upgrades to the
+//! current one with that state intact; and an upgraded installation is exactly a fresh one, so a
+//! schema change without an upgrade script fails here.
+use pg_fence_integration::{sqlstate, Cluster};
+use postgres::Client;
+use std::process::Command;
+use uuid::Uuid;
+
+/// The versions whose full install scripts are kept in sql/archive, oldest first.
+const OLD_VERSIONS: &[&str] = &["0.1.0"];
+
+/// The extension's version, as its Cargo.toml (and so `cargo pgrx install`) says.
+fn current_version() -> String {
+    let manifest = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml")).unwrap();
+    let line = manifest.lines().find(|line| line.starts_with("version = ")).expect("version in Cargo.toml");
+    line.trim_start_matches("version = ").trim_matches('"').to_string()
+}
+
+fn version(client: &mut Client) -> String {
+    client.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_fence'", &[]).unwrap().get(0)
+}
+
+#[test]
+fn every_kept_version_upgrades_to_the_current_one_with_its_state() {
+    let cluster = Cluster::start_without_extension("upgrade", 26901, &[]);
+    let mut admin = cluster.connect();
+    for old in OLD_VERSIONS {
+        let db = format!("from_{}", old.replace('.', "_"));
+        admin.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+        let mut client = cluster.connect_to(&db);
+        client.batch_execute(&format!("CREATE EXTENSION pg_fence VERSION '{old}'")).unwrap();
+        assert_eq!(version(&mut client), *old);
+
+        // State made by the old version: a released key, a live lease, a versioned table.
+        let released: Uuid = client
+            .query_one("SELECT token FROM fence.lease_acquire('released', '1 hour')", &[])
+            .unwrap()
+            .get(0);
+        client.query_one("SELECT fence.lease_release('released', $1)", &[&released]).unwrap();
+        let live: Uuid =
+            client.query_one("SELECT token FROM fence.lease_acquire('live', '1 hour')", &[]).unwrap().get(0);
+        client
+            .batch_execute(
+                "CREATE TABLE doc (id int PRIMARY KEY, body text, version bigint NOT NULL DEFAULT 1);
+                 INSERT INTO doc VALUES (1, 'draft', 1);
+                 SELECT fence.enable_versioning('doc');",
+            )
+            .unwrap();
+
+        client.batch_execute("ALTER EXTENSION pg_fence UPDATE").unwrap();
+        assert_eq!(version(&mut client), current_version());
+
+        // The state is intact: the live lease is still held by its token, the released key continues
+        // above its old fence, versioning still guards the table; and the new function works.
+        client.query_one("SELECT fence.lease_renew('live', $1, '1 hour')", &[&live]).unwrap();
+        let taken: Option<i64> =
+            client.query_one("SELECT (fence.lease_acquire('live', '1 hour')).fence", &[]).unwrap().get(0);
+        assert_eq!(taken, None, "the live lease was lost in the upgrade");
+        let next: Option<i64> =
+            client.query_one("SELECT (fence.lease_acquire('released', '1 hour')).fence", &[]).unwrap().get(0);
+        assert_eq!(next, Some(2));
+        let err = client.execute("UPDATE doc SET body = 'x', version = 5 WHERE id = 1", &[]).unwrap_err();
+        assert_eq!(sqlstate(&err), "40001", "versioning no longer guards the table");
+        let waiters: i32 = client.query_one("SELECT fence.waiters('live')", &[]).unwrap().get(0);
+        assert_eq!(waiters, 0);
+
+        client.batch_execute("DROP TABLE doc").unwrap(); // compare the extension's objects alone
+        let (upgraded, fresh) = (schema(&cluster, &db), fresh_schema(&cluster, &mut admin));
+        let only_in = |a: &str, b: &str| {
+            a.lines().filter(|l| !b.lines().any(|m| m == *l)).collect::<Vec<_>>().join("\n")
+        };
+        assert!(
+            upgraded == fresh,
+            "{old} + upgrade scripts differs from a fresh install.\nOnly after the upgrade:\n{}\nOnly fresh:\n{}",
+            only_in(&upgraded, &fresh),
+            only_in(&fresh, &upgraded)
+        );
+    }
+}
+
+/// Lines of a --binary-upgrade dump that carry OIDs, transaction ids or a random key.
+const OID_LINES: &[&str] =
+    &["\\restrict", "\\unrestrict", "UPDATE pg_catalog.pg_class", "SET relfrozenxid", "WHERE oid = "];
+
+/// The extension's objects as pg_dump --binary-upgrade writes them (it lists an extension's member
+/// objects, which a plain dump leaves to CREATE EXTENSION), without the lines that name OIDs.
+fn schema(cluster: &Cluster, db: &str) -> String {
+    let out = Command::new("/usr/lib/postgresql/15/bin/pg_dump")
+        .args(["--binary-upgrade", "--schema-only", "-h", "127.0.0.1", "-U", "postgres", "-d", db])
+        .args(["-p", &cluster.port().to_string()])
+        .output()
+        .expect("run pg_dump");
+    assert!(out.status.success(), "pg_dump: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|line| !line.contains("binary_upgrade") && !OID_LINES.iter().any(|oid| line.starts_with(oid)))
+        .filter(|line| !line.starts_with("--") && !line.is_empty())
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
+fn fresh_schema(cluster: &Cluster, admin: &mut Client) -> String {
+    admin.batch_execute("DROP DATABASE IF EXISTS fresh").unwrap();
+    admin.batch_execute("CREATE DATABASE fresh").unwrap();
+    cluster.connect_to("fresh").batch_execute("CREATE EXTENSION pg_fence").unwrap();
+    schema(cluster, "fresh")
+}
