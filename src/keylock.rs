@@ -160,6 +160,7 @@ fn acquire_within_ms(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, timeout_
             let guc_level = pg_sys::NewGUCNestLevel();
             settings::set_server_setting(c"lock_timeout", &lock_timeout, pg_sys::GucAction::GUC_ACTION_SAVE);
             pg_sys::LockAcquire(tag, lockmode, false, false);
+            forget_late_lock_timeout();
             pg_sys::AtEOXact_GUC(true, guc_level);
             pg_sys::ReleaseCurrentSubTransaction();
             true
@@ -180,6 +181,27 @@ fn acquire_within_ms(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, timeout_
         pg_sys::MemoryContextSwitchTo(memory);
         pg_sys::CurrentResourceOwner = owner;
         taken
+    }
+}
+
+unsafe extern "C-unwind" {
+    /// utils/timeout.h, which pgrx does not bind. It raises no errors.
+    fn get_timeout_indicator(id: std::ffi::c_int, reset_indicator: bool) -> bool;
+}
+
+/// TimeoutId LOCK_TIMEOUT in PostgreSQL 15's utils/timeout.h.
+const LOCK_TIMEOUT_ID: std::ffi::c_int = 2;
+
+/// The lock was granted, but our lock_timeout may have fired in the same instant: PostgreSQL then
+/// has already signalled a cancel (SIGINT to itself), which the next CHECK_FOR_INTERRUPTS would
+/// raise as "canceling statement due to lock timeout", after we took the lock. Forget both. (A
+/// user's cancel arriving in that same instant is forgotten too; it can be sent again.)
+fn forget_late_lock_timeout() {
+    // SAFETY: reads and resets backend-local flags that the signal handlers set.
+    unsafe {
+        if get_timeout_indicator(LOCK_TIMEOUT_ID, true) {
+            pg_sys::QueryCancelPending = 0;
+        }
     }
 }
 

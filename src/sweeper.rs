@@ -7,47 +7,64 @@ use crate::spi_plans::execute;
 use crate::{clock, durability};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
+use std::cell::Cell;
 
-/// At most this many leases per call, so one sweep is one short transaction that holds up no
-/// acquirer for long; rows another transaction has locked are skipped, to be swept next time.
-const BATCH: i64 = 10_000;
+/// At most this many leases per call, so one sweep is one short transaction (milliseconds): an
+/// acquirer whose row it has locked waits no longer than that. Rows another transaction has locked
+/// are skipped, to be swept next time. The worker calls sweep() again at once while calls come back
+/// full, so a backlog drains in a series of short transactions.
+pub const BATCH: i64 = 1_000;
 
-/// Expired leases, and session-bound ones whose session has ended.
+thread_local! {
+    /// The table page where this backend's next sweep starts: each call goes on where the last one
+    /// stopped (a TID range scan) instead of reading again past the rows it has just swept.
+    static RESUME_AT_PAGE: Cell<i64> = const { Cell::new(0) };
+}
+
+/// Expired leases, and session-bound ones whose session has ended, from page $3 on; returns each
+/// swept lease's key, fence and page.
 const SWEEP: &str = concat!(
     "WITH expired AS (
         SELECT ctid FROM fence.lease_state
-         WHERE token_hash IS NOT NULL AND NOT ",
+         WHERE ctid >= pg_catalog.format('(%s,0)', $3)::pg_catalog.tid
+           AND token_hash IS NOT NULL AND NOT ",
     live_at!("$1"),
     " LIMIT $2 FOR UPDATE SKIP LOCKED)
     UPDATE fence.lease_state s SET token_hash = NULL
       FROM expired
      WHERE s.ctid = expired.ctid
-    RETURNING s.key, s.fence"
+    RETURNING s.key, s.fence, (expired.ctid::pg_catalog.text::pg_catalog.point)[0]::pg_catalog.int8"
 );
 
 const RECORD: &str = "
     UPDATE fence.sweeper_stats SET last_run_at = $1, last_swept = $2, total_swept = total_swept + $2";
 
-/// Marks up to 10,000 expired leases free (their fences untouched) and returns how many.
+/// Marks up to 1,000 expired leases free (their fences untouched) and returns how many.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn sweep() -> i64 {
     durability::require_writable("sweep leases");
     let wal_before = durability::wal_position();
     let now = clock::timestamp(clock::now());
-    let expired: Vec<(String, i64)> = execute(SWEEP, &[now.into(), BATCH.into()], |rows| {
+    let args = [now.into(), BATCH.into(), RESUME_AT_PAGE.get().into()];
+    let expired: Vec<(String, i64, i64)> = execute(SWEEP, &args, |rows| {
         rows.map(|row| {
             (
                 row.get(1).unwrap_or_report().unwrap_or_default(),
                 row.get(2).unwrap_or_report().unwrap_or_default(),
+                row.get(3).unwrap_or_report().unwrap_or_default(),
             )
         })
         .collect()
     });
-    for (key, fence) in &expired {
+    for (key, fence, _) in &expired {
         notify::send(Event::Expired, key, *fence);
     }
     let swept = expired.len() as i64;
+    // A full batch: go on from its last page next time. Fewer: the end of the table was reached;
+    // start again from the beginning.
+    let last_page = expired.iter().map(|(_, _, page)| *page).max().unwrap_or(0);
+    RESUME_AT_PAGE.set(if swept == BATCH { last_page } else { 0 });
     execute(RECORD, &[now.into(), swept.into()], |_| ());
     // Nothing here needs to survive a crash: a lost sweep is swept again.
     durability::skip_flush_if_alone(wal_before);

@@ -3,7 +3,7 @@
 //! nothing while the extension is not created, or while the server is a standby; SIGHUP reloads the
 //! settings; SIGTERM ends it. An error, or pg_terminate_backend(), ends the worker (logged), and the
 //! postmaster starts it again after 5 seconds.
-use crate::settings;
+use crate::{settings, sweeper};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::prelude::*;
 use std::time::Duration;
@@ -40,15 +40,23 @@ pub extern "C-unwind" fn pg_fence_sweeper_main(_arg: pg_sys::Datum) {
         if unsafe { pg_sys::RecoveryInProgress() } {
             continue;
         }
-        BackgroundWorker::transaction(|| {
-            let installed = "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_fence')";
-            if Spi::get_one::<bool>(installed).ok().flatten() == Some(true) {
-                Spi::run("SELECT fence.sweep()").expect("fence.sweep()");
-            }
-        });
+        // One short transaction per batch, again at once while batches come back full.
+        while sweep_once() == sweeper::BATCH && !BackgroundWorker::sigterm_received() {}
     }
     // SIGTERM. Exit code 1 asks the postmaster to start the worker again (after RESTART_AFTER), so
     // pg_terminate_backend() restarts it; at server shutdown the postmaster restarts nothing.
     // SAFETY: ends this process the way PostgreSQL's own workers do.
     unsafe { pg_sys::proc_exit(1) };
+}
+
+/// One call of fence.sweep() in a transaction of its own: how many leases it swept (0 while the
+/// extension is not created).
+fn sweep_once() -> i64 {
+    BackgroundWorker::transaction(|| {
+        let installed = "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_fence')";
+        if Spi::get_one::<bool>(installed).ok().flatten() != Some(true) {
+            return 0;
+        }
+        Spi::get_one::<i64>("SELECT fence.sweep()").expect("fence.sweep()").unwrap_or(0)
+    })
 }
