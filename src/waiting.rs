@@ -86,11 +86,13 @@ pub fn wake_at_commit(key: &str) {
     if !someone_waiting(key) {
         return;
     }
+    // The callbacks are registered with the first key of the transaction, and only then.
     let first = WAKE_AT_COMMIT.with_borrow_mut(|keys| {
+        let first = keys.is_empty();
         if !keys.iter().any(|k| k == key) {
             keys.push(key.to_owned());
         }
-        keys.len() == 1
+        first
     });
     if first {
         register_xact_callback(PgXactCallbackEvent::Commit, || {

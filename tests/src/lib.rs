@@ -77,8 +77,7 @@ impl Cluster {
 
     /// A connection to another database of the cluster.
     pub fn connect_to(&self, database: &str) -> Client {
-        let config = format!("host=127.0.0.1 port={} user=postgres dbname={database}", self.port);
-        Client::connect(&config, NoTls).expect("connect to scratch cluster")
+        self.try_connect_to(database).expect("connect to scratch cluster")
     }
 
     pub fn port(&self) -> u16 {
@@ -86,8 +85,12 @@ impl Cluster {
     }
 
     pub fn try_connect(&self) -> Result<Client, postgres::Error> {
+        self.try_connect_to("postgres")
+    }
+
+    fn try_connect_to(&self, database: &str) -> Result<Client, postgres::Error> {
         let config = format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres application_name=pg_fence_it",
+            "host=127.0.0.1 port={} user=postgres dbname={database} application_name=pg_fence_it",
             self.port
         );
         Client::connect(&config, NoTls)
