@@ -1,6 +1,6 @@
 # The lease benchmark as a chart: pairs/s and p99 latency per system and client count.
 # Input: the data file written by pg_test/run-bench (columns: clients system pairs p50 p99);
-#   gnuplot -e "data='FILE'; out='docs/bench-leases.png'" pg_test/chart.gp
+#   gnuplot -e "data='FILE'; out='docs/bench/leases.png'" pg_test/chart.gp
 set terminal pngcairo size 1100,450 font ",10" noenhanced
 set output out
 set datafile separator "\t"
