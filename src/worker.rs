@@ -1,5 +1,6 @@
 //! The sweeper background worker: with pg_fence in shared_preload_libraries, it connects to the
-//! database named by pg_fence.database and calls fence.sweep() every pg_fence.sweep_interval. It does
+//! database named by pg_fence.database and calls fence.sweep() every pg_fence.sweep_interval (or
+//! less often on large tables, see IDLE_WAIT_PER_SCAN). It does
 //! nothing while the extension is not created, or while the server is a standby; SIGHUP reloads the
 //! settings; SIGTERM ends it. An error, or pg_terminate_backend(), ends the worker (logged), and the
 //! postmaster starts it again after 5 seconds.
@@ -10,10 +11,14 @@ use std::time::{Duration, Instant};
 
 const RESTART_AFTER: Duration = Duration::from_secs(5);
 
-/// A pass that found nothing to sweep still reads the whole lease table: about 0.12 s for a million
-/// keys, every sweep_interval. After such a pass the worker waits at least this many times as long
-/// as the pass took, so looking for nothing costs at most about 2 % of one CPU.
-const IDLE_WAIT_PER_PASS: u32 = 50;
+/// Each pass ends with a call that reaches the end of the table, reading (from where the last full
+/// batch stopped) every row: about 0.12 s for a million keys, on every sweep_interval, even when it
+/// finds nothing or a handful. After a pass the worker waits at least this many times as long as that
+/// last call took, so reading through the table costs at most about 2 % of one CPU; but never more
+/// than IDLE_WAIT_AT_MOST (or the interval, if longer), so a call held up by a lock does not put the
+/// sweeper to sleep for long.
+const IDLE_WAIT_PER_SCAN: u32 = 50;
+const IDLE_WAIT_AT_MOST: Duration = Duration::from_secs(60);
 
 /// Called from _PG_init: registers the worker when loaded through shared_preload_libraries.
 pub fn register() {
@@ -48,16 +53,14 @@ pub extern "C-unwind" fn pg_fence_sweeper_main(_arg: pg_sys::Datum) {
             continue;
         }
         // One short transaction per batch, again at once while batches come back full.
-        let pass = Instant::now();
-        let mut swept = 0;
         loop {
-            let batch = sweep_once();
-            swept += batch;
-            if batch < sweeper::BATCH || BackgroundWorker::sigterm_received() {
+            let call = Instant::now();
+            let swept = sweep_once();
+            if swept < sweeper::BATCH || BackgroundWorker::sigterm_received() {
+                wait = next_wait(wait, call.elapsed());
                 break;
             }
         }
-        wait = next_wait(wait, pass.elapsed(), swept);
     }
     // SIGTERM. Exit code 1 asks the postmaster to start the worker again (after RESTART_AFTER), so
     // pg_terminate_backend() restarts it; at server shutdown the postmaster restarts nothing.
@@ -77,14 +80,10 @@ fn sweep_once() -> i64 {
     })
 }
 
-/// How long to wait before the next pass: the interval, or after a pass that swept nothing, long
-/// enough that such passes take at most 1/IDLE_WAIT_PER_PASS of the time.
-fn next_wait(interval: Duration, pass: Duration, swept: i64) -> Duration {
-    if swept > 0 {
-        interval
-    } else {
-        interval.max(pass * IDLE_WAIT_PER_PASS)
-    }
+/// How long to wait before the next pass, given how long its last call (the one that read through
+/// to the end of the table) took.
+fn next_wait(interval: Duration, last_call: Duration) -> Duration {
+    interval.max((last_call * IDLE_WAIT_PER_SCAN).min(IDLE_WAIT_AT_MOST))
 }
 
 #[cfg(test)]
@@ -93,10 +92,11 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn an_idle_pass_stretches_the_wait_only_when_it_was_long() {
-        let second = Duration::from_secs(1);
-        assert_eq!(next_wait(second, Duration::from_millis(2), 0), second); // small table
-        assert_eq!(next_wait(second, Duration::from_millis(120), 0), Duration::from_secs(6)); // 1M keys
-        assert_eq!(next_wait(second, Duration::from_millis(120), 7), second); // it found work
+    fn a_long_scan_stretches_the_wait_up_to_a_minute() {
+        let (second, ms) = (Duration::from_secs(1), Duration::from_millis);
+        assert_eq!(next_wait(second, ms(2)), second); // a small table
+        assert_eq!(next_wait(second, ms(120)), Duration::from_secs(6)); // a million keys
+        assert_eq!(next_wait(second, Duration::from_secs(3600)), Duration::from_secs(60)); // held up by a lock
+        assert_eq!(next_wait(Duration::from_secs(300), ms(120)), Duration::from_secs(300)); // a longer interval stands
     }
 }
