@@ -1,9 +1,9 @@
 //! The sweeper background worker: with pg_fence in shared_preload_libraries, it connects to the
-//! database named by pg_fence.database and calls fence.sweep() every pg_fence.sweep_interval (or
-//! less often on large tables, see IDLE_WAIT_PER_SCAN). It does
-//! nothing while the extension is not created, or while the server is a standby; SIGHUP reloads the
-//! settings; SIGTERM ends it. An error, or pg_terminate_backend(), ends the worker (logged), and the
-//! postmaster starts it again after 5 seconds.
+//! database named by pg_fence.database and calls fence.sweep() every pg_fence.sweep_interval (less
+//! often on large tables, see `next_wait`). It does nothing while the extension is not created, or
+//! while the server is a standby; SIGHUP reloads the settings; SIGTERM ends it. An error, or
+//! pg_terminate_backend(), ends the worker (logged), and the postmaster starts it again after 5
+//! seconds.
 use crate::{settings, sweeper};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::prelude::*;
@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 const RESTART_AFTER: Duration = Duration::from_secs(5);
 
-/// Each pass ends with a call that reaches the end of the table, reading (from where the last full
-/// batch stopped) every row: about 0.12 s for a million keys, on every sweep_interval, even when it
-/// finds nothing or a handful. After a pass the worker waits at least this many times as long as that
-/// last call took, so reading through the table costs at most about 2 % of one CPU; but never more
-/// than IDLE_WAIT_AT_MOST (or the interval, if longer), so a call held up by a lock does not put the
-/// sweeper to sleep for long.
-const IDLE_WAIT_PER_SCAN: u32 = 50;
-const IDLE_WAIT_AT_MOST: Duration = Duration::from_secs(60);
+/// Each pass ends with a call that reads every row from where the last full batch stopped to the end
+/// of the table: about 0.12 s for a million keys, even when it finds nothing or a handful. After a
+/// pass the worker waits at least this many times as long as that call took, so reading through the
+/// table costs at most about 2 % of one CPU ...
+const WAIT_PER_SCAN: u32 = 50;
+/// ... but that stretch of the wait is capped, so a call held up by a lock does not put the sweeper
+/// to sleep for long.
+const SCAN_WAIT_AT_MOST: Duration = Duration::from_secs(60);
 
 /// Called from _PG_init: registers the worker when loaded through shared_preload_libraries.
 pub fn register() {
@@ -47,7 +47,8 @@ pub extern "C-unwind" fn pg_fence_sweeper_main(_arg: pg_sys::Datum) {
             // SAFETY: what every background worker does on SIGHUP, outside a transaction.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        wait = settings::sweep_interval();
+        let interval = settings::sweep_interval();
+        wait = interval;
         // SAFETY: a plain read of shared state.
         if unsafe { pg_sys::RecoveryInProgress() } {
             continue;
@@ -57,7 +58,7 @@ pub extern "C-unwind" fn pg_fence_sweeper_main(_arg: pg_sys::Datum) {
             let call = Instant::now();
             let swept = sweep_once();
             if swept < sweeper::BATCH || BackgroundWorker::sigterm_received() {
-                wait = next_wait(wait, call.elapsed());
+                wait = next_wait(interval, call.elapsed());
                 break;
             }
         }
@@ -83,7 +84,7 @@ fn sweep_once() -> i64 {
 /// How long to wait before the next pass, given how long its last call (the one that read through
 /// to the end of the table) took.
 fn next_wait(interval: Duration, last_call: Duration) -> Duration {
-    interval.max((last_call * IDLE_WAIT_PER_SCAN).min(IDLE_WAIT_AT_MOST))
+    interval.max((last_call * WAIT_PER_SCAN).min(SCAN_WAIT_AT_MOST))
 }
 
 #[cfg(test)]
