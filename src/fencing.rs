@@ -7,79 +7,28 @@
 use crate::keylock::{self, Mode};
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
-use crate::{clock, input};
+use crate::{clock, input, lease_row};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::JsonB;
-use std::cell::Cell;
-
-/// Is `$2` the key's current fence, with its lease live at `$3`?
-const HOLDS: &str =
-    concat!("SELECT fence = $2 AND ", live_at!("$3"), " FROM fence.lease_state WHERE key = $1\0");
-
-thread_local! {
-    /// HOLDS, prepared once per backend (kept by SPI_keepplan for the backend's life).
-    static HOLDS_PLAN: Cell<pg_sys::SPIPlanPtr> = const { Cell::new(std::ptr::null_mut()) };
-}
 
 /// Core of fence.fence_guard: true when `fence` is the key's current fence and its lease is live;
 /// then no higher grant can commit before this transaction ends. When false, it holds nothing.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
+///
+/// The lease row is read in the latest committed state rather than in the transaction's snapshot,
+/// which under REPEATABLE READ or SERIALIZABLE may predate the latest grant. Holding the key's lock,
+/// nothing newer can commit meanwhile; and no row lock is taken, so the guard never holds up the
+/// holder's renew or release. Not SECURITY DEFINER: see src/lease_row.rs.
+#[pg_extern(volatile, parallel_unsafe)]
 fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
     let key = input::key(key);
     let fence = input::required(fence, "fence");
     keylock::lock(key, Mode::Guard);
-    let holds = holds_in_latest_state(key, fence, clock::now());
+    let holds = lease_row::live_fence(key, clock::now()) == Some(fence);
     if !holds {
         keylock::unlock(key, Mode::Guard);
     }
     holds
-}
-
-/// Reads the lease row in the latest committed state (GetLatestSnapshot) rather than in the
-/// transaction's snapshot, which under REPEATABLE READ or SERIALIZABLE may predate the latest grant.
-/// Holding the key's lock, nothing newer can commit meanwhile; and no row lock is taken, so the
-/// guard never holds up the holder's renew or release.
-fn holds_in_latest_state(key: &str, fence: i64, now: i64) -> bool {
-    Spi::connect(|_| {
-        // SAFETY: SPI is connected for the closure; the plan is kept for the backend's life; the
-        // datums live in the SPI procedure context until the result is read below.
-        unsafe {
-            let mut plan = HOLDS_PLAN.get();
-            if plan.is_null() {
-                let mut types = [pg_sys::TEXTOID, pg_sys::INT8OID, pg_sys::TIMESTAMPTZOID];
-                plan = pg_sys::SPI_prepare(HOLDS.as_ptr().cast(), 3, types.as_mut_ptr());
-                pg_sys::SPI_keepplan(plan);
-                HOLDS_PLAN.set(plan);
-            }
-            let mut values = [
-                key.into_datum().unwrap(),
-                fence.into_datum().unwrap(),
-                clock::timestamp(now).into_datum().unwrap(),
-            ];
-            let nulls = [b' ' as std::ffi::c_char; 3];
-            let latest = pg_sys::GetLatestSnapshot();
-            let status = pg_sys::SPI_execute_snapshot(
-                plan,
-                values.as_mut_ptr(),
-                nulls.as_ptr(),
-                latest,
-                std::ptr::null_mut(),
-                true,
-                false,
-                1,
-            );
-            assert_eq!(status, pg_sys::SPI_OK_SELECT as i32, "fence_holds: SPI status {status}");
-            if pg_sys::SPI_processed == 0 {
-                return false;
-            }
-            let table = &*pg_sys::SPI_tuptable;
-            let mut is_null = false;
-            let answer = pg_sys::SPI_getbinval(*table.vals, table.tupdesc, 1, &mut is_null);
-            !is_null && bool::from_datum(answer, false) == Some(true)
-        }
-    })
 }
 
 /// Core of fence.fenced_update, called once its guard has passed: `UPDATE target SET changes WHERE

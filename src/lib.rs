@@ -31,6 +31,7 @@ mod errors;
 mod fencing;
 mod input;
 mod keylock;
+mod lease_row;
 mod leases;
 mod notify;
 mod occ;

@@ -301,6 +301,27 @@ mod tests {
         assert_eq!(one::<i64>(guard_lock), Some(1));
     }
 
+    /// The guard decides liveness in Rust (src/lease_row.rs); it must agree with live_at!, which
+    /// the view's `live` column spells out, on every kind of row.
+    #[pg_test]
+    fn the_guard_judges_liveness_as_the_view_does() {
+        acquire("plain", "1 h");
+        one::<i64>("SELECT (fence.lease_acquire('bound', '1 h', session_bound => true)).fence");
+        run("INSERT INTO fence.lease_state VALUES
+               ('expired',  5, 'o', '\\x00', now(), clock_timestamp() - interval '1 h', NULL, NULL),
+               ('released', 5, 'o', NULL,    now(), clock_timestamp() + interval '1 h', NULL, NULL),
+               ('gone',     5, 'o', '\\x00', now(), clock_timestamp() + interval '1 h', pg_backend_pid(), 12345),
+               ('half-set', 5, 'o', '\\x00', now(), clock_timestamp() + interval '1 h', NULL, 12345)");
+        let live = ["plain", "bound"];
+        for key in ["plain", "bound", "expired", "released", "gone", "half-set", "absent"] {
+            let by_view =
+                one::<i64>(&format!("SELECT (SELECT fence FROM fence.leases WHERE key = '{key}' AND live)"));
+            let by_guard = crate::lease_row::live_fence(key, crate::clock::now());
+            assert_eq!(by_guard, by_view, "key {key}");
+            assert_eq!(by_guard.is_some(), live.contains(&key), "key {key}");
+        }
+    }
+
     #[pg_test(error = "fence 2 is stale for key \"invoice:42\"")]
     fn fence_guard_refuses_another_fence() {
         acquire("invoice:42", "10 s");

@@ -64,6 +64,11 @@ pub fn unbound(key: &str) {
 /// Called from the statements that judge liveness (a plain lease has NULLs there, and gets NULL).
 #[pg_extern(volatile, strict, parallel_unsafe)]
 fn holder_alive(pid: i32, id: i64) -> bool {
+    alive(pid, id)
+}
+
+/// holder_alive, for the liveness check that runs without a statement (src/lease_row.rs).
+pub fn alive(pid: i32, id: i64) -> bool {
     let tag = tag(pid, id);
     // SAFETY: set once at backend start.
     if pid == unsafe { pg_sys::MyProcPid } {

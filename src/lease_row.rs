@@ -1,0 +1,106 @@
+//! One key's row of fence.lease_state, looked up in its primary key index without a statement: the
+//! read behind fence_guard, which every fenced write pays for. With no statement there is nothing
+//! to plan, no privilege to check and no name to resolve on the caller's search_path, so the guard
+//! needs neither SECURITY DEFINER nor a pinned search_path; saving and restoring that setting on
+//! every call was most of what the guard cost (README, "Targets, and where the time goes").
+//!
+//! Liveness is decided here in Rust, by the same rule as `live_at!` (src/liveness.rs); a
+//! `#[pg_test]` compares the two on every kind of row.
+use crate::sessions;
+use pgrx::pg_sys;
+use pgrx::FromDatum;
+use std::ffi::CStr;
+
+/// The fence of `key`'s lease if that lease is live at `now` (microseconds, as clock::now()), in
+/// the latest committed state of the table (a fresh snapshot, not the transaction's).
+pub fn live_fence(key: &str, now: i64) -> Option<i64> {
+    // SAFETY: the relation stays open (and locked, as a SELECT would) for the scan; the snapshot is
+    // registered until the scan ends; the tuple is read before the scan ends. An error on the way
+    // aborts the transaction, which releases all three.
+    unsafe {
+        let namespace = pg_sys::get_namespace_oid(c"fence".as_ptr(), false);
+        let table = pg_sys::get_relname_relid(c"lease_state".as_ptr(), namespace);
+        let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let desc = (*rel).rd_att;
+        let columns = Columns::of(desc);
+        let key_text = pg_sys::cstring_to_text_with_len(key.as_ptr().cast(), key.len() as i32);
+        let mut scan_key: pg_sys::ScanKeyData = std::mem::zeroed();
+        // The index orders keys by the column's collation, so the search must compare by it too.
+        let collation = (*desc).attrs.as_slice((*desc).natts as usize)[columns.key].attcollation;
+        pg_sys::ScanKeyEntryInitialize(
+            &mut scan_key,
+            0,
+            (columns.key + 1) as pg_sys::AttrNumber,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::InvalidOid,
+            collation,
+            pg_sys::regproc::from(pg_sys::F_TEXTEQ),
+            pg_sys::Datum::from(key_text),
+        );
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let index = pg_sys::RelationGetPrimaryKeyIndex(rel);
+        let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut scan_key);
+        let tuple = pg_sys::systable_getnext(scan);
+        let fence = if tuple.is_null() { None } else { columns.live_fence(tuple, desc, now) };
+        pg_sys::systable_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        fence
+    }
+}
+
+/// Positions (from 0) of the columns liveness reads, found by name so that a column added by a
+/// later version cannot shift them.
+struct Columns {
+    key: usize,
+    fence: usize,
+    token_hash: usize,
+    expires_at: usize,
+    session_pid: usize,
+    session_id: usize,
+}
+
+impl Columns {
+    /// SAFETY: `desc` must be fence.lease_state's tuple descriptor.
+    unsafe fn of(desc: pg_sys::TupleDesc) -> Self {
+        let attributes = (*desc).attrs.as_slice((*desc).natts as usize);
+        let position = |name: &CStr| {
+            attributes
+                .iter()
+                .position(|a| !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()) == name)
+                .unwrap_or_else(|| panic!("fence.lease_state has no column {name:?}"))
+        };
+        Columns {
+            key: position(c"key"),
+            fence: position(c"fence"),
+            token_hash: position(c"token_hash"),
+            expires_at: position(c"expires_at"),
+            session_pid: position(c"session_pid"),
+            session_id: position(c"session_id"),
+        }
+    }
+
+    /// `live_at!` in Rust: not released, not expired at `now`, and a session-bound lease's session
+    /// still there (a half-set session pair counts as dead, as there).
+    ///
+    /// SAFETY: `tuple` must be a row of the table `desc` describes.
+    unsafe fn live_fence(&self, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc, now: i64) -> Option<i64> {
+        let natts = (*desc).natts as usize;
+        let mut values = vec![pg_sys::Datum::from(0); natts];
+        let mut nulls = vec![true; natts];
+        pg_sys::heap_deform_tuple(tuple, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        let get = |i: usize| (!nulls[i]).then_some(values[i]);
+        let released = get(self.token_hash).is_none();
+        let expires_at = get(self.expires_at).and_then(|d| i64::from_datum(d, false));
+        if released || expires_at.is_none_or(|at| at <= now) {
+            return None;
+        }
+        if let Some(id) = get(self.session_id).and_then(|d| i64::from_datum(d, false)) {
+            let pid = get(self.session_pid).and_then(|d| i32::from_datum(d, false))?;
+            if !sessions::alive(pid, id) {
+                return None;
+            }
+        }
+        get(self.fence).and_then(|d| i64::from_datum(d, false))
+    }
+}
