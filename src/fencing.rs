@@ -37,7 +37,7 @@ fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
 fn update_matching(target: Option<pg_sys::Oid>, changes: Option<JsonB>, filter: Option<JsonB>) -> i64 {
     let update = RowUpdate::new("fenced_update", target, changes.as_ref(), filter.as_ref());
     let sql = update.update_sql("", "", "1");
-    let args = [changes.into(), filter.into(), None::<i64>.into()];
+    let args = update.arguments(changes, filter, None);
     execute(&sql, &args, |rows| rows.len() as i64)
 }
 
@@ -59,7 +59,7 @@ fn write_unless_stale(
     let lock_and_check =
         update.select_sql(&format!("t.{column} OPERATOR(pg_catalog.>) $3"), "") + " FOR NO KEY UPDATE";
     let write = update.update_sql(&format!("{column} = $3"), "", "1");
-    let args = [changes.into(), filter.into(), fence.into()];
+    let args = update.arguments(changes, filter, Some(fence));
     let stale = execute(&lock_and_check, &args, |rows| {
         rows.into_iter().any(|row| row.get::<bool>(1).ok().flatten() == Some(true))
     });

@@ -28,7 +28,7 @@ fn update_versioned_row(
         &format!("t.{column} OPERATOR(pg_catalog.=) $3"),
         &format!("t.{column}::pg_catalog.int8"),
     );
-    let args = [changes.into(), filter.into(), expected.into()];
+    let args = update.arguments(changes, filter, Some(expected));
     let found: Vec<Option<i64>> =
         execute(&current, &args, |rows| rows.map(|row| row.get::<i64>(1).unwrap_or_report()).collect());
     match found.as_slice() {

@@ -344,6 +344,70 @@ mod tests {
         assert_eq!(one::<String>("SELECT status || version FROM invoices").as_deref(), Some("paid7"));
     }
 
+    /// A table with a column of every kind of type that the writes convert in Rust (src/row_update.rs)
+    /// or leave to jsonb_to_record.
+    fn kinds() {
+        run("CREATE DOMAIN positive AS int CHECK (VALUE > 0)");
+        run("CREATE DOMAIN required AS text NOT NULL");
+        run("CREATE TYPE pair AS (a int, b text)");
+        run("CREATE TABLE kinds (id int PRIMARY KEY, code varchar(5) UNIQUE, n numeric, big numeric,
+                                 short varchar(5), fixed char(3), flag boolean, at timestamptz, span int4range,
+                                 ids int[], doc jsonb, raw json, note text, number_note text, p positive,
+                                 r required DEFAULT 'r', two pair)");
+        run("INSERT INTO kinds (id, code) VALUES (1, 'one'), (2, 'two')");
+    }
+
+    #[pg_test]
+    fn fenced_writes_convert_every_kind_of_value_as_jsonb_populate_record_does() {
+        kinds();
+        let changes = r#"'{"n": 1.50, "big": 123456789012345678901234567890.000, "short": "abc", "fixed": "x",
+                           "flag": true, "at": "2026-01-01 12:00:00+00", "span": "[1,5)", "ids": [1, 2],
+                           "doc": {"x": [1, 2]}, "raw": "text", "note": {"k": [1, 2]}, "number_note": 1e3,
+                           "p": "7", "r": "set", "two": {"a": 1, "b": "x"}}'::jsonb"#;
+        let updated =
+            format!("SELECT fence.update_matching('kinds'::regclass, {changes}, '{{\"code\": \"two\"}}')");
+        assert_eq!(one::<i64>(&updated), Some(1));
+        let expected = format!("SELECT jsonb_populate_record(k, {changes})::text FROM kinds k WHERE id = 2");
+        let expected = one::<String>(&expected).unwrap();
+        assert!(expected.contains("1.50") && expected.contains("\"{\"\"k\"\": [1, 2]}\""), "{expected}");
+        let written = one::<String>("SELECT k::text FROM kinds k WHERE id = 2").unwrap();
+        assert_eq!(written, expected);
+        let untouched = one::<String>("SELECT k::text FROM kinds k WHERE id = 1").unwrap();
+        assert_eq!(untouched, "(1,one,,,,,,,,,,,,,,r,)");
+    }
+
+    #[pg_test(error = "value too long for type character varying(5)")]
+    fn fenced_writes_check_a_columns_typmod() {
+        kinds();
+        run("SELECT fence.update_matching('kinds'::regclass, '{\"short\": \"toolong\"}', '{\"id\": 1}')");
+    }
+
+    #[pg_test(error = "value too long for type character varying(5)")]
+    fn fenced_writes_check_a_filter_columns_typmod() {
+        kinds();
+        run(
+            "SELECT fence.update_matching('kinds'::regclass, '{\"note\": \"x\"}', '{\"code\": \"toolong\"}')",
+        );
+    }
+
+    #[pg_test(error = "domain required does not allow null values")]
+    fn fenced_writes_check_a_domains_not_null() {
+        kinds();
+        run("SELECT fence.update_matching('kinds'::regclass, '{\"r\": null}', '{\"id\": 1}')");
+    }
+
+    #[pg_test(error = "value for domain positive violates check constraint \"positive_check\"")]
+    fn fenced_writes_check_a_domains_constraint() {
+        kinds();
+        run("SELECT fence.update_matching('kinds'::regclass, '{\"p\": -1}', '{\"id\": 1}')");
+    }
+
+    #[pg_test(error = "invalid input syntax for type integer: \"one\"")]
+    fn fenced_writes_refuse_a_value_not_of_the_columns_type() {
+        kinds();
+        run("SELECT fence.update_matching('kinds'::regclass, '{\"note\": \"x\"}', '{\"id\": \"one\"}')");
+    }
+
     #[pg_test(error = "column \"stat us\" of public.invoices does not exist")]
     fn fenced_update_refuses_unknown_columns() {
         invoices();

@@ -1,20 +1,32 @@
 //! "UPDATE target SET <changes> WHERE <filter>" for the fenced and versioned writes, built from the
-//! caller's jsonb. Column names are checked against the table and always quoted; values are converted
-//! by jsonb_to_record with the columns' own types, exactly as PostgreSQL turns JSON into a row (only
-//! the named columns: a NOT NULL domain on another column must not get in the way). Statements run
-//! with the caller's privileges, so table grants and row-level security apply.
+//! caller's jsonb. Column names are checked against the table and always quoted. Values become what
+//! jsonb_to_record would make of them with the columns' own types, exactly as PostgreSQL turns JSON
+//! into a row (only the named columns: a NOT NULL domain on another column must not get in the
+//! way). Statements run with the caller's privileges, so table grants and row-level security apply.
 //!
-//! In every statement built here, $1 is `changes`, $2 is `filter` (both jsonb) and $3 a bigint
-//! (the fence or the expected version).
+//! A JSON string, number, boolean or null bound for a column of a scalar type (anything but an
+//! array, a composite, json or jsonb, or a domain over one) is converted here, before the statement
+//! runs, by the same steps jsonb_to_record takes (the value's text, then the type's input function
+//! with the column's typmod), and passed as a parameter of the column's type. Every other value goes
+//! through jsonb_to_record inside the statement. Converting up front spares the statement a
+//! function scan per jsonb argument, and lets a filter compare `column = $n` directly.
+//!
+//! In every statement built here, $1 is `changes`, $2 is `filter` (both jsonb), $3 a bigint (the
+//! fence or the expected version), and $4 onwards the converted values (`RowUpdate::arguments`).
 //!
 //! The statements run with the caller's search_path, so every name in them is schema-qualified,
 //! operators included (`OPERATOR(pg_catalog.>)`, and for a filter column the equality operator of
 //! its type's default operator class, as foreign keys use): a look-alike operator earlier on the
 //! search_path must not decide which rows are written.
 use crate::{errors, input};
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::JsonB;
+use serde_json::Value;
 use std::ffi::{CStr, CString};
+
+/// The number of the first converted value's parameter.
+const FIRST_VALUE: usize = 4;
 
 pub struct RowUpdate {
     /// The table, schema-qualified and quoted.
@@ -22,14 +34,30 @@ pub struct RowUpdate {
     relid: pg_sys::Oid,
     changes: Vec<Column>,
     filter: Vec<Column>,
+    /// The converted values, in parameter order from $4: type, and datum (None for NULL).
+    values: Vec<(pg_sys::Oid, Option<pg_sys::Datum>)>,
 }
 
-/// A column named by the caller: its quoted name, its type (schema-qualified, with typmod), and for
-/// a filter column its type's equality operator, as `OPERATOR(schema.=)`.
+/// A column named by the caller: its quoted name, its type (schema-qualified, with typmod), for a
+/// filter column its type's equality operator, as `OPERATOR(schema.=)`, and where its value is.
 struct Column {
     name: String,
     sql_type: String,
     equals: String,
+    value: Source,
+}
+
+impl Column {
+    fn from_record(&self) -> bool {
+        matches!(self.value, Source::Record)
+    }
+}
+
+enum Source {
+    /// `$n::type`, a value converted before the statement runs.
+    Parameter(String),
+    /// The column of jsonb_to_record's row.
+    Record,
 }
 
 impl RowUpdate {
@@ -46,7 +74,56 @@ impl RowUpdate {
         let table = table_name(function, relid);
         let changes = columns(relid, &table, "changes", changes, Nulls::Allowed);
         let filter = columns(relid, &table, "filter", filter, Nulls::Refused);
-        RowUpdate { table, relid, changes, filter }
+        let mut update =
+            RowUpdate { table, relid, changes: Vec::new(), filter: Vec::new(), values: Vec::new() };
+        // Converted only once every name is known good, in parameter order.
+        update.changes = changes.into_iter().map(|c| update.column(c)).collect();
+        update.filter = filter.into_iter().map(|c| update.column(c)).collect();
+        update
+    }
+
+    /// The statement's arguments: `changes`, `filter` and `third` for $1 to $3, then the converted
+    /// values. A jsonb argument that no column reads is passed as NULL: turning it back into a
+    /// jsonb datum (pgrx goes through text) would be wasted.
+    pub fn arguments<'a>(
+        &self,
+        changes: Option<JsonB>,
+        filter: Option<JsonB>,
+        third: Option<i64>,
+    ) -> Vec<DatumWithOid<'a>> {
+        let read = |columns: &[Column], json: Option<JsonB>| match columns.iter().any(Column::from_record) {
+            true => json.into(),
+            false => DatumWithOid::null::<JsonB>(),
+        };
+        let fixed = [read(&self.changes, changes), read(&self.filter, filter), third.into()];
+        let values = self.values.iter().map(|&(type_oid, datum)| match datum {
+            // SAFETY: a datum of that type, made by its input function in the calling function's
+            // memory context, which outlives the statement.
+            Some(datum) => unsafe { DatumWithOid::new(datum, type_oid) },
+            None => DatumWithOid::null_oid(type_oid),
+        });
+        fixed.into_iter().chain(values).collect()
+    }
+
+    /// Converts the value now when it can (see the module comment), or leaves it to jsonb_to_record.
+    fn column(&mut self, named: Named) -> Column {
+        let Named { name, sql_type, equals, value, type_oid, typmod } = named;
+        let text = match value {
+            Value::Null => None,
+            Value::String(text) => Some(text),
+            Value::Bool(value) => Some(value.to_string()),
+            // Exactly the jsonb number's text: serde_json keeps it (feature arbitrary_precision).
+            Value::Number(number) => Some(number.to_string()),
+            Value::Array(_) | Value::Object(_) => {
+                return Column { name, sql_type, equals, value: Source::Record }
+            }
+        };
+        if !converted_by_input_function(type_oid) {
+            return Column { name, sql_type, equals, value: Source::Record };
+        }
+        self.values.push((type_oid, input_function_call(type_oid, typmod, text)));
+        let parameter = format!("${}::{}", FIRST_VALUE + self.values.len() - 1, format_type(type_oid, None));
+        Column { name, sql_type, equals, value: Source::Parameter(parameter) }
     }
 
     /// A column named by the caller outside the jsonb (fence_column, version_column): it must exist
@@ -79,15 +156,24 @@ impl RowUpdate {
 
     /// `UPDATE table AS t SET <changes>[, extra_set] WHERE <filter>[ AND extra_where] RETURNING returning`
     pub fn update_sql(&self, extra_set: &str, extra_where: &str, returning: &str) -> String {
-        let columns = names(&self.changes, "");
-        let values = names(&self.changes, "c.");
-        let mut set = format!("({columns}) = (SELECT {values} FROM {})", record(&self.changes, "$1", "c"));
+        let from_record: Vec<&Column> = self.changes.iter().filter(|c| c.from_record()).collect();
+        let mut set: Vec<String> = Vec::new();
+        if !from_record.is_empty() {
+            let columns = names(&from_record, "");
+            let values = names(&from_record, "c.");
+            set.push(format!("({columns}) = (SELECT {values} FROM {})", record(&from_record, "$1", "c")));
+        }
+        set.extend(self.changes.iter().filter_map(|c| match &c.value {
+            Source::Parameter(parameter) => Some(format!("{} = {parameter}", c.name)),
+            Source::Record => None,
+        }));
         if !extra_set.is_empty() {
-            set = format!("{set}, {extra_set}");
+            set.push(extra_set.to_string());
         }
         format!(
-            "UPDATE {} AS t SET {set} WHERE {} RETURNING {returning}",
+            "UPDATE {} AS t SET {} WHERE {} RETURNING {returning}",
             self.table,
+            set.join(", "),
             self.where_sql(extra_where)
         )
     }
@@ -97,14 +183,18 @@ impl RowUpdate {
         format!("SELECT {what} FROM {} AS t WHERE {}", self.table, self.where_sql(extra_where))
     }
 
-    /// Each filter column equals its value, taken from a sub-select the planner runs once (an
-    /// InitPlan), so `column = value` stays an index condition.
+    /// Each filter column equals its value: a parameter, or a sub-select of jsonb_to_record's row
+    /// that the planner runs once (an InitPlan). Either way `column = value` is an index condition.
     fn where_sql(&self, extra: &str) -> String {
-        let record = record(&self.filter, "$2", "f");
+        let from_record: Vec<&Column> = self.filter.iter().filter(|c| c.from_record()).collect();
+        let record = record(&from_record, "$2", "f");
         let mut conditions: Vec<String> = self
             .filter
             .iter()
-            .map(|c| format!("t.{} {} (SELECT f.{} FROM {record})", c.name, c.equals, c.name))
+            .map(|c| match &c.value {
+                Source::Parameter(parameter) => format!("t.{} {} {parameter}", c.name, c.equals),
+                Source::Record => format!("t.{} {} (SELECT f.{} FROM {record})", c.name, c.equals, c.name),
+            })
             .collect();
         if !extra.is_empty() {
             conditions.push(extra.to_string());
@@ -113,12 +203,12 @@ impl RowUpdate {
     }
 }
 
-fn names(columns: &[Column], prefix: &str) -> String {
+fn names(columns: &[&Column], prefix: &str) -> String {
     columns.iter().map(|c| format!("{prefix}{}", c.name)).collect::<Vec<_>>().join(", ")
 }
 
 /// `pg_catalog.jsonb_to_record($n) AS alias("a" type, "b" type)`
-fn record(columns: &[Column], parameter: &str, alias: &str) -> String {
+fn record(columns: &[&Column], parameter: &str, alias: &str) -> String {
     let definitions =
         columns.iter().map(|c| format!("{} {}", c.name, c.sql_type)).collect::<Vec<_>>().join(", ");
     format!("pg_catalog.jsonb_to_record({parameter}) AS {alias}({definitions})")
@@ -160,6 +250,16 @@ fn table_name(function: &str, relid: pg_sys::Oid) -> String {
     format!("{}.{}", quote(&schema), quote(&name))
 }
 
+/// A key of the caller's object, checked to be a column of the table, with its value.
+struct Named {
+    name: String,
+    sql_type: String,
+    equals: String,
+    value: Value,
+    type_oid: pg_sys::Oid,
+    typmod: i32,
+}
+
 /// The object's keys as columns of the table, each checked to exist.
 fn columns(
     relid: pg_sys::Oid,
@@ -167,7 +267,7 @@ fn columns(
     argument: &str,
     object: Option<&JsonB>,
     nulls: Nulls,
-) -> Vec<Column> {
+) -> Vec<Named> {
     let object = input::required(object, argument);
     let Some(map) = object.0.as_object() else {
         errors::invalid_argument(
@@ -190,22 +290,64 @@ fn columns(
                     "Filter values are compared with =, which never matches NULL.",
                 );
             }
-            let (sql_type, type_oid) = column_type(relid, attnum);
+            let (type_oid, typmod) = column_type(relid, attnum);
             let equals =
                 if nulls == Nulls::Refused { equality_operator(type_oid, column) } else { String::new() };
-            Column { name: quote(column), sql_type, equals }
+            let sql_type = format_type(type_oid, Some(typmod));
+            Named { name: quote(column), sql_type, equals, value: value.clone(), type_oid, typmod }
         })
         .collect()
 }
 
-/// The column's type as SQL, schema-qualified whatever the search_path, with its typmod; and its OID.
-fn column_type(relid: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> (String, pg_sys::Oid) {
+/// The column's type and typmod.
+fn column_type(relid: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> (pg_sys::Oid, i32) {
     let (mut type_oid, mut typmod, mut collation) = (pg_sys::InvalidOid, -1, pg_sys::InvalidOid);
-    // SAFETY: syscache lookups of an existing column; format_type returns a palloc'd string.
+    // SAFETY: syscache lookup of an existing column.
+    unsafe { pg_sys::get_atttypetypmodcoll(relid, attnum, &mut type_oid, &mut typmod, &mut collation) };
+    (type_oid, typmod)
+}
+
+/// The type as SQL, schema-qualified whatever the search_path, with the typmod if one is given.
+fn format_type(type_oid: pg_sys::Oid, typmod: Option<i32>) -> String {
+    let flags = match typmod {
+        Some(_) => pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_FORCE_QUALIFY,
+        None => pg_sys::FORMAT_TYPE_FORCE_QUALIFY,
+    };
+    // SAFETY: format_type_extended returns a palloc'd string (or "???" for an unknown type).
+    unsafe { cstr(pg_sys::format_type_extended(type_oid, typmod.unwrap_or(-1), flags as u16)) }
+}
+
+/// Whether jsonb_to_record converts a JSON scalar into this type with the type's input function:
+/// every type but arrays, composites, json and jsonb (which it builds from JSON structure, or
+/// keeps as JSON), and domains over those. (A domain's input function checks its constraints,
+/// as jsonb_to_record does.)
+fn converted_by_input_function(type_oid: pg_sys::Oid) -> bool {
+    // SAFETY: type cache and syscache lookups.
     unsafe {
-        pg_sys::get_atttypetypmodcoll(relid, attnum, &mut type_oid, &mut typmod, &mut collation);
-        let flags = pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_FORCE_QUALIFY;
-        (cstr(pg_sys::format_type_extended(type_oid, typmod, flags as u16)), type_oid)
+        let base = pg_sys::getBaseType(type_oid);
+        base != pg_sys::JSONOID
+            && base != pg_sys::JSONBOID
+            && !pg_sys::type_is_rowtype(base)
+            && pg_sys::get_element_type(base) == pg_sys::InvalidOid
+    }
+}
+
+/// The type's input function applied to `text` with `typmod`, as jsonb_to_record applies it: SQL
+/// NULL stays NULL, except that a domain's input function sees it, to check NOT NULL.
+fn input_function_call(type_oid: pg_sys::Oid, typmod: i32, text: Option<String>) -> Option<pg_sys::Datum> {
+    // SAFETY: syscache lookup; the input function gets a NUL-terminated string or NULL, and raises
+    // an ordinary SQL error (22P02, 22001, 23502, ...) for a value that is not of the type.
+    unsafe {
+        let is_domain = pg_sys::get_typtype(type_oid) == pg_sys::TYPTYPE_DOMAIN as std::ffi::c_char;
+        if text.is_none() && !is_domain {
+            return None;
+        }
+        let (mut function, mut io_parameter) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+        pg_sys::getTypeInputInfo(type_oid, &mut function, &mut io_parameter);
+        let text = text.map(|t| CString::new(t).expect("jsonb strings hold no NUL"));
+        let pointer = text.as_ref().map_or(std::ptr::null_mut(), |t| t.as_ptr().cast_mut());
+        let datum = pg_sys::OidInputFunctionCall(function, pointer, io_parameter, typmod);
+        text.is_some().then_some(datum)
     }
 }
 
