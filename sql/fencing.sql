@@ -1,53 +1,22 @@
--- Fenced writes: one-line SQL functions over the Rust cores in src/fencing.rs (see sql/leases.sql
--- for why), raising pg_fence's stale-fence error PF002. They run with the caller's privileges, so
--- table grants and row-level security apply to the writes as to any UPDATE the caller makes; only
--- the cores that read the lease table are SECURITY DEFINER.
-
-CREATE FUNCTION fence.raise_stale_fence(key text, fence bigint, result anyelement)
-RETURNS anyelement
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RAISE EXCEPTION 'fence % is stale for key "%"', fence, key
-        USING ERRCODE = 'PF002',
-              DETAIL = 'The key''s live lease has another fence, or no lease on it is live.',
-              HINT = 'Another holder took over, or the lease expired: stop writing, and acquire the key again.';
-END
-$$;
+-- Fenced writes. The cores (fence_holds, update_matching, write_unless_stale) are pgrx functions in
+-- src/fencing.rs; the public functions below are C entry points over them that raise pg_fence's
+-- stale-fence error PF002 when a core answers "no" (src/own_errors.rs explains why they are not SQL
+-- shells). None is SECURITY DEFINER: the writes run with the caller's privileges, so table grants and
+-- row-level security apply to them as to any UPDATE the caller makes, and the guard reads the lease
+-- row without needing any (src/lease_row.rs).
 
 CREATE FUNCTION fence.fence_guard(key text, fence bigint)
 RETURNS boolean
-LANGUAGE sql VOLATILE
-AS $$ SELECT CASE WHEN fence.fence_holds(key, fence) THEN true ELSE fence.raise_stale_fence(key, fence, true) END $$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'pg_fence_fence_guard';
 
--- The guard runs first (CASE evaluates its condition first), then the UPDATE, as the caller.
+-- The guard runs first, then the UPDATE, as the caller.
 CREATE FUNCTION fence.fenced_update(key text, fence bigint, target regclass, changes jsonb, filter jsonb)
 RETURNS bigint
-LANGUAGE sql VOLATILE
-AS $$
-    SELECT CASE WHEN fence.fence_holds(key, fence) THEN fence.update_matching(target::pg_catalog.oid, changes, filter)
-                ELSE fence.raise_stale_fence(key, fence, 0::bigint) END
-$$;
-
-CREATE FUNCTION fence.raise_stale_write(target regclass, fence_column name, fence bigint, filter jsonb)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    RAISE EXCEPTION 'fence % is stale for % in %', fence, filter, target
-        USING ERRCODE = 'PF002',
-              DETAIL = format('A row matching the filter already holds a higher %I.', fence_column),
-              HINT = 'A writer with a newer fence got there first: stop, and do not retry with this fence.';
-END
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'pg_fence_fenced_update';
 
 CREATE FUNCTION fence.fenced_write(target regclass, fence_column name, fence bigint, changes jsonb, filter jsonb)
 RETURNS bigint
-LANGUAGE sql VOLATILE
-AS $$
-    SELECT coalesce(fence.write_unless_stale(target::pg_catalog.oid, fence_column::pg_catalog.text, fence,
-                                             changes, filter),
-                    fence.raise_stale_write(target, fence_column, fence, filter))
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'pg_fence_fenced_write';

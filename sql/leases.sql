@@ -1,7 +1,8 @@
--- lease_renew. Like every public function that can fail with one of pg_fence's own SQLSTATEs, it is
--- a one-line SQL function over a Rust core that answers NULL for "no": pgrx can raise only the
--- SQLSTATEs of its closed PgSqlErrorCode enum (any other becomes XX000), PL/pgSQL can raise any.
--- Being plain SQL, PostgreSQL inlines it into the calling query: the shell costs nothing per call.
+-- lease_renew: a one-line SQL function over a Rust core that answers NULL for "no", raising PF001
+-- through PL/pgSQL (pgrx can raise only the SQLSTATEs of its closed PgSqlErrorCode enum; any other
+-- becomes XX000). PostgreSQL inlines the shell into the calling query. The fenced writes raise their
+-- PF002 from Rust instead (src/own_errors.rs), which lease_renew cannot: its core is SECURITY
+-- DEFINER, and only a call through fmgr switches the user.
 
 CREATE FUNCTION fence.raise_lease_lost(key text)
 RETURNS timestamptz

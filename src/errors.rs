@@ -11,7 +11,8 @@
 //! - 40001 serialization_failure: versioned_update found another version (retry).
 //! - P0002 no_data_found, 21000 cardinality_violation: versioned_update matched no row, or several.
 //!
-//! pg_fence's own codes (class PF) are raised by the SQL shells in sql/:
+//! pg_fence's own codes (class PF): PF001 by lease_renew's SQL shell (sql/leases.sql), PF002 by the
+//! fenced writes' C entry points (src/own_errors.rs):
 //! - PF001 lease_lost: renew with a token that is not the live holder's.
 //! - PF002 stale_fence: a write under a fence that is no longer the key's live one.
 use pgrx::pg_sys::panic::ErrorReport;

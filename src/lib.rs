@@ -17,8 +17,11 @@
 //! - `sweeper`: fence.sweep(), which marks expired leases free; `worker`: the background worker
 //!   that calls it.
 //! - `settings`: the `pg_fence.*` GUCs; `spi_plans`: statements prepared once per backend.
+//! - `own_errors`: raising pg_fence's own SQLSTATEs (class PF) from Rust, for the fenced writes.
+//! - `lease_row`: a key's lease row read from its index without a statement, for the guard.
 //! - `sql/`: the tables, types and views (schema.sql), and per concept the public functions written
-//!   in SQL: shells that raise pg_fence's own SQLSTATEs, and the versioning trigger.
+//!   in SQL (lease_renew's shell, which raises PF001, and the versioning trigger) or declared over
+//!   C entry points (the fenced writes).
 use pgrx::prelude::*;
 
 #[macro_use]
@@ -32,6 +35,7 @@ mod fencing;
 mod input;
 mod keylock;
 mod lease_row;
+mod own_errors;
 mod leases;
 mod notify;
 mod occ;

@@ -234,8 +234,14 @@ fn table_name(function: &str, relid: pg_sys::Oid) -> String {
     }
     // SAFETY: the lock the UPDATE would take anyway; after it, the names cannot change under us.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
-    // SAFETY: syscache lookups, checked for NULL (the table may have been dropped before the lock).
-    let (name, schema) = unsafe {
+    // The table may have been dropped before the lock.
+    qualified_name(relid).unwrap_or_else(|| errors::undefined_table(relid))
+}
+
+/// The relation's name, schema-qualified and quoted; None when the OID names no relation.
+pub fn qualified_name(relid: pg_sys::Oid) -> Option<String> {
+    // SAFETY: syscache lookups, checked for NULL.
+    unsafe {
         let name = pg_sys::get_rel_name(relid);
         let schema = if name.is_null() {
             std::ptr::null_mut()
@@ -243,11 +249,10 @@ fn table_name(function: &str, relid: pg_sys::Oid) -> String {
             pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid))
         };
         if name.is_null() || schema.is_null() {
-            errors::undefined_table(relid);
+            return None;
         }
-        (cstr(name), cstr(schema))
-    };
-    format!("{}.{}", quote(&schema), quote(&name))
+        Some(format!("{}.{}", quote(&cstr(schema)), quote(&cstr(name))))
+    }
 }
 
 /// A key of the caller's object, checked to be a column of the table, with its value.

@@ -354,13 +354,9 @@ INSERT INTO cases (block, expr) SELECT 'args', expr FROM (VALUES
     ($$fence.holder_alive(0, 0)$$),
     ($$fence.holder_alive(2147483647, 9223372036854775807)$$),
     ($$fence.holder_alive(pg_backend_pid(), 0)$$),
-    -- the helpers behind the SQL shells, executable by PUBLIC: they only ever raise
+    -- the helper behind lease_renew's SQL shell, executable by PUBLIC: it only ever raises
     ($$fence.raise_lease_lost(NULL)$$),
     ($$fence.raise_lease_lost('held')$$),
-    ($$fence.raise_stale_fence(NULL, NULL, NULL::int)$$),
-    ($$fence.raise_stale_fence('held', 1, true)$$),
-    ($$fence.raise_stale_write(NULL, NULL, NULL, NULL)$$),
-    ($$fence.raise_stale_write('target', 'fence', 1, '{"id": 1}')$$),
     -- the versioning trigger functions, called directly
     ($$fence.check_version()$$),
     ($$fence.bump_version()$$)

@@ -99,10 +99,11 @@ SELECT call, try(replace(call, '@fence@', :'ledger_fence')) AS outcome FROM (VAL
 RESET ROLE;
 SELECT * FROM ledger ORDER BY id;
 
--- search_path attacks. The SQL shells (lease_renew, fence_guard, fenced_update, fenced_write,
--- versioned_update) are LANGUAGE sql without SET search_path, so that PostgreSQL inlines them; they
--- are parsed with the caller's search_path, and only their schema-qualified names keep them on
--- pg_fence's objects. Role fence_mallory plants look-alikes of the names that the shells and
+-- search_path attacks. The SQL shells (lease_renew, versioned_update) are LANGUAGE sql without SET
+-- search_path, so that PostgreSQL inlines them; they are parsed with the caller's search_path, and
+-- only their schema-qualified names keep them on pg_fence's objects. (fence_guard, fenced_update and
+-- fenced_write were shells too until 0.3.0; the look-alikes of what they called stay, and must still
+-- change nothing.) Role fence_mallory plants look-alikes of the names that the shells and
 -- pg_fence's statements use, puts them on its search_path in three ways, and runs the same calls as
 -- with the default search_path: each call's outcome, and what it leaves behind, must be the same.
 CREATE ROLE fence_mallory LOGIN;
