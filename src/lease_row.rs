@@ -20,6 +20,9 @@ pub fn live_fence(key: &str, now: i64) -> Option<i64> {
     unsafe {
         let namespace = pg_sys::get_namespace_oid(c"fence".as_ptr(), false);
         let table = pg_sys::get_relname_relid(c"lease_state".as_ptr(), namespace);
+        if table == pg_sys::InvalidOid {
+            pgrx::error!("table fence.lease_state is missing: reinstall pg_fence");
+        }
         let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let desc = (*rel).rd_att;
         let columns = Columns::of(desc);
@@ -39,6 +42,9 @@ pub fn live_fence(key: &str, now: i64) -> Option<i64> {
         );
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let index = pg_sys::RelationGetPrimaryKeyIndex(rel);
+        if index == pg_sys::InvalidOid {
+            pgrx::error!("table fence.lease_state has lost its primary key: reinstall pg_fence");
+        }
         let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut scan_key);
         let tuple = pg_sys::systable_getnext(scan);
         let fence = if tuple.is_null() { None } else { columns.live_fence(tuple, desc, now) };
@@ -81,7 +87,8 @@ impl Columns {
     }
 
     /// `live_at!` in Rust: not released, not expired at `now`, and a session-bound lease's session
-    /// still there (a half-set session pair counts as dead, as there).
+    /// still there. As there, a row with a session id but no pid is dead, and one with a pid but no
+    /// session id is a plain lease.
     ///
     /// SAFETY: `tuple` must be a row of the table `desc` describes.
     unsafe fn live_fence(&self, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc, now: i64) -> Option<i64> {

@@ -9,7 +9,11 @@
 //! wrapper, which answers "no" as NULL or false and raises its ordinary errors itself, and on "no"
 //! calls PostgreSQL's ereport functions directly, as pgrx does for its own errors. ereport at ERROR
 //! leaves by longjmp, skipping Rust destructors; so the entry point and `raise` hold nothing that has
-//! one (the message is built first, by a function that returns only a palloc'd C string).
+//! one (the message is built first, under pgrx's guard, into palloc'd C strings).
+//!
+//! Calling a core directly skips the function-call layer for the core itself: its EXECUTE grant,
+//! SECURITY DEFINER and SET clauses do not apply (the cores used so are plain caller-rights
+//! functions), so access is controlled on the public functions.
 //!
 //! A core that is SECURITY DEFINER (lease_renew's) cannot be called this way: only a call through
 //! fmgr switches the user. lease_renew stays a SQL shell.
@@ -41,7 +45,9 @@ macro_rules! entry_point {
             if !refused(answer, (*fcinfo).isnull) {
                 return answer;
             }
-            let message = $message(fcinfo);
+            // Built under pgrx's guard, so that an error while building it (out of memory, say) is
+            // raised as any other; then raised with nothing that has a destructor on the stack.
+            let message = pgrx::pgrx_extern_c_guard(|| $message(fcinfo));
             $crate::own_errors::raise(message)
         }
     };

@@ -311,9 +311,10 @@ mod tests {
                ('expired',  5, 'o', '\\x00', now(), clock_timestamp() - interval '1 h', NULL, NULL),
                ('released', 5, 'o', NULL,    now(), clock_timestamp() + interval '1 h', NULL, NULL),
                ('gone',     5, 'o', '\\x00', now(), clock_timestamp() + interval '1 h', pg_backend_pid(), 12345),
-               ('half-set', 5, 'o', '\\x00', now(), clock_timestamp() + interval '1 h', NULL, 12345)");
-        let live = ["plain", "bound"];
-        for key in ["plain", "bound", "expired", "released", "gone", "half-set", "absent"] {
+               ('half-set', 5, 'o', '\\x00', now(), clock_timestamp() + interval '1 h', NULL, 12345),
+               ('pid-only', 5, 'o', '\\x00', now(), clock_timestamp() + interval '1 h', pg_backend_pid(), NULL)");
+        let live = ["plain", "bound", "pid-only"];
+        for key in ["plain", "bound", "expired", "released", "gone", "half-set", "pid-only", "absent"] {
             let by_view =
                 one::<i64>(&format!("SELECT (SELECT fence FROM fence.leases WHERE key = '{key}' AND live)"));
             let by_guard = crate::lease_row::live_fence(key, crate::clock::now());
@@ -353,27 +354,66 @@ mod tests {
         run("CREATE TABLE kinds (id int PRIMARY KEY, code varchar(5) UNIQUE, n numeric, big numeric,
                                  short varchar(5), fixed char(3), flag boolean, at timestamptz, span int4range,
                                  ids int[], doc jsonb, raw json, note text, number_note text, p positive,
-                                 r required DEFAULT 'r', two pair)");
-        run("INSERT INTO kinds (id, code) VALUES (1, 'one'), (2, 'two')");
+                                 r required DEFAULT 'r', two pair, bits bit(8), tag char(3) UNIQUE)");
+        run("INSERT INTO kinds (id, code, tag) VALUES (1, 'one', 'a'), (2, 'two', 'abc')");
     }
 
     #[pg_test]
     fn fenced_writes_convert_every_kind_of_value_as_jsonb_populate_record_does() {
         kinds();
-        let changes = r#"'{"n": 1.50, "big": 123456789012345678901234567890.000, "short": "abc", "fixed": "x",
+        let changes = r#"'{"n": 1.50, "big": 123456789012345678901234567890.000, "short": "abc", "fixed": "xyz",
                            "flag": true, "at": "2026-01-01 12:00:00+00", "span": "[1,5)", "ids": [1, 2],
                            "doc": {"x": [1, 2]}, "raw": "text", "note": {"k": [1, 2]}, "number_note": 1e3,
-                           "p": "7", "r": "set", "two": {"a": 1, "b": "x"}}'::jsonb"#;
+                           "p": "7", "r": "set", "two": {"a": 1, "b": "x"}, "bits": "10101010"}'::jsonb"#;
         let updated =
             format!("SELECT fence.update_matching('kinds'::regclass, {changes}, '{{\"code\": \"two\"}}')");
         assert_eq!(one::<i64>(&updated), Some(1));
         let expected = format!("SELECT jsonb_populate_record(k, {changes})::text FROM kinds k WHERE id = 2");
         let expected = one::<String>(&expected).unwrap();
-        assert!(expected.contains("1.50") && expected.contains("\"{\"\"k\"\": [1, 2]}\""), "{expected}");
+        let telling = ["1.50", "\"{\"\"k\"\": [1, 2]}\"", "xyz", "10101010"];
+        assert!(telling.iter().all(|t| expected.contains(t)), "{expected}");
         let written = one::<String>("SELECT k::text FROM kinds k WHERE id = 2").unwrap();
         assert_eq!(written, expected);
         let untouched = one::<String>("SELECT k::text FROM kinds k WHERE id = 1").unwrap();
-        assert_eq!(untouched, "(1,one,,,,,,,,,,,,,,r,)");
+        assert_eq!(untouched, "(1,one,,,,,,,,,,,,,,r,,,\"a  \")");
+    }
+
+    /// A migration may replace a column's type by a new one of the same name: the statement's text
+    /// stays the same, its parameter's type does not, and the plan kept for the old type must not
+    /// be used.
+    #[pg_test]
+    fn fenced_writes_follow_a_column_type_made_anew_under_the_same_name() {
+        run("CREATE TYPE mood AS ENUM ('ok', 'bad')");
+        run("CREATE TABLE moods (id int PRIMARY KEY, m mood)");
+        run("INSERT INTO moods VALUES (1, 'ok')");
+        let write = |m: &str| {
+            one::<i64>(&format!(
+                "SELECT fence.update_matching('moods'::regclass, '{{\"m\": \"{m}\"}}', '{{\"id\": 1}}')"
+            ))
+        };
+        assert_eq!(write("bad"), Some(1));
+        run("ALTER TYPE mood RENAME TO mood_old");
+        run("CREATE TYPE mood AS ENUM ('ok', 'bad', 'worse')");
+        run("ALTER TABLE moods ALTER m TYPE mood USING m::text::mood");
+        run("DROP TYPE mood_old");
+        assert_eq!(write("worse"), Some(1));
+        assert_eq!(one::<String>("SELECT m::text FROM moods").as_deref(), Some("worse"));
+    }
+
+    /// char(n) ignores trailing blanks when comparing: a filter value cut short would match another
+    /// row. Likewise bit(n) must keep its length.
+    #[pg_test]
+    fn fenced_writes_filter_on_char_and_bit_columns_by_their_full_value() {
+        kinds();
+        run("UPDATE kinds SET bits = B'11110000' WHERE id = 1");
+        run("UPDATE kinds SET bits = B'11111111' WHERE id = 2");
+        let by_tag =
+            "SELECT fence.update_matching('kinds'::regclass, '{\"note\": \"tag\"}', '{\"tag\": \"abc\"}')";
+        assert_eq!(one::<i64>(by_tag), Some(1));
+        let by_bits = "SELECT fence.update_matching('kinds'::regclass, '{\"note\": \"bits\"}', '{\"bits\": \"11110000\"}')";
+        assert_eq!(one::<i64>(by_bits), Some(1));
+        let notes = one::<String>("SELECT string_agg(id || ':' || note, ',' ORDER BY id) FROM kinds");
+        assert_eq!(notes.as_deref(), Some("1:bits,2:tag"));
     }
 
     #[pg_test(error = "value too long for type character varying(5)")]

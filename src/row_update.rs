@@ -54,7 +54,7 @@ impl Column {
 }
 
 enum Source {
-    /// `$n::type`, a value converted before the statement runs.
+    /// `$n`, a value converted before the statement runs, of the column's type.
     Parameter(String),
     /// The column of jsonb_to_record's row.
     Record,
@@ -122,7 +122,9 @@ impl RowUpdate {
             return Column { name, sql_type, equals, value: Source::Record };
         }
         self.values.push((type_oid, input_function_call(type_oid, typmod, text)));
-        let parameter = format!("${}::{}", FIRST_VALUE + self.values.len() - 1, format_type(type_oid, None));
+        // No cast: the parameter's declared type is the column's (spi_plans keys plans by it), and a
+        // cast without the typmod would mean length 1 for char(n) and bit(n).
+        let parameter = format!("${}", FIRST_VALUE + self.values.len() - 1);
         Column { name, sql_type, equals, value: Source::Parameter(parameter) }
     }
 
@@ -298,7 +300,7 @@ fn columns(
             let (type_oid, typmod) = column_type(relid, attnum);
             let equals =
                 if nulls == Nulls::Refused { equality_operator(type_oid, column) } else { String::new() };
-            let sql_type = format_type(type_oid, Some(typmod));
+            let sql_type = format_type(type_oid, typmod);
             Named { name: quote(column), sql_type, equals, value: value.clone(), type_oid, typmod }
         })
         .collect()
@@ -312,14 +314,11 @@ fn column_type(relid: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> (pg_sys::Oid, 
     (type_oid, typmod)
 }
 
-/// The type as SQL, schema-qualified whatever the search_path, with the typmod if one is given.
-fn format_type(type_oid: pg_sys::Oid, typmod: Option<i32>) -> String {
-    let flags = match typmod {
-        Some(_) => pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_FORCE_QUALIFY,
-        None => pg_sys::FORMAT_TYPE_FORCE_QUALIFY,
-    };
+/// The type as SQL, schema-qualified whatever the search_path, with its typmod.
+fn format_type(type_oid: pg_sys::Oid, typmod: i32) -> String {
+    let flags = pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_FORCE_QUALIFY;
     // SAFETY: format_type_extended returns a palloc'd string (or "???" for an unknown type).
-    unsafe { cstr(pg_sys::format_type_extended(type_oid, typmod.unwrap_or(-1), flags as u16)) }
+    unsafe { cstr(pg_sys::format_type_extended(type_oid, typmod, flags as u16)) }
 }
 
 /// Whether jsonb_to_record converts a JSON scalar into this type with the type's input function:

@@ -1,17 +1,23 @@
 //! Runs pg_fence's statements through plans prepared once per backend (SPI_keepplan), so the hot
 //! path neither parses nor plans. That covers the fixed statements and the UPDATEs built for fenced
-//! writes (one plan per table and set of columns). Plans name tables schema-qualified; PostgreSQL's
-//! plan cache re-plans them by itself after DDL, DROP/CREATE EXTENSION, or a change of role.
+//! writes (one plan per table, set of columns and their types). Plans name tables schema-qualified;
+//! PostgreSQL's plan cache re-plans them by itself after DDL, DROP/CREATE EXTENSION, or a change of
+//! role. A plan is found by its text and its parameters' types: the fenced writes pass values as
+//! parameters of the columns' types, which a migration can change (an enum or domain made anew
+//! under the same name) without changing the text, and a statement may declare parameters it
+//! does not use, whose number the text does not show.
 use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
 use pgrx::pg_sys::panic::ErrorReportable;
-use pgrx::pg_sys::PgOid;
+use pgrx::pg_sys::{self, PgOid};
 use pgrx::spi::{OwnedPreparedStatement, Spi, SpiTupleTable};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+type PlanKey = (String, Vec<pg_sys::Oid>);
+
 thread_local! {
-    static PLANS: RefCell<HashMap<String, Rc<OwnedPreparedStatement>>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<PlanKey, Rc<OwnedPreparedStatement>>> = RefCell::new(HashMap::new());
 }
 
 /// Executes `sql` with `args` (their types fix the plan's parameter types) and hands the result to
@@ -20,11 +26,12 @@ pub fn execute<R>(sql: &str, args: &[DatumWithOid], read: impl FnOnce(SpiTupleTa
     Spi::connect_mut(|client| {
         // Not borrowed while the statement runs: it may call back into pg_fence (fenced_update's
         // statement calls fence_holds), which runs statements of its own.
-        let cached = PLANS.with(|plans| plans.borrow().get(sql).cloned());
+        let key = (sql.to_owned(), args.iter().map(DatumWithOid::oid).collect::<Vec<_>>());
+        let cached = PLANS.with(|plans| plans.borrow().get(&key).cloned());
         let plan = cached.unwrap_or_else(|| {
-            let types: Vec<PgOid> = args.iter().map(|arg| PgOid::from_untagged(arg.oid())).collect();
+            let types: Vec<PgOid> = key.1.iter().map(|&oid| PgOid::from_untagged(oid)).collect();
             let plan = Rc::new(client.prepare_mut(sql, &types).unwrap_or_report().keep());
-            PLANS.with(|plans| plans.borrow_mut().insert(sql.to_owned(), plan.clone()));
+            PLANS.with(|plans| plans.borrow_mut().insert(key, plan.clone()));
             plan
         });
         // `select` on a plan prepared with prepare_mut runs it read-write (each statement sees the
