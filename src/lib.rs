@@ -10,8 +10,8 @@
 //! - `occ`: versioned_update, optimistic concurrency without locks.
 //! - `row_update`: the UPDATE statements those build from the caller's jsonb.
 //! - `admin`: lease_revoke, for role fence_admin. `notify`: the NOTIFY events of lease changes.
-//! - `liveness`: the one SQL condition for "this lease is live"; `clock`: the server's clock, as
-//!   liveness must read it.
+//! - `liveness`: the one condition for "this lease is live" (in SQL; `lease_row` has it in Rust);
+//!   `clock`: the server's clock, as liveness must read it.
 //! - `waiting`: lease_acquire's `wait`, a queue per key and prompt wake-ups.
 //! - `sessions`: session-bound leases, which end with the session that took them.
 //! - `sweeper`: fence.sweep(), which marks expired leases free; `worker`: the background worker
