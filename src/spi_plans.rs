@@ -14,24 +14,31 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-type PlanKey = (String, Vec<pg_sys::Oid>);
+/// The plans of one statement text, by their parameters' types (nearly always just one).
+type Plans = Vec<(Vec<pg_sys::Oid>, Rc<OwnedPreparedStatement>)>;
 
 thread_local! {
-    static PLANS: RefCell<HashMap<PlanKey, Rc<OwnedPreparedStatement>>> = RefCell::new(HashMap::new());
+    static PLANS: RefCell<HashMap<String, Plans>> = RefCell::new(HashMap::new());
 }
 
 /// Executes `sql` with `args` (their types fix the plan's parameter types) and hands the result to
 /// `read`, which must copy out what it needs: SPI frees the rows when it returns.
 pub fn execute<R>(sql: &str, args: &[DatumWithOid], read: impl FnOnce(SpiTupleTable) -> R) -> R {
     Spi::connect_mut(|client| {
-        // Not borrowed while the statement runs: it may call back into pg_fence (fenced_update's
-        // statement calls fence_holds), which runs statements of its own.
-        let key = (sql.to_owned(), args.iter().map(DatumWithOid::oid).collect::<Vec<_>>());
-        let cached = PLANS.with(|plans| plans.borrow().get(&key).cloned());
+        // Not borrowed while the statement runs: it may call back into pg_fence (a trigger on a
+        // table that a fenced write updates may), which runs statements of its own.
+        let types: Vec<pg_sys::Oid> = args.iter().map(DatumWithOid::oid).collect();
+        let cached = PLANS.with(|plans| {
+            let plans = plans.borrow();
+            let same_types = plans.get(sql)?.iter().find(|(t, _)| *t == types);
+            same_types.map(|(_, plan)| plan.clone())
+        });
         let plan = cached.unwrap_or_else(|| {
-            let types: Vec<PgOid> = key.1.iter().map(|&oid| PgOid::from_untagged(oid)).collect();
-            let plan = Rc::new(client.prepare_mut(sql, &types).unwrap_or_report().keep());
-            PLANS.with(|plans| plans.borrow_mut().insert(key, plan.clone()));
+            let pg_types: Vec<PgOid> = types.iter().map(|&oid| PgOid::from_untagged(oid)).collect();
+            let plan = Rc::new(client.prepare_mut(sql, &pg_types).unwrap_or_report().keep());
+            PLANS.with(|plans| {
+                plans.borrow_mut().entry(sql.to_owned()).or_default().push((types, plan.clone()))
+            });
             plan
         });
         // `select` on a plan prepared with prepare_mut runs it read-write (each statement sees the
