@@ -48,7 +48,7 @@ struct Column {
 }
 
 impl Column {
-    fn from_record(&self) -> bool {
+    fn via_record(&self) -> bool {
         matches!(self.value, Source::Record)
     }
 }
@@ -91,7 +91,7 @@ impl RowUpdate {
         filter: Option<JsonB>,
         third: Option<i64>,
     ) -> Vec<DatumWithOid<'a>> {
-        let read = |columns: &[Column], json: Option<JsonB>| match columns.iter().any(Column::from_record) {
+        let read = |columns: &[Column], json: Option<JsonB>| match columns.iter().any(Column::via_record) {
             true => json.into(),
             false => DatumWithOid::null::<JsonB>(),
         };
@@ -158,7 +158,7 @@ impl RowUpdate {
 
     /// `UPDATE table AS t SET <changes>[, extra_set] WHERE <filter>[ AND extra_where] RETURNING returning`
     pub fn update_sql(&self, extra_set: &str, extra_where: &str, returning: &str) -> String {
-        let from_record: Vec<&Column> = self.changes.iter().filter(|c| c.from_record()).collect();
+        let from_record: Vec<&Column> = self.changes.iter().filter(|c| c.via_record()).collect();
         let mut set: Vec<String> = Vec::new();
         if !from_record.is_empty() {
             let columns = names(&from_record, "");
@@ -188,7 +188,7 @@ impl RowUpdate {
     /// Each filter column equals its value: a parameter, or a sub-select of jsonb_to_record's row
     /// that the planner runs once (an InitPlan). Either way `column = value` is an index condition.
     fn where_sql(&self, extra: &str) -> String {
-        let from_record: Vec<&Column> = self.filter.iter().filter(|c| c.from_record()).collect();
+        let from_record: Vec<&Column> = self.filter.iter().filter(|c| c.via_record()).collect();
         let record = record(&from_record, "$2", "f");
         let mut conditions: Vec<String> = self
             .filter
