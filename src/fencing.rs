@@ -103,7 +103,7 @@ fn stale_write(fcinfo: pg_sys::FunctionCallInfo) -> Message {
     let (target, column, fence, filter) = unsafe {
         (
             pg_getarg::<pg_sys::Oid>(fcinfo, 0).and_then(row_update::qualified_name),
-            pg_getarg::<&CStr>(fcinfo, 1).map(|c| pgrx::spi::quote_identifier(c.to_string_lossy())),
+            pg_getarg::<&CStr>(fcinfo, 1).map(|c| row_update::quote(&c.to_string_lossy())),
             pg_getarg::<i64>(fcinfo, 2).map(|f| f.to_string()),
             pg_getarg::<pg_sys::Datum>(fcinfo, 4)
                 .and_then(|d| direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(d)]))

@@ -38,26 +38,26 @@ pub struct RowUpdate {
     values: Vec<(pg_sys::Oid, Option<pg_sys::Datum>)>,
 }
 
-/// A column named by the caller: its quoted name, its type (schema-qualified, with typmod), for a
-/// filter column its type's equality operator, as `OPERATOR(schema.=)`, and where its value is.
+/// A column named by the caller: its quoted name, for a filter column its type's equality operator,
+/// as `OPERATOR(schema.=)`, and where its value is.
 struct Column {
     name: String,
-    sql_type: String,
     equals: String,
     value: Source,
 }
 
 impl Column {
     fn via_record(&self) -> bool {
-        matches!(self.value, Source::Record)
+        matches!(self.value, Source::Record(_))
     }
 }
 
 enum Source {
     /// `$n`, a value converted before the statement runs, of the column's type.
     Parameter(String),
-    /// The column of jsonb_to_record's row.
-    Record,
+    /// The column of jsonb_to_record's row, declared there with this type (schema-qualified, with
+    /// typmod).
+    Record(String),
 }
 
 impl RowUpdate {
@@ -107,25 +107,27 @@ impl RowUpdate {
 
     /// Converts the value now when it can (see the module comment), or leaves it to jsonb_to_record.
     fn column(&mut self, named: Named) -> Column {
-        let Named { name, sql_type, equals, value, type_oid, typmod } = named;
+        let Named { name, equals, value, type_oid, typmod } = named;
+        // The scalar's text (None for JSON null); None for an array or object, which only
+        // jsonb_to_record converts.
         let text = match value {
-            Value::Null => None,
-            Value::String(text) => Some(text),
-            Value::Bool(value) => Some(value.to_string()),
+            Value::Null => Some(None),
+            Value::String(text) => Some(Some(text)),
+            Value::Bool(value) => Some(Some(value.to_string())),
             // Exactly the jsonb number's text: serde_json keeps it (feature arbitrary_precision).
-            Value::Number(number) => Some(number.to_string()),
-            Value::Array(_) | Value::Object(_) => {
-                return Column { name, sql_type, equals, value: Source::Record }
-            }
+            Value::Number(number) => Some(Some(number.to_string())),
+            Value::Array(_) | Value::Object(_) => None,
         };
-        if !converted_by_input_function(type_oid) {
-            return Column { name, sql_type, equals, value: Source::Record };
-        }
-        self.values.push((type_oid, input_function_call(type_oid, typmod, text)));
-        // No cast: the parameter's declared type is the column's (spi_plans keys plans by it), and a
-        // cast without the typmod would mean length 1 for char(n) and bit(n).
-        let parameter = format!("${}", FIRST_VALUE + self.values.len() - 1);
-        Column { name, sql_type, equals, value: Source::Parameter(parameter) }
+        let value = match text {
+            Some(text) if converted_by_input_function(type_oid) => {
+                self.values.push((type_oid, input_function_call(type_oid, typmod, text)));
+                // No cast: the parameter's declared type is the column's (spi_plans keys plans by
+                // it), and a cast without the typmod would mean length 1 for char(n) and bit(n).
+                Source::Parameter(format!("${}", FIRST_VALUE + self.values.len() - 1))
+            }
+            _ => Source::Record(format_type(type_oid, typmod)),
+        };
+        Column { name, equals, value }
     }
 
     /// A column named by the caller outside the jsonb (fence_column, version_column): it must exist
@@ -167,7 +169,7 @@ impl RowUpdate {
         }
         set.extend(self.changes.iter().filter_map(|c| match &c.value {
             Source::Parameter(parameter) => Some(format!("{} = {parameter}", c.name)),
-            Source::Record => None,
+            Source::Record(_) => None,
         }));
         if !extra_set.is_empty() {
             set.push(extra_set.to_string());
@@ -195,7 +197,7 @@ impl RowUpdate {
             .iter()
             .map(|c| match &c.value {
                 Source::Parameter(parameter) => format!("t.{} {} {parameter}", c.name, c.equals),
-                Source::Record => format!("t.{} {} (SELECT f.{} FROM {record})", c.name, c.equals, c.name),
+                Source::Record(_) => format!("t.{} {} (SELECT f.{} FROM {record})", c.name, c.equals, c.name),
             })
             .collect();
         if !extra.is_empty() {
@@ -211,8 +213,14 @@ fn names(columns: &[&Column], prefix: &str) -> String {
 
 /// `pg_catalog.jsonb_to_record($n) AS alias("a" type, "b" type)`
 fn record(columns: &[&Column], parameter: &str, alias: &str) -> String {
-    let definitions =
-        columns.iter().map(|c| format!("{} {}", c.name, c.sql_type)).collect::<Vec<_>>().join(", ");
+    let definitions = columns
+        .iter()
+        .filter_map(|c| match &c.value {
+            Source::Record(sql_type) => Some(format!("{} {sql_type}", c.name)),
+            Source::Parameter(_) => None,
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     format!("pg_catalog.jsonb_to_record({parameter}) AS {alias}({definitions})")
 }
 
@@ -260,7 +268,6 @@ pub fn qualified_name(relid: pg_sys::Oid) -> Option<String> {
 /// A key of the caller's object, checked to be a column of the table, with its value.
 struct Named {
     name: String,
-    sql_type: String,
     equals: String,
     value: Value,
     type_oid: pg_sys::Oid,
@@ -300,8 +307,7 @@ fn columns(
             let (type_oid, typmod) = column_type(relid, attnum);
             let equals =
                 if nulls == Nulls::Refused { equality_operator(type_oid, column) } else { String::new() };
-            let sql_type = format_type(type_oid, typmod);
-            Named { name: quote(column), sql_type, equals, value: value.clone(), type_oid, typmod }
+            Named { name: quote(column), equals, value: value.clone(), type_oid, typmod }
         })
         .collect()
 }
@@ -390,6 +396,6 @@ unsafe fn cstr(ptr: *const std::ffi::c_char) -> String {
     CStr::from_ptr(ptr).to_string_lossy().into_owned()
 }
 
-fn quote(identifier: &str) -> String {
+pub fn quote(identifier: &str) -> String {
     pgrx::spi::quote_identifier(identifier)
 }
