@@ -4,8 +4,10 @@
 //!
 //!   pairs SYSTEM CLIENTS SECONDS KEYS PORT
 //!
-//! SYSTEM: fence (pg_fence), sql_lease (the same fenced lease by hand in SQL), advisory
-//! (pg_advisory_lock/unlock), redis (SET NX PX + compare-and-delete script). PORT is PostgreSQL's,
+//! SYSTEM: fence (pg_fence), sql_lease (the same fenced lease by hand in SQL), sql_lease_1flush
+//! (the same, its release committed without waiting for a flush: one flush per pair, as pg_fence
+//! spends, but none of pg_fence's code), advisory (pg_advisory_lock/unlock), redis (SET NX PX +
+//! compare-and-delete script). PORT is PostgreSQL's,
 //! or Redis's for redis; PAIRS_DATABASE names the database (default postgres). Keys are k1..kKEYS.
 //! Output: "SYSTEM CLIENTS pairs/s p50_ms p99_ms refused".
 use postgres::{Client, NoTls};
@@ -29,6 +31,11 @@ const SQL_ACQUIRE: &str = "
     SELECT fence FROM acq";
 const SQL_RELEASE: &str =
     "UPDATE bench_lease SET token = NULL, expires_at = clock_timestamp() WHERE key = $1 AND token = $2";
+/// SQL_RELEASE, also setting synchronous_commit = off for the rest of its transaction (as SET LOCAL
+/// would, but in the same statement and round trip): its commit does not wait for the flush.
+const SQL_RELEASE_UNFLUSHED: &str = "
+    UPDATE bench_lease SET token = NULL, expires_at = clock_timestamp()
+     WHERE key = $1 AND token = $2 AND set_config('synchronous_commit', 'off', true) IS NOT NULL";
 
 /// Redis's compare-and-delete release: delete the key only if it still holds our token.
 const REDIS_RELEASE: &str =
@@ -45,6 +52,7 @@ enum Session {
 enum System {
     Fence,
     SqlLease,
+    SqlLeaseOneFlush,
     Advisory,
 }
 
@@ -60,6 +68,7 @@ impl Session {
                     "SELECT fence.lease_release($1, $2)",
                 ],
                 System::SqlLease => [SQL_ACQUIRE, SQL_RELEASE],
+                System::SqlLeaseOneFlush => [SQL_ACQUIRE, SQL_RELEASE_UNFLUSHED],
                 System::Advisory => ["SELECT pg_advisory_lock($1)", "SELECT pg_advisory_unlock($1)"],
             };
             let statements = [client.prepare(acquire).unwrap(), client.prepare(release).unwrap()];
@@ -68,6 +77,7 @@ impl Session {
         match system {
             "fence" => pg(System::Fence),
             "sql_lease" => pg(System::SqlLease),
+            "sql_lease_1flush" => pg(System::SqlLeaseOneFlush),
             "advisory" => pg(System::Advisory),
             "redis" => {
                 let mut resp = Resp::connect(port);
@@ -88,7 +98,7 @@ impl Session {
                 }
                 token.is_some()
             }
-            Session::Postgres(client, System::SqlLease, [acquire, release]) => {
+            Session::Postgres(client, System::SqlLease | System::SqlLeaseOneFlush, [acquire, release]) => {
                 let token = Uuid::from_u128(rand::random());
                 let granted = client.query_opt(&*acquire, &[&key, &token]).unwrap().is_some();
                 if granted {
