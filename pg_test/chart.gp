@@ -2,13 +2,13 @@
 # Input: the data file written by pg_test/run-bench (tab-separated columns: clients, then pairs/s of
 # each of the N systems, then p99 of each);
 #   gnuplot -e "data='FILE'; out='docs/bench/leases.png'; systems=N" pg_test/chart.gp
-set terminal pngcairo size 1100,450 font ",10" noenhanced
+set terminal pngcairo size 1100,500 font ",10" noenhanced
 set output out
 set datafile separator "\t"
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1
-set key top left
+set key below horizontal
 set xlabel "clients"
 set grid ytics
 set multiplot layout 1,2 title "acquire+release pairs on random keys (PostgreSQL 15, fsync on; 2 CPUs)"
