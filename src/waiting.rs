@@ -6,8 +6,9 @@
 //!   one holding it, the head, tries to grant itself the key; while the key is held, it sleeps on its
 //!   latch until the lease expires, its own wait runs out, or someone wakes it. It leaves the room
 //!   when its call ends, which hands the room to the next waiter.
-//! - Whoever ends a lease wakes the head: lease_release and lease_revoke when their transaction
-//!   commits (not before, or the head would find the lease still held), the backend of a
+//! - Whoever ends a lease wakes the head: lease_release and lease_revoke once their transaction
+//!   has committed and let go of its locks (not before: the head would find the lease still held,
+//!   or queue for the key lock the ending transaction still holds), the backend of a
 //!   session-bound holder when it exits (see `sessions`). An expiry needs nobody: the head sleeps
 //!   until then. No shared memory is needed: the head is found as the room lock's holder, and a
 //!   release with nobody in the room costs one look at the lock table.
@@ -21,13 +22,15 @@ use crate::{errors, input};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{register_xact_callback, PgTryBuilder, PgXactCallbackEvent};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 const ROOM_MODE: pg_sys::LOCKMODE = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
 
 thread_local! {
     /// Keys whose lease this transaction ended, whose heads are to be woken when it commits.
     static WAKE_AT_COMMIT: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    /// Whether `wake_after_commit` is registered in this backend (it stays registered).
+    static WAKER_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
 unsafe extern "C-unwind" {
@@ -95,16 +98,36 @@ pub fn wake_at_commit(key: &str) {
         first
     });
     if first {
-        register_xact_callback(PgXactCallbackEvent::Commit, || {
-            // An error after commit would be a PANIC; a lost wake-up only delays the waiter until
-            // it looks again by itself.
-            let keys = WAKE_AT_COMMIT.take();
-            PgTryBuilder::new(|| keys.iter().for_each(|key| wake(key))).catch_others(|_| ()).execute();
-        });
+        if !WAKER_REGISTERED.replace(true) {
+            // SAFETY: a callback for the life of the backend; it does nothing but in the one phase.
+            unsafe { pg_sys::RegisterResourceReleaseCallback(Some(wake_after_commit), std::ptr::null_mut()) };
+        }
         // A prepared transaction commits later, elsewhere: its waiters wake at their next timeout.
         for end in [PgXactCallbackEvent::Abort, PgXactCallbackEvent::Prepare] {
             register_xact_callback(end, || drop(WAKE_AT_COMMIT.take()));
         }
+    }
+}
+
+/// Wakes the heads of `wake_at_commit`'s keys once the transaction has committed *and* released its
+/// locks: the last step of a commit that a callback can follow. Woken at the commit itself (an
+/// XACT_EVENT_COMMIT callback), a head would mostly find the key lock still held by the ending
+/// transaction and sleep a second time, queueing for it.
+#[pg_guard]
+unsafe extern "C-unwind" fn wake_after_commit(
+    phase: pg_sys::ResourceReleasePhase::Type,
+    is_commit: bool,
+    is_top_level: bool,
+    _arg: *mut std::ffi::c_void,
+) {
+    if phase != pg_sys::ResourceReleasePhase::RESOURCE_RELEASE_AFTER_LOCKS || !is_top_level {
+        return;
+    }
+    let keys = WAKE_AT_COMMIT.take();
+    if is_commit && !keys.is_empty() {
+        // An error now, after the commit, would be a PANIC; a lost wake-up only delays the waiter
+        // until it looks again by itself.
+        PgTryBuilder::new(|| keys.iter().for_each(|key| wake(key))).catch_others(|_| ()).execute();
     }
 }
 
