@@ -51,7 +51,7 @@ fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
     let key = input::key(key);
     let fence = input::required(fence, "fence");
     keylock::lock(key, Mode::Guard);
-    let holds = lease_row::live_fence(key, clock::now()) == Some(fence);
+    let holds = lease_row::live(key, clock::now()).is_some_and(|lease| lease.fence == fence);
     if !holds {
         keylock::unlock(key, Mode::Guard);
     }

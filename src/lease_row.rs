@@ -1,5 +1,6 @@
 //! One key's row of fence.lease_state, looked up in its primary key index without a statement: the
-//! read behind fence_guard, which every fenced write pays for. With no statement there is nothing
+//! read behind fence_guard, which every fenced write pays for, and behind a waiting acquire's look
+//! at the lease it waits for. With no statement there is nothing
 //! to plan, no privilege to check and no name to resolve on the caller's search_path, so the guard
 //! needs neither SECURITY DEFINER nor a pinned search_path; saving and restoring that setting on
 //! every call was most of what the guard cost (README, "Targets, and where the time goes").
@@ -11,9 +12,16 @@ use pgrx::pg_sys;
 use pgrx::FromDatum;
 use std::ffi::CStr;
 
-/// The fence of `key`'s lease if that lease is live at `now` (microseconds, as clock::now()), in
-/// the latest committed state of the table (a fresh snapshot, not the transaction's).
-pub fn live_fence(key: &str, now: i64) -> Option<i64> {
+/// A live lease, as `live` finds it.
+pub struct Live {
+    pub fence: i64,
+    /// When it expires (microseconds, as clock::now()).
+    pub expires_at: i64,
+}
+
+/// `key`'s lease if it is live at `now` (microseconds, as clock::now()), in the latest committed
+/// state of the table (a fresh snapshot, not the transaction's).
+pub fn live(key: &str, now: i64) -> Option<Live> {
     // SAFETY: the relation stays open (and locked, as a SELECT would) for the scan; the snapshot is
     // registered until the scan ends; the tuple is read before the scan ends. An error on the way
     // aborts the transaction, which releases all three.
@@ -47,11 +55,11 @@ pub fn live_fence(key: &str, now: i64) -> Option<i64> {
         }
         let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut scan_key);
         let tuple = pg_sys::systable_getnext(scan);
-        let fence = if tuple.is_null() { None } else { columns.live_fence(tuple, desc, now) };
+        let lease = if tuple.is_null() { None } else { columns.live(tuple, desc, now) };
         pg_sys::systable_endscan(scan);
         pg_sys::UnregisterSnapshot(snapshot);
         pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-        fence
+        lease
     }
 }
 
@@ -91,15 +99,15 @@ impl Columns {
     /// session id is a plain lease.
     ///
     /// SAFETY: `tuple` must be a row of the table `desc` describes.
-    unsafe fn live_fence(&self, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc, now: i64) -> Option<i64> {
+    unsafe fn live(&self, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc, now: i64) -> Option<Live> {
         let natts = (*desc).natts as usize;
         let mut values = vec![pg_sys::Datum::from(0); natts];
         let mut nulls = vec![true; natts];
         pg_sys::heap_deform_tuple(tuple, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
         let get = |i: usize| (!nulls[i]).then_some(values[i]);
         let released = get(self.token_hash).is_none();
-        let expires_at = get(self.expires_at).and_then(|d| i64::from_datum(d, false));
-        if released || expires_at.is_none_or(|at| at <= now) {
+        let expires_at = get(self.expires_at).and_then(|d| i64::from_datum(d, false))?;
+        if released || expires_at <= now {
             return None;
         }
         if let Some(id) = get(self.session_id).and_then(|d| i64::from_datum(d, false)) {
@@ -108,6 +116,7 @@ impl Columns {
                 return None;
             }
         }
-        get(self.fence).and_then(|d| i64::from_datum(d, false))
+        let fence = get(self.fence).and_then(|d| i64::from_datum(d, false))?;
+        Some(Live { fence, expires_at })
     }
 }

@@ -17,7 +17,7 @@
 use crate::keylock::{self, Mode};
 use crate::notify::{self, Event};
 use crate::spi_plans::{execute, execute_first};
-use crate::{clock, durability, input, sessions, waiting};
+use crate::{clock, durability, input, lease_row, sessions, waiting};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
@@ -65,10 +65,6 @@ const TOKEN_HOLDS: &str = concat!(
       WHERE key = $1 AND token_hash = $2 AND ",
     live_at!("$3")
 );
-
-/// Is the key's lease live, as last committed? Until when?
-const LIVE_UNTIL: &str =
-    concat!("SELECT expires_at FROM fence.lease_state WHERE key = $1 AND ", live_at!("$2"));
 
 const CURRENT_FENCE: &str = "SELECT fence FROM fence.lease_state WHERE key = $1";
 
@@ -205,9 +201,8 @@ impl Request<'_> {
 
 /// When the key's lease is live at `now`, as last committed: until when a waiter may sleep.
 fn live_until(key: &str, now: i64) -> Option<i64> {
-    let expires_at =
-        execute_first::<TimestampWithTimeZone>(LIVE_UNTIL, &[key.into(), clock::timestamp(now).into()])?;
-    Some(pgrx::pg_sys::TimestampTz::from(expires_at).min(now + RECHECK_AT_LEAST_EVERY))
+    let lease = lease_row::live(key, now)?;
+    Some(lease.expires_at.min(now + RECHECK_AT_LEAST_EVERY))
 }
 
 /// Core of fence.lease_renew: the new expiry, or NULL when `token` does not hold a live lease.

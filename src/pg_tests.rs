@@ -315,10 +315,16 @@ mod tests {
                ('pid-only', 5, 'o', '\\x00', now(), clock_timestamp() + interval '1 h', pg_backend_pid(), NULL)");
         let live = ["plain", "bound", "pid-only"];
         for key in ["plain", "bound", "expired", "released", "gone", "half-set", "pid-only", "absent"] {
-            let by_view =
-                one::<i64>(&format!("SELECT (SELECT fence FROM fence.leases WHERE key = '{key}' AND live)"));
-            let by_guard = crate::lease_row::live_fence(key, crate::clock::now());
-            assert_eq!(by_guard, by_view, "key {key}");
+            let by_view = |column: &str| {
+                one::<i64>(&format!(
+                    "SELECT (SELECT {column} FROM fence.leases WHERE key = '{key}' AND live)"
+                ))
+            };
+            // expires_at as PostgreSQL stores it: microseconds since 2000-01-01 UTC.
+            let expires_at = "(extract(epoch FROM expires_at - '2000-01-01 UTC') * 1000000)::bigint";
+            let by_guard = crate::lease_row::live(key, crate::clock::now());
+            assert_eq!(by_guard.as_ref().map(|l| l.fence), by_view("fence"), "key {key}");
+            assert_eq!(by_guard.as_ref().map(|l| l.expires_at), by_view(expires_at), "key {key}");
             assert_eq!(by_guard.is_some(), live.contains(&key), "key {key}");
         }
     }
