@@ -103,9 +103,9 @@ pub fn wake_at_commit(key: &str) {
             unsafe { pg_sys::RegisterResourceReleaseCallback(Some(wake_after_commit), std::ptr::null_mut()) };
         }
         // A prepared transaction commits later, elsewhere: its waiters wake at their next timeout.
-        for end in [PgXactCallbackEvent::Abort, PgXactCallbackEvent::Prepare] {
-            register_xact_callback(end, || drop(WAKE_AT_COMMIT.take()));
-        }
+        // PREPARE releases resources as a commit does, so its keys must be gone by then; a rollback
+        // is left to `wake_after_commit`, which drops them.
+        register_xact_callback(PgXactCallbackEvent::Prepare, || drop(WAKE_AT_COMMIT.take()));
     }
 }
 
