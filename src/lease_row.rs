@@ -1,9 +1,9 @@
 //! One key's row of fence.lease_state, looked up in its primary key index without a statement: the
 //! read behind fence_guard, which every fenced write pays for, and behind a waiting acquire's look
-//! at the lease it waits for. With no statement there is nothing
-//! to plan, no privilege to check and no name to resolve on the caller's search_path, so the guard
-//! needs neither SECURITY DEFINER nor a pinned search_path; saving and restoring that setting on
-//! every call was most of what the guard cost (README, "Targets, and where the time goes").
+//! at the lease it waits for. With no statement there is nothing to plan, no privilege to check and
+//! no name to resolve on the caller's search_path, so the guard needs neither SECURITY DEFINER nor a
+//! pinned search_path; saving and restoring that setting on every call was most of what the guard
+//! cost (README, "Targets, and where the time goes").
 //!
 //! Liveness is decided here in Rust, by the same rule as `live_at!` (src/liveness.rs); a
 //! `#[pg_test]` compares the two on every kind of row.
