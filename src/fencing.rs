@@ -6,9 +6,9 @@
 //! it keeps until the writing transaction ends; only then does it read the latest committed grant.
 use crate::keylock::{self, Mode};
 use crate::own_errors::{entry_point, palloc_copy, Message, STALE_FENCE};
-use crate::row_update::{self, RowUpdate};
+use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
-use crate::{clock, input, lease_row};
+use crate::{clock, input, lease_row, table_facts};
 use pgrx::fcinfo::{direct_function_call, pg_getarg};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -102,8 +102,8 @@ fn stale_write(fcinfo: pg_sys::FunctionCallInfo) -> Message {
     // SAFETY: the arguments have those types; jsonb_out takes a jsonb.
     let (target, column, fence, filter) = unsafe {
         (
-            pg_getarg::<pg_sys::Oid>(fcinfo, 0).and_then(row_update::qualified_name),
-            pg_getarg::<&CStr>(fcinfo, 1).map(|c| row_update::quote(&c.to_string_lossy())),
+            pg_getarg::<pg_sys::Oid>(fcinfo, 0).and_then(table_facts::qualified_name),
+            pg_getarg::<&CStr>(fcinfo, 1).map(|c| table_facts::quote(&c.to_string_lossy())),
             pg_getarg::<i64>(fcinfo, 2).map(|f| f.to_string()),
             pg_getarg::<pg_sys::Datum>(fcinfo, 4)
                 .and_then(|d| direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(d)]))

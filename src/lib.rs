@@ -43,6 +43,7 @@ mod row_update;
 mod sessions;
 mod settings;
 mod spi_plans;
+mod table_facts;
 mod sweeper;
 mod waiting;
 mod worker;

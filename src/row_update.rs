@@ -1,8 +1,9 @@
 //! "UPDATE target SET <changes> WHERE <filter>" for the fenced and versioned writes, built from the
-//! caller's jsonb. Column names are checked against the table and always quoted. Values become what
-//! jsonb_to_record would make of them with the columns' own types, exactly as PostgreSQL turns JSON
-//! into a row (only the named columns: a NOT NULL domain on another column must not get in the
-//! way). Statements run with the caller's privileges, so table grants and row-level security apply.
+//! caller's jsonb. Column names are checked against the table (`table_facts`, which keeps what the
+//! catalogs say about it) and always quoted. Values become what jsonb_to_record would make of them
+//! with the columns' own types, exactly as PostgreSQL turns JSON into a row (only the named
+//! columns: a NOT NULL domain on another column must not get in the way). Statements run with the
+//! caller's privileges, so table grants and row-level security apply.
 //!
 //! A JSON string, number, boolean or null bound for a column of a scalar type (anything but an
 //! array, a composite, json or jsonb, or a domain over one) is converted here, before the statement
@@ -18,19 +19,21 @@
 //! operators included (`OPERATOR(pg_catalog.>)`, and for a filter column the equality operator of
 //! its type's default operator class, as foreign keys use): a look-alike operator earlier on the
 //! search_path must not decide which rows are written.
+use crate::table_facts::{self, Column as Facts};
 use crate::{errors, input};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::JsonB;
 use serde_json::Value;
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
+use std::rc::Rc;
 
 /// The number of the first converted value's parameter.
 const FIRST_VALUE: usize = 4;
 
 pub struct RowUpdate {
     /// The table, schema-qualified and quoted.
-    table: String,
+    table: Rc<str>,
     relid: pg_sys::Oid,
     changes: Vec<Column>,
     filter: Vec<Column>,
@@ -38,26 +41,28 @@ pub struct RowUpdate {
     values: Vec<(pg_sys::Oid, Option<pg_sys::Datum>)>,
 }
 
-/// A column named by the caller: its quoted name, for a filter column its type's equality operator,
-/// as `OPERATOR(schema.=)`, and where its value is.
+/// A column named by the caller, and where its value is.
 struct Column {
-    name: String,
-    equals: String,
+    facts: Rc<Facts>,
     value: Source,
 }
 
 impl Column {
     fn via_record(&self) -> bool {
-        matches!(self.value, Source::Record(_))
+        matches!(self.value, Source::Record)
+    }
+
+    /// The column's name, quoted.
+    fn name(&self) -> &str {
+        &self.facts.name
     }
 }
 
 enum Source {
     /// `$n`, a value converted before the statement runs, of the column's type.
     Parameter(String),
-    /// The column of jsonb_to_record's row, declared there with this type (schema-qualified, with
-    /// typmod).
-    Record(String),
+    /// The column of jsonb_to_record's row, declared there with the column's type.
+    Record,
 }
 
 impl RowUpdate {
@@ -71,7 +76,7 @@ impl RowUpdate {
         filter: Option<&JsonB>,
     ) -> Self {
         let relid = input::required(target, "target");
-        let table = table_name(function, relid);
+        let table = table_facts::table(function, relid);
         let changes = columns(relid, &table, "changes", changes, Nulls::Allowed);
         let filter = columns(relid, &table, "filter", filter, Nulls::Refused);
         let mut update =
@@ -106,8 +111,7 @@ impl RowUpdate {
     }
 
     /// Converts the value now when it can (see the module comment), or leaves it to jsonb_to_record.
-    fn column(&mut self, named: Named) -> Column {
-        let Named { name, equals, value, type_oid, typmod } = named;
+    fn column(&mut self, (facts, value): Named) -> Column {
         // The scalar's text (None for JSON null); None for an array or object, which only
         // jsonb_to_record converts.
         let text = match value {
@@ -119,39 +123,35 @@ impl RowUpdate {
             Value::Array(_) | Value::Object(_) => None,
         };
         let value = match text {
-            Some(text) if converted_by_input_function(type_oid) => {
-                self.values.push((type_oid, input_function_call(type_oid, typmod, text)));
+            Some(text) if facts.by_input_function => {
+                self.values.push((facts.type_oid, input_function_call(&facts, text)));
                 // No cast: the parameter's declared type is the column's (spi_plans keys plans by
                 // it), and a cast without the typmod would mean length 1 for char(n) and bit(n).
                 Source::Parameter(format!("${}", FIRST_VALUE + self.values.len() - 1))
             }
-            _ => Source::Record(format_type(type_oid, typmod)),
+            _ => Source::Record,
         };
-        Column { name, equals, value }
+        Column { facts, value }
     }
 
     /// A column named by the caller outside the jsonb (fence_column, version_column): it must exist
     /// and hold an integer, and it must not also be among the changes.
     pub fn counter_column(&self, argument: &str, column: Option<&str>) -> String {
         let column = input::required(column, argument);
-        let attnum =
-            attnum(self.relid, column).unwrap_or_else(|| errors::undefined_column(column, &self.table));
-        // SAFETY: syscache lookup of an existing column.
-        let type_oid = unsafe { pg_sys::get_atttype(self.relid, attnum) };
-        if ![pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID].contains(&type_oid) {
+        let facts = table_facts::column(self.relid, &self.table, column);
+        if ![pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID].contains(&facts.type_oid) {
             errors::datatype_mismatch(format!(
                 "{argument} \"{column}\" of {} is not an integer column",
                 self.table
             ));
         }
-        let quoted = quote(column);
-        if self.changes.iter().any(|c| c.name == quoted) {
+        if self.changes.iter().any(|c| c.name() == facts.name) {
             errors::invalid_argument(
                 format!("changes must not set {argument} \"{column}\""),
                 "pg_fence sets that column itself; leave it out of changes.",
             );
         }
-        quoted
+        facts.name.clone()
     }
 
     pub fn table(&self) -> &str {
@@ -168,8 +168,8 @@ impl RowUpdate {
             set.push(format!("({columns}) = (SELECT {values} FROM {})", record(&from_record, "$1", "c")));
         }
         set.extend(self.changes.iter().filter_map(|c| match &c.value {
-            Source::Parameter(parameter) => Some(format!("{} = {parameter}", c.name)),
-            Source::Record(_) => None,
+            Source::Parameter(parameter) => Some(format!("{} = {parameter}", c.name())),
+            Source::Record => None,
         }));
         if !extra_set.is_empty() {
             set.push(extra_set.to_string());
@@ -196,8 +196,10 @@ impl RowUpdate {
             .filter
             .iter()
             .map(|c| match &c.value {
-                Source::Parameter(parameter) => format!("t.{} {} {parameter}", c.name, c.equals),
-                Source::Record(_) => format!("t.{} {} (SELECT f.{} FROM {record})", c.name, c.equals, c.name),
+                Source::Parameter(parameter) => format!("t.{} {} {parameter}", c.name(), equals(c)),
+                Source::Record => {
+                    format!("t.{} {} (SELECT f.{} FROM {record})", c.name(), equals(c), c.name())
+                }
             })
             .collect();
         if !extra.is_empty() {
@@ -208,7 +210,7 @@ impl RowUpdate {
 }
 
 fn names(columns: &[&Column], prefix: &str) -> String {
-    columns.iter().map(|c| format!("{prefix}{}", c.name)).collect::<Vec<_>>().join(", ")
+    columns.iter().map(|c| format!("{prefix}{}", c.name())).collect::<Vec<_>>().join(", ")
 }
 
 /// `pg_catalog.jsonb_to_record($n) AS alias("a" type, "b" type)`
@@ -216,7 +218,7 @@ fn record(columns: &[&Column], parameter: &str, alias: &str) -> String {
     let definitions = columns
         .iter()
         .filter_map(|c| match &c.value {
-            Source::Record(sql_type) => Some(format!("{} {sql_type}", c.name)),
+            Source::Record => Some(format!("{} {}", c.name(), c.facts.sql_type)),
             Source::Parameter(_) => None,
         })
         .collect::<Vec<_>>()
@@ -230,51 +232,11 @@ enum Nulls {
     Refused,
 }
 
-fn table_name(function: &str, relid: pg_sys::Oid) -> String {
-    // SAFETY: syscache lookups; they return 0/NULL for an OID that names no relation.
-    let relkind = unsafe { pg_sys::get_rel_relkind(relid) } as u8;
-    if relkind == 0 {
-        errors::undefined_table(relid);
-    }
-    if relkind != pg_sys::RELKIND_RELATION && relkind != pg_sys::RELKIND_PARTITIONED_TABLE {
-        // SAFETY: an existing relation; NULL only if it vanished meanwhile.
-        let name = unsafe { pg_sys::get_rel_name(relid) };
-        let name = if name.is_null() { relid.to_u32().to_string() } else { unsafe { cstr(name) } };
-        errors::wrong_object_type(format!("{function} needs a table, and \"{name}\" is not one"));
-    }
-    // SAFETY: the lock the UPDATE would take anyway; after it, the names cannot change under us.
-    unsafe { pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
-    // The table may have been dropped before the lock.
-    qualified_name(relid).unwrap_or_else(|| errors::undefined_table(relid))
-}
+/// A key of the caller's object, as a column of the table, with its value.
+type Named = (Rc<Facts>, Value);
 
-/// The relation's name, schema-qualified and quoted; None when the OID names no relation.
-pub fn qualified_name(relid: pg_sys::Oid) -> Option<String> {
-    // SAFETY: syscache lookups, checked for NULL.
-    unsafe {
-        let name = pg_sys::get_rel_name(relid);
-        let schema = if name.is_null() {
-            std::ptr::null_mut()
-        } else {
-            pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid))
-        };
-        if name.is_null() || schema.is_null() {
-            return None;
-        }
-        Some(format!("{}.{}", quote(&cstr(schema)), quote(&cstr(name))))
-    }
-}
-
-/// A key of the caller's object, checked to be a column of the table, with its value.
-struct Named {
-    name: String,
-    equals: String,
-    value: Value,
-    type_oid: pg_sys::Oid,
-    typmod: i32,
-}
-
-/// The object's keys as columns of the table, each checked to exist.
+/// The object's keys as columns of the table, each checked to exist (and for the filter, to have an
+/// equality operator).
 fn columns(
     relid: pg_sys::Oid,
     table: &str,
@@ -297,105 +259,38 @@ fn columns(
     }
     map.iter()
         .map(|(column, value)| {
-            let attnum = attnum(relid, column).unwrap_or_else(|| errors::undefined_column(column, table));
+            let facts = table_facts::column(relid, table, column);
             if nulls == Nulls::Refused && value.is_null() {
                 errors::invalid_argument(
                     format!("{argument} value for column \"{column}\" is null"),
                     "Filter values are compared with =, which never matches NULL.",
                 );
             }
-            let (type_oid, typmod) = column_type(relid, attnum);
-            let equals =
-                if nulls == Nulls::Refused { equality_operator(type_oid, column) } else { String::new() };
-            Named { name: quote(column), equals, value: value.clone(), type_oid, typmod }
+            if nulls == Nulls::Refused && facts.equals.is_none() {
+                errors::no_equality(column);
+            }
+            (facts, value.clone())
         })
         .collect()
 }
 
-/// The column's type and typmod.
-fn column_type(relid: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> (pg_sys::Oid, i32) {
-    let (mut type_oid, mut typmod, mut collation) = (pg_sys::InvalidOid, -1, pg_sys::InvalidOid);
-    // SAFETY: syscache lookup of an existing column.
-    unsafe { pg_sys::get_atttypetypmodcoll(relid, attnum, &mut type_oid, &mut typmod, &mut collation) };
-    (type_oid, typmod)
+/// A filter column's equality operator (`columns` checked that it has one).
+fn equals(column: &Column) -> &str {
+    column.facts.equals.as_deref().unwrap_or_default()
 }
 
-/// The type as SQL, schema-qualified whatever the search_path, with its typmod.
-fn format_type(type_oid: pg_sys::Oid, typmod: i32) -> String {
-    let flags = pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_FORCE_QUALIFY;
-    // SAFETY: format_type_extended returns a palloc'd string (or "???" for an unknown type).
-    unsafe { cstr(pg_sys::format_type_extended(type_oid, typmod, flags as u16)) }
-}
-
-/// Whether jsonb_to_record converts a JSON scalar into this type with the type's input function:
-/// every type but arrays, composites, json and jsonb (which it builds from JSON structure, or
-/// keeps as JSON), and domains over those. (A domain's input function checks its constraints,
-/// as jsonb_to_record does.)
-fn converted_by_input_function(type_oid: pg_sys::Oid) -> bool {
-    // SAFETY: type cache and syscache lookups.
-    unsafe {
-        let base = pg_sys::getBaseType(type_oid);
-        base != pg_sys::JSONOID
-            && base != pg_sys::JSONBOID
-            && !pg_sys::type_is_rowtype(base)
-            && pg_sys::get_element_type(base) == pg_sys::InvalidOid
+/// The type's input function applied to `text` with the column's typmod, as jsonb_to_record
+/// applies it: SQL NULL stays NULL, except that a domain's input function sees it, to check NOT NULL.
+fn input_function_call(facts: &Facts, text: Option<String>) -> Option<pg_sys::Datum> {
+    if text.is_none() && !facts.is_domain {
+        return None;
     }
-}
-
-/// The type's input function applied to `text` with `typmod`, as jsonb_to_record applies it: SQL
-/// NULL stays NULL, except that a domain's input function sees it, to check NOT NULL.
-fn input_function_call(type_oid: pg_sys::Oid, typmod: i32, text: Option<String>) -> Option<pg_sys::Datum> {
-    // SAFETY: syscache lookup; the input function gets a NUL-terminated string or NULL, and raises
-    // an ordinary SQL error (22P02, 22001, 23502, ...) for a value that is not of the type.
-    unsafe {
-        let is_domain = pg_sys::get_typtype(type_oid) == pg_sys::TYPTYPE_DOMAIN as std::ffi::c_char;
-        if text.is_none() && !is_domain {
-            return None;
-        }
-        let (mut function, mut io_parameter) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
-        pg_sys::getTypeInputInfo(type_oid, &mut function, &mut io_parameter);
-        let text = text.map(|t| CString::new(t).expect("jsonb strings hold no NUL"));
-        let pointer = text.as_ref().map_or(std::ptr::null_mut(), |t| t.as_ptr().cast_mut());
-        let datum = pg_sys::OidInputFunctionCall(function, pointer, io_parameter, typmod);
-        text.is_some().then_some(datum)
-    }
-}
-
-/// `OPERATOR(schema.name)` of the equality operator of the type's default btree or hash operator
-/// class: the operator PostgreSQL itself means by "equal" for the type.
-fn equality_operator(type_oid: pg_sys::Oid, column: &str) -> String {
-    // SAFETY: the type cache and the syscache are PostgreSQL's own caches; the operator tuple is
-    // read (GETSTRUCT) and released before anything else happens.
-    unsafe {
-        let entry = pg_sys::lookup_type_cache(type_oid, pg_sys::TYPECACHE_EQ_OPR as i32);
-        let operator = (*entry).eq_opr;
-        let tuple = pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::OPEROID as i32, operator.into());
-        if operator == pg_sys::InvalidOid || tuple.is_null() {
-            errors::no_equality(column);
-        }
-        let header = (*tuple).t_data;
-        let form =
-            &*(header.cast::<u8>().add((*header).t_hoff as usize) as *const pg_sys::FormData_pg_operator);
-        let name = cstr(form.oprname.data.as_ptr());
-        let schema = cstr(pg_sys::get_namespace_name(form.oprnamespace));
-        pg_sys::ReleaseSysCache(tuple);
-        format!("OPERATOR({}.{name})", quote(&schema))
-    }
-}
-
-/// The column's number, or None when the table has no such (live, user) column.
-fn attnum(relid: pg_sys::Oid, column: &str) -> Option<pg_sys::AttrNumber> {
-    let name = CString::new(column).ok()?;
-    // SAFETY: syscache lookup; InvalidAttrNumber (0) when absent or dropped.
-    let attnum = unsafe { pg_sys::get_attnum(relid, name.as_ptr()) };
-    (attnum > 0).then_some(attnum)
-}
-
-/// SAFETY: `ptr` must be a valid NUL-terminated string.
-unsafe fn cstr(ptr: *const std::ffi::c_char) -> String {
-    CStr::from_ptr(ptr).to_string_lossy().into_owned()
-}
-
-pub fn quote(identifier: &str) -> String {
-    pgrx::spi::quote_identifier(identifier)
+    let text = text.map(|t| CString::new(t).expect("jsonb strings hold no NUL"));
+    let pointer = text.as_ref().map_or(std::ptr::null_mut(), |t| t.as_ptr().cast_mut());
+    // SAFETY: the input function gets a NUL-terminated string or NULL, and raises an ordinary SQL
+    // error (22P02, 22001, 23502, ...) for a value that is not of the type.
+    let datum = unsafe {
+        pg_sys::OidInputFunctionCall(facts.input_function, pointer, facts.io_parameter, facts.typmod)
+    };
+    text.is_some().then_some(datum)
 }

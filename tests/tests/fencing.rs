@@ -365,3 +365,94 @@ fn the_guard_sees_the_latest_grant_under_repeatable_read() {
     passed.commit().unwrap();
     failed.commit().unwrap();
 }
+
+/// A fenced write names its table by OID; the backend that runs it keeps the table's name and
+/// columns from one call to the next (src/table_facts.rs). Another session's DDL must reach that
+/// memory before the next write: a name it kept could by then name another table, or a column of
+/// another type. Each step first writes once, so the writer's backend has the names in memory.
+#[test]
+fn fenced_writes_follow_their_table_through_other_sessions_ddl() {
+    let cluster = Cluster::start("write_ddl", 26407, &[]);
+    let mut writer = cluster.connect();
+    let mut ddl = cluster.connect();
+    ddl.batch_execute(
+        "CREATE SCHEMA s;
+         CREATE DOMAIN s.ints AS int[];
+         CREATE TABLE s.t (id int PRIMARY KEY, v int, n s.ints);
+         INSERT INTO s.t VALUES (1, 0, '{}');",
+    )
+    .unwrap();
+    let fence: i64 =
+        writer.query_one("SELECT (fence.lease_acquire('k', '1 hour')).fence", &[]).unwrap().get(0);
+    let table: u32 = writer.query_one("SELECT 's.t'::regclass::oid", &[]).unwrap().get(0);
+    let mut write = |changes: &str| -> Result<i64, postgres::Error> {
+        let row = writer.query_one(
+            "SELECT fence.fenced_update('k', $1, $2::oid::regclass, $3::text::jsonb, '{\"id\": 1}')",
+            &[&fence, &table, &changes],
+        )?;
+        Ok(row.get(0))
+    };
+
+    assert_eq!(write(r#"{"v": 1}"#).unwrap(), 1);
+    let ddl_steps = [
+        // The table is renamed and another takes its name.
+        (
+            "ALTER TABLE s.t RENAME TO t_old; CREATE TABLE s.t (id int PRIMARY KEY, v int); INSERT INTO s.t VALUES (1, 0)",
+            r#"{"v": 2}"#,
+            "SELECT format('%s %s', (SELECT v FROM s.t_old), (SELECT v FROM s.t))",
+            "2 0",
+        ),
+        // Its schema is renamed; then another schema takes that name, with a table of the same name.
+        (
+            "ALTER SCHEMA s RENAME TO s_old",
+            r#"{"v": 3}"#,
+            "SELECT v::text FROM s_old.t_old",
+            "3",
+        ),
+        (
+            "CREATE SCHEMA s; CREATE TABLE s.t_old (id int PRIMARY KEY, v int); INSERT INTO s.t_old VALUES (1, 0)",
+            r#"{"v": 3}"#,
+            "SELECT format('%s %s', (SELECT v FROM s_old.t_old), (SELECT v FROM s.t_old))",
+            "3 0",
+        ),
+        // The column is renamed and a column of another type takes its name.
+        (
+            "ALTER TABLE s_old.t_old RENAME COLUMN v TO v_old; ALTER TABLE s_old.t_old ADD COLUMN v text",
+            r#"{"v": "three"}"#,
+            "SELECT format('%s %s', v_old, v) FROM s_old.t_old",
+            "3 three",
+        ),
+        // The column's type changes.
+        (
+            "ALTER TABLE s_old.t_old ALTER COLUMN v TYPE bigint USING NULL",
+            r#"{"v": 4, "n": [4]}"#,
+            "SELECT format('%s %s', v_old, pg_typeof(v)) FROM s_old.t_old",
+            "3 bigint",
+        ),
+        // The column's type (a domain, converted by jsonb_to_record) is renamed; then another type
+        // takes its name.
+        (
+            "ALTER DOMAIN s_old.ints RENAME TO ints_old",
+            r#"{"n": [5, 6]}"#,
+            "SELECT format('%s %s', n, pg_typeof(n)) FROM s_old.t_old",
+            "{5,6} s_old.ints_old",
+        ),
+        (
+            "CREATE DOMAIN s_old.ints AS text[]",
+            r#"{"n": [7]}"#,
+            "SELECT format('%s %s', n, pg_typeof(n)) FROM s_old.t_old",
+            "{7} s_old.ints_old",
+        ),
+    ];
+    let mut previous = r#"{"v": 1}"#;
+    for (change, changes, check, expected) in ddl_steps {
+        write(previous).unwrap();
+        ddl.batch_execute(change).unwrap();
+        let written =
+            write(changes).unwrap_or_else(|e| panic!("after {change:?}: {changes}: {:?}", e.as_db_error()));
+        assert_eq!(written, 1, "after {change:?}");
+        let found: String = ddl.query_one(check, &[]).unwrap().get(0);
+        assert_eq!(found, expected, "after {change:?}: {changes} went to the wrong place");
+        previous = changes;
+    }
+}
