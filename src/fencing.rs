@@ -4,6 +4,7 @@
 //! The guard is what makes "a write accepted under fence F commits before any grant above F can
 //! commit" true. It first takes the key's lock in `Guard` mode, which every grant waits for and which
 //! it keeps until the writing transaction ends; only then does it read the latest committed grant.
+use crate::json_object::JsonArg;
 use crate::keylock::{self, Mode};
 use crate::own_errors::{entry_point, palloc_copy, Message, STALE_FENCE};
 use crate::row_update::RowUpdate;
@@ -12,7 +13,6 @@ use crate::{clock, input, lease_row, table_facts};
 use pgrx::fcinfo::{direct_function_call, pg_getarg};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::JsonB;
 use std::ffi::CStr;
 
 // The public functions (sql/fencing.sql): C entry points over the cores below, raising PF002 when
@@ -65,8 +65,8 @@ fn fenced_update_core(
     key: Option<&str>,
     fence: Option<i64>,
     target: Option<pg_sys::Oid>,
-    changes: Option<JsonB>,
-    filter: Option<JsonB>,
+    changes: Option<JsonArg>,
+    filter: Option<JsonArg>,
 ) -> Option<i64> {
     fence_holds(key, fence).then(|| update_matching(target, changes, filter))
 }
@@ -77,8 +77,8 @@ fn fenced_write_core(
     target: Option<pg_sys::Oid>,
     fence_column: Option<&CStr>,
     fence: Option<i64>,
-    changes: Option<JsonB>,
-    filter: Option<JsonB>,
+    changes: Option<JsonArg>,
+    filter: Option<JsonArg>,
 ) -> Option<i64> {
     let fence_column = fence_column.map(CStr::to_string_lossy);
     write_unless_stale(target, fence_column.as_deref(), fence, changes, filter)
@@ -123,10 +123,10 @@ fn stale_write(fcinfo: pg_sys::FunctionCallInfo) -> Message {
 /// Core of fence.fenced_update, called once its guard has passed: `UPDATE target SET changes WHERE
 /// filter` with the caller's privileges; returns the number of rows updated.
 #[pg_extern(volatile, parallel_unsafe)]
-fn update_matching(target: Option<pg_sys::Oid>, changes: Option<JsonB>, filter: Option<JsonB>) -> i64 {
+fn update_matching(target: Option<pg_sys::Oid>, changes: Option<JsonArg>, filter: Option<JsonArg>) -> i64 {
     let update = RowUpdate::new("fenced_update", target, changes.as_ref(), filter.as_ref());
     let sql = update.update_sql("", "", "1");
-    let args = update.arguments(changes, filter, None);
+    let args = update.arguments(changes.as_ref(), filter.as_ref(), None);
     execute(&sql, &args, |rows| rows.len() as i64)
 }
 
@@ -139,8 +139,8 @@ fn write_unless_stale(
     target: Option<pg_sys::Oid>,
     fence_column: Option<&str>,
     fence: Option<i64>,
-    changes: Option<JsonB>,
-    filter: Option<JsonB>,
+    changes: Option<JsonArg>,
+    filter: Option<JsonArg>,
 ) -> Option<i64> {
     let update = RowUpdate::new("fenced_write", target, changes.as_ref(), filter.as_ref());
     let column = update.counter_column("fence_column", fence_column);
@@ -148,7 +148,7 @@ fn write_unless_stale(
     let lock_and_check =
         update.select_sql(&format!("t.{column} OPERATOR(pg_catalog.>) $3"), "") + " FOR NO KEY UPDATE";
     let write = update.update_sql(&format!("{column} = $3"), "", "1");
-    let args = update.arguments(changes, filter, Some(fence));
+    let args = update.arguments(changes.as_ref(), filter.as_ref(), Some(fence));
     let stale = execute(&lock_and_check, &args, |rows| {
         rows.into_iter().any(|row| row.get::<bool>(1).ok().flatten() == Some(true))
     });

@@ -33,6 +33,7 @@ mod durability;
 mod errors;
 mod fencing;
 mod input;
+mod json_object;
 mod keylock;
 mod lease_row;
 mod own_errors;

@@ -1,12 +1,12 @@
 //! Optimistic concurrency without any lock: versioned_update and the versioning trigger
 //! (sql/occ.sql). A version mismatch is SQLSTATE 40001, so standard client retry loops apply.
+use crate::json_object::JsonArg;
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
 use crate::{errors, input};
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
-use pgrx::JsonB;
 
 /// Core of fence.versioned_update: updates the one row matching `filter` if its version is
 /// `expected_version`, sets the version to expected + 1 and returns it.
@@ -15,8 +15,8 @@ fn update_versioned_row(
     target: Option<pg_sys::Oid>,
     version_column: Option<&str>,
     expected_version: Option<i64>,
-    changes: Option<JsonB>,
-    filter: Option<JsonB>,
+    changes: Option<JsonArg>,
+    filter: Option<JsonArg>,
 ) -> i64 {
     let update = RowUpdate::new("versioned_update", target, changes.as_ref(), filter.as_ref());
     let column = update.counter_column("version_column", version_column);
@@ -28,7 +28,7 @@ fn update_versioned_row(
         &format!("t.{column} OPERATOR(pg_catalog.=) $3"),
         &format!("t.{column}::pg_catalog.int8"),
     );
-    let args = update.arguments(changes, filter, Some(expected));
+    let args = update.arguments(changes.as_ref(), filter.as_ref(), Some(expected));
     let found: Vec<Option<i64>> =
         execute(&current, &args, |rows| rows.map(|row| row.get::<i64>(1).unwrap_or_report()).collect());
     match found.as_slice() {

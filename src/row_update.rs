@@ -19,12 +19,11 @@
 //! operators included (`OPERATOR(pg_catalog.>)`, and for a filter column the equality operator of
 //! its type's default operator class, as foreign keys use): a look-alike operator earlier on the
 //! search_path must not decide which rows are written.
+use crate::json_object::{JsonArg, Value};
 use crate::table_facts::{self, Column as Facts};
 use crate::{errors, input};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
-use pgrx::JsonB;
-use serde_json::Value;
 use std::ffi::CString;
 use std::rc::Rc;
 
@@ -72,8 +71,8 @@ impl RowUpdate {
     pub fn new(
         function: &str,
         target: Option<pg_sys::Oid>,
-        changes: Option<&JsonB>,
-        filter: Option<&JsonB>,
+        changes: Option<&JsonArg>,
+        filter: Option<&JsonArg>,
     ) -> Self {
         let relid = input::required(target, "target");
         let table = table_facts::table(function, relid);
@@ -88,17 +87,17 @@ impl RowUpdate {
     }
 
     /// The statement's arguments: `changes`, `filter` and `third` for $1 to $3, then the converted
-    /// values. A jsonb argument that no column reads is passed as NULL: turning it back into a
-    /// jsonb datum (pgrx goes through text) would be wasted.
+    /// values. A jsonb argument that no column reads is passed as NULL, so that the plan does not
+    /// depend on it.
     pub fn arguments<'a>(
         &self,
-        changes: Option<JsonB>,
-        filter: Option<JsonB>,
+        changes: Option<&JsonArg>,
+        filter: Option<&JsonArg>,
         third: Option<i64>,
     ) -> Vec<DatumWithOid<'a>> {
-        let read = |columns: &[Column], json: Option<JsonB>| match columns.iter().any(Column::via_record) {
-            true => json.into(),
-            false => DatumWithOid::null::<JsonB>(),
+        let read = |columns: &[Column], json: Option<&JsonArg>| match json {
+            Some(json) if columns.iter().any(Column::via_record) => json.parameter(),
+            _ => DatumWithOid::null_oid(pg_sys::JSONBOID),
         };
         let fixed = [read(&self.changes, changes), read(&self.filter, filter), third.into()];
         let values = self.values.iter().map(|&(type_oid, datum)| match datum {
@@ -116,11 +115,8 @@ impl RowUpdate {
         // jsonb_to_record converts.
         let text = match value {
             Value::Null => Some(None),
-            Value::String(text) => Some(Some(text)),
-            Value::Bool(value) => Some(Some(value.to_string())),
-            // Exactly the jsonb number's text: serde_json keeps it (feature arbitrary_precision).
-            Value::Number(number) => Some(Some(number.to_string())),
-            Value::Array(_) | Value::Object(_) => None,
+            Value::Scalar(text) => Some(Some(text)),
+            Value::Structured => None,
         };
         let value = match text {
             Some(text) if facts.by_input_function => {
@@ -241,35 +237,36 @@ fn columns(
     relid: pg_sys::Oid,
     table: &str,
     argument: &str,
-    object: Option<&JsonB>,
+    object: Option<&JsonArg>,
     nulls: Nulls,
 ) -> Vec<Named> {
     let object = input::required(object, argument);
-    let Some(map) = object.0.as_object() else {
+    let Some(entries) = object.object() else {
         errors::invalid_argument(
-            format!("{argument} must be a JSON object of column names to values, not {}", object.0),
+            format!("{argument} must be a JSON object of column names to values, not {}", object.text()),
             "For example '{\"status\": \"paid\"}'.",
         );
     };
-    if map.is_empty() {
+    if entries.is_empty() {
         errors::invalid_argument(
             format!("{argument} must name at least one column"),
             "An empty filter would update every row of the table; name the row, e.g. '{\"id\": 42}'.",
         );
     }
-    map.iter()
+    entries
+        .into_iter()
         .map(|(column, value)| {
-            let facts = table_facts::column(relid, table, column);
-            if nulls == Nulls::Refused && value.is_null() {
+            let facts = table_facts::column(relid, table, &column);
+            if nulls == Nulls::Refused && matches!(value, Value::Null) {
                 errors::invalid_argument(
                     format!("{argument} value for column \"{column}\" is null"),
                     "Filter values are compared with =, which never matches NULL.",
                 );
             }
             if nulls == Nulls::Refused && facts.equals.is_none() {
-                errors::no_equality(column);
+                errors::no_equality(&column);
             }
-            (facts, value.clone())
+            (facts, value)
         })
         .collect()
 }
@@ -281,11 +278,10 @@ fn equals(column: &Column) -> &str {
 
 /// The type's input function applied to `text` with the column's typmod, as jsonb_to_record
 /// applies it: SQL NULL stays NULL, except that a domain's input function sees it, to check NOT NULL.
-fn input_function_call(facts: &Facts, text: Option<String>) -> Option<pg_sys::Datum> {
+fn input_function_call(facts: &Facts, text: Option<CString>) -> Option<pg_sys::Datum> {
     if text.is_none() && !facts.is_domain {
         return None;
     }
-    let text = text.map(|t| CString::new(t).expect("jsonb strings hold no NUL"));
     let pointer = text.as_ref().map_or(std::ptr::null_mut(), |t| t.as_ptr().cast_mut());
     // SAFETY: the input function gets a NUL-terminated string or NULL, and raises an ordinary SQL
     // error (22P02, 22001, 23502, ...) for a value that is not of the type.
