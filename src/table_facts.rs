@@ -5,9 +5,9 @@
 //! (perf, issue 6). PostgreSQL tells every backend of a catalog change by an invalidation message;
 //! any message about a relation, schema, type, operator or operator class drops the whole cache
 //! (the changes that could alter a name, a column or an equality operator), as PostgreSQL's own plan
-//! cache does. Messages are applied when a backend takes a lock it did not hold, and `table` locks
-//! the table before it reads the cache: a name read from the cache is never one that changed since,
-//! which could by then name another table.
+//! cache does. `table` locks the table and then applies the messages that have arrived, before it
+//! reads the cache: a name read from the cache is never one that changed since, which could by then
+//! name another table.
 use crate::errors;
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
@@ -46,21 +46,27 @@ thread_local! {
     static CACHE: RefCell<Cache> = RefCell::default();
     /// Set by the invalidation callbacks, which must not touch CACHE: they may run while it is read.
     static STALE: Cell<bool> = const { Cell::new(false) };
-    /// How many of `register_callbacks`' registrations are done.
-    static CALLBACKS_REGISTERED: Cell<usize> = const { Cell::new(0) };
+    static CALLBACKS_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The table's name, schema-qualified and quoted, after locking it as an UPDATE does (so it can be
 /// neither renamed nor dropped until the transaction ends). Errors unless `relid` is a table;
 /// `function` names the caller in the message.
 pub fn table(function: &str, relid: pg_sys::Oid) -> Rc<str> {
-    // SAFETY: the lock the UPDATE would take anyway. Taking it applies pending invalidations (see the
-    // module comment); on an OID that names no relation it locks nothing that exists.
-    unsafe { pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) };
+    // Refused before anything is locked: a view or a sequence must not wait for a lock.
+    require_table(function, relid);
+    // SAFETY: the lock the UPDATE would take anyway. Taking a lock applies pending invalidations only
+    // when the transaction did not hold it yet; with it held, a schema or type may still have been
+    // renamed since (that takes no lock on the table), so they are applied here in any case.
+    unsafe {
+        pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+        pg_sys::AcceptInvalidationMessages();
+    }
     if let Some(name) = cached(|cache| cache.tables.get(&relid).cloned()) {
         return name;
     }
-    let name: Rc<str> = table_name(function, relid).into();
+    // The table may have been dropped before the lock.
+    let name: Rc<str> = qualified_name(relid).unwrap_or_else(|| errors::undefined_table(relid)).into();
     remember(|cache| cache.tables.insert(relid, name.clone()));
     name
 }
@@ -114,28 +120,24 @@ fn remember<T>(add: impl FnOnce(&mut Cache) -> T) {
     });
 }
 
-/// Registers the invalidation callbacks once per backend. PostgreSQL has a fixed number of slots for
-/// them: if one registration fails, the error stands and the next call registers the rest, before
-/// the cache is used.
+/// Registers the invalidation callbacks, once per backend. (PostgreSQL 15 has room for 10 relcache
+/// callbacks per backend, and ends the session if more are registered: pg_fence takes one.)
 fn register_callbacks() {
-    const CATALOGS: [pg_sys::SysCacheIdentifier::Type; 4] = [
+    if CALLBACKS_REGISTERED.replace(true) {
+        return;
+    }
+    let catalogs = [
         pg_sys::SysCacheIdentifier::NAMESPACEOID,
         pg_sys::SysCacheIdentifier::TYPEOID,
         pg_sys::SysCacheIdentifier::OPEROID,
         pg_sys::SysCacheIdentifier::CLAOID,
     ];
-    while CALLBACKS_REGISTERED.get() <= CATALOGS.len() {
-        let done = CALLBACKS_REGISTERED.get();
-        // SAFETY: callbacks for the life of the backend, which only set a flag.
-        unsafe {
-            match CATALOGS.get(done) {
-                Some(&catalog) => {
-                    pg_sys::CacheRegisterSyscacheCallback(catalog as i32, Some(catalog_changed), 0.into())
-                }
-                None => pg_sys::CacheRegisterRelcacheCallback(Some(relation_changed), 0.into()),
-            }
+    // SAFETY: callbacks for the life of the backend, which only set a flag.
+    unsafe {
+        for catalog in catalogs {
+            pg_sys::CacheRegisterSyscacheCallback(catalog as i32, Some(catalog_changed), 0.into());
         }
-        CALLBACKS_REGISTERED.set(done + 1);
+        pg_sys::CacheRegisterRelcacheCallback(Some(relation_changed), 0.into());
     }
 }
 
@@ -147,8 +149,8 @@ unsafe extern "C-unwind" fn catalog_changed(_arg: pg_sys::Datum, _catalog: std::
     STALE.set(true);
 }
 
-/// The locked relation's qualified name, or an error unless it is a table.
-fn table_name(function: &str, relid: pg_sys::Oid) -> String {
+/// Errors unless `relid` names a table.
+fn require_table(function: &str, relid: pg_sys::Oid) {
     // SAFETY: syscache lookups; they return 0/NULL for an OID that names no relation.
     let relkind = unsafe { pg_sys::get_rel_relkind(relid) } as u8;
     if relkind == 0 {
@@ -160,7 +162,6 @@ fn table_name(function: &str, relid: pg_sys::Oid) -> String {
         let name = if name.is_null() { relid.to_u32().to_string() } else { unsafe { cstr(name) } };
         errors::wrong_object_type(format!("{function} needs a table, and \"{name}\" is not one"));
     }
-    qualified_name(relid).unwrap_or_else(|| errors::undefined_table(relid))
 }
 
 /// The relation's name, schema-qualified and quoted; None when the OID names no relation.

@@ -456,3 +456,48 @@ fn fenced_writes_follow_their_table_through_other_sessions_ddl() {
         previous = changes;
     }
 }
+
+/// The filter compares by the equality operator of the column type's default operator class, which
+/// the writer's backend keeps between calls too: another session's new default operator class, and
+/// a move of its operator to another schema, must reach it before the next write.
+#[test]
+fn a_filter_follows_its_equality_operator_through_other_sessions_ddl() {
+    let cluster = Cluster::start("write_ddl_ops", 26408, &[]);
+    let mut writer = cluster.connect();
+    let mut ddl = cluster.connect();
+    // point has no default btree or hash operator class, so no equality operator a filter could use.
+    ddl.batch_execute(
+        "CREATE SCHEMA ops; CREATE SCHEMA ops_moved;
+         CREATE FUNCTION ops.same(point, point) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT $1 ~= $2';
+         CREATE FUNCTION ops.hash(point) RETURNS integer LANGUAGE sql IMMUTABLE
+             AS 'SELECT hashfloat8($1[0]) # hashfloat8($1[1])';
+         CREATE OPERATOR ops.=== (LEFTARG = point, RIGHTARG = point, FUNCTION = ops.same);
+         CREATE TABLE places (id int PRIMARY KEY, at point, name text);
+         INSERT INTO places VALUES (1, '(1,2)', 'before');",
+    )
+    .unwrap();
+    let fence: i64 =
+        writer.query_one("SELECT (fence.lease_acquire('k', '1 hour')).fence", &[]).unwrap().get(0);
+    let mut write = |name: &str| {
+        writer.query_one(
+            "SELECT fence.fenced_update('k', $1, 'places', jsonb_build_object('name', $2::text), '{\"at\": \"(1,2)\"}')",
+            &[&fence, &name],
+        )
+    };
+    let err = write("no operator").unwrap_err();
+    assert_eq!(sqlstate(&err), "42883", "a filter on point without an equality operator: {err}");
+
+    ddl.batch_execute(
+        "CREATE OPERATOR CLASS ops.point_ops DEFAULT FOR TYPE point USING hash AS
+             OPERATOR 1 ops.=== (point, point), FUNCTION 1 ops.hash(point)",
+    )
+    .unwrap();
+    let written: i64 = write("by ops.===").unwrap_or_else(|e| panic!("{:?}", e.as_db_error())).get(0);
+    assert_eq!(written, 1, "the new default operator class was not seen");
+
+    ddl.batch_execute("ALTER OPERATOR ops.=== (point, point) SET SCHEMA ops_moved").unwrap();
+    let written: i64 = write("by ops_moved.===").unwrap_or_else(|e| panic!("{:?}", e.as_db_error())).get(0);
+    assert_eq!(written, 1, "the operator's move was not seen");
+    let name: String = ddl.query_one("SELECT name FROM places WHERE id = 1", &[]).unwrap().get(0);
+    assert_eq!(name, "by ops_moved.===");
+}
