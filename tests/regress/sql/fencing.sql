@@ -110,6 +110,27 @@ RESET ROLE;
 SELECT id, status FROM invoices ORDER BY id;
 SELECT count(*) AS changed_rows FROM (SELECT * FROM invoices EXCEPT SELECT * FROM snapshot) changed;
 
+-- jsonb arguments as they come from a table: short (1-byte header), compressed inline, and stored
+-- out of line (TOAST); pg_fence reads them in their binary form.
+CREATE TABLE docs (id int PRIMARY KEY, body text, tags jsonb);
+INSERT INTO docs VALUES (1, '', '[]');
+CREATE TABLE doc_changes (id int PRIMARY KEY, changes jsonb);
+INSERT INTO doc_changes VALUES
+    (1, '{"body": "short"}'),
+    (2, jsonb_build_object('body', repeat('abc', 3000), 'tags', '[1, 2, 3]'::jsonb)),
+    (3, jsonb_build_object('body', (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 2000) g)));
+SELECT id, pg_column_size(changes) < octet_length(changes::text) AS compressed,
+       pg_column_size(changes) > 8000 AS out_of_line
+  FROM doc_changes ORDER BY id;
+-- Each passed straight from the table scan, as stored.
+SELECT fence.fenced_update('invoice:42', :b_fence, 'docs', changes, '{"id": 1}') AS written FROM doc_changes WHERE id = 1;
+SELECT length(body), tags FROM docs;
+SELECT fence.fenced_update('invoice:42', :b_fence, 'docs', changes, '{"id": 1}') AS written FROM doc_changes WHERE id = 2;
+SELECT length(body), tags FROM docs;
+SELECT fence.fenced_update('invoice:42', :b_fence, 'docs', changes, '{"id": 1}') AS written FROM doc_changes WHERE id = 3;
+SELECT length(body), tags FROM docs;
+DROP TABLE docs, doc_changes;
+
 DROP TABLE invoices CASCADE;
 DROP TABLE snapshot;
 DROP SEQUENCE some_seq;
