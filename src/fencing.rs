@@ -10,7 +10,7 @@ use crate::own_errors::{entry_point, palloc_copy, Message, STALE_FENCE};
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
 use crate::{clock, input, lease_row, table_facts};
-use pgrx::fcinfo::{direct_function_call, pg_getarg};
+use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CStr;
@@ -99,15 +99,13 @@ fn stale_fence(fcinfo: pg_sys::FunctionCallInfo) -> Message {
 
 /// PF002 of fenced_write(target regclass, fence_column name, fence bigint, changes, filter).
 fn stale_write(fcinfo: pg_sys::FunctionCallInfo) -> Message {
-    // SAFETY: the arguments have those types; jsonb_out takes a jsonb.
+    // SAFETY: the arguments have those types.
     let (target, column, fence, filter) = unsafe {
         (
             pg_getarg::<pg_sys::Oid>(fcinfo, 0).and_then(table_facts::qualified_name),
             pg_getarg::<&CStr>(fcinfo, 1).map(|c| table_facts::quote(&c.to_string_lossy())),
             pg_getarg::<i64>(fcinfo, 2).map(|f| f.to_string()),
-            pg_getarg::<pg_sys::Datum>(fcinfo, 4)
-                .and_then(|d| direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(d)]))
-                .map(|t| t.to_string_lossy().into_owned()),
+            pg_getarg::<JsonArg>(fcinfo, 4).map(|filter| filter.text()),
         )
     };
     let [target, column, fence, filter] =
