@@ -1,4 +1,4 @@
--- Fenced writes. The cores (fence_holds, update_matching, write_unless_stale) are pgrx functions in
+-- Fenced writes. The cores (fence_holds, update_matching, and fenced_write's) are pgrx functions in
 -- src/fencing.rs; the public functions below are C entry points over them that raise pg_fence's
 -- stale-fence error PF002 when a core answers "no" (src/own_errors.rs explains why they are not SQL
 -- shells). None is SECURITY DEFINER: the writes run with the caller's privileges, so table grants and
@@ -20,3 +20,10 @@ CREATE FUNCTION fence.fenced_write(target regclass, fence_column name, fence big
 RETURNS bigint
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'pg_fence_fenced_write';
+
+-- The last condition of fenced_write's UPDATE (src/fencing.rs): may a row holding row_fence be
+-- written under fence? Its high cost makes PostgreSQL evaluate it after every other condition.
+CREATE FUNCTION fence.fence_not_above(row_fence bigint, fence bigint)
+RETURNS boolean
+LANGUAGE c VOLATILE COST 1000000
+AS 'MODULE_PATHNAME', 'fence_not_above_wrapper';

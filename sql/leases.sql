@@ -22,11 +22,10 @@ RETURNS timestamptz
 LANGUAGE sql VOLATILE
 AS $$ SELECT coalesce(fence.renew_if_held(key, token, ttl), fence.raise_lease_lost(key)) $$;
 
--- Everyone may see who holds what, but never the tokens. `live` is the condition of src/liveness.rs.
+-- Who holds what, but never the tokens (for fence_user: sql/privileges.sql). `live` is the condition of src/liveness.rs.
 CREATE VIEW fence.leases AS
 SELECT key, owner, fence, acquired_at, expires_at, session_pid,
        (token_hash IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()
         AND (session_id IS NULL OR coalesce(fence.holder_alive(session_pid, session_id), false))) AS live
   FROM fence.lease_state;
 
-GRANT SELECT ON fence.leases TO PUBLIC;

@@ -9,6 +9,13 @@ BEGIN
             USING ERRCODE = '42501',
                   HINT = 'Drop or rename that schema, or install pg_fence as its owner.';
     END IF;
+    -- Keys and owners are text that pg_fence's Rust code reads as UTF-8; in a database of another
+    -- encoding (SQL_ASCII included, which does not check its bytes) a non-ASCII key would fail.
+    IF pg_catalog.getdatabaseencoding() <> 'UTF8' THEN
+        RAISE EXCEPTION 'pg_fence needs a UTF8 database; this one is %', pg_catalog.getdatabaseencoding()
+            USING ERRCODE = '0A000',
+                  HINT = 'Create the extension in a database made with ENCODING ''UTF8'' (clients may use any client_encoding).';
+    END IF;
 END
 $$;
 --
@@ -39,6 +46,17 @@ REVOKE ALL ON fence.lease_state FROM PUBLIC;
 -- pg_dump must keep the rows, or a restored database would hand out fence 1 again.
 SELECT pg_catalog.pg_extension_config_dump('fence.lease_state', '');
 
+-- The secret that keys the hash naming each key's advisory locks (src/key_hash.rs), drawn at random
+-- here, so that nobody can pick two keys that share a lock. Not dumped: a restored database gets
+-- its own with its CREATE EXTENSION.
+CREATE TABLE fence.lock_secret (
+    one    boolean PRIMARY KEY DEFAULT true CHECK (one),
+    secret bytea   NOT NULL
+);
+INSERT INTO fence.lock_secret (secret)
+VALUES (pg_catalog.uuid_send(pg_catalog.gen_random_uuid()) || pg_catalog.uuid_send(pg_catalog.gen_random_uuid()));
+REVOKE ALL ON fence.lock_secret FROM PUBLIC;
+
 -- What lease_acquire returns: the only place a token is ever shown, and only to the caller.
 CREATE TYPE fence.lease AS (
     key         text,
@@ -62,6 +80,6 @@ REVOKE ALL ON fence.sweeper_stats FROM PUBLIC;
 CREATE VIEW fence.sweeper AS SELECT last_run_at, last_swept, total_swept FROM fence.sweeper_stats;
 GRANT SELECT ON fence.sweeper TO PUBLIC;
 
--- Like advisory locks, leases are for every role by default: the functions check tokens, and the
--- table stays closed. To restrict, REVOKE USAGE ON SCHEMA fence FROM PUBLIC and grant it per role.
+-- Every role may see the schema, so that a missing privilege reads "permission denied for function
+-- lease_acquire"; what it may call is decided per function (sql/privileges.sql).
 GRANT USAGE ON SCHEMA fence TO PUBLIC;

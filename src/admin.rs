@@ -1,4 +1,4 @@
-//! Administration: lease_revoke, for superusers and members of role fence_admin (sql/admin.sql
+//! Administration: lease_revoke, for superusers and members of role fence_admin (sql/privileges.sql
 //! creates the role and grants EXECUTE to it alone).
 use crate::keylock::{self, Mode};
 use crate::notify::{self, Event};

@@ -10,6 +10,8 @@
 //! - 42883 undefined_function: a filter column's type has no equality operator.
 //! - 40001 serialization_failure: versioned_update found another version (retry).
 //! - P0002 no_data_found, 21000 cardinality_violation: versioned_update matched no row, or several.
+//! - 25001 active_sql_transaction: fence.sweep() inside a transaction block.
+//! - 55000 object_not_in_prerequisite_state: a table of schema fence is missing or was edited by hand.
 //!
 //! pg_fence's own codes (class PF): PF001 by lease_renew's SQL shell (sql/leases.sql), PF002 by the
 //! fenced writes' C entry points (src/own_errors.rs):
@@ -118,5 +120,32 @@ pub fn version_mismatch(table: &str, expected: i64, actual: Option<i64>) -> ! {
         PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
         format!("version conflict on {table}: expected version {expected}, the row has {actual}"),
         "Another writer changed the row first: read it again and retry.",
+    )
+}
+
+/// One of pg_fence's own tables is missing or was edited by hand.
+pub fn state_damaged(what: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("{what}: pg_fence's state in schema fence was changed by hand"),
+        "Restore schema fence from a backup. Do not DROP and CREATE EXTENSION pg_fence to repair it: \
+         every key's fence would start again at 1, and stale holders' fences would pass again.",
+    )
+}
+
+pub fn sweep_in_transaction_block() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_ACTIVE_SQL_TRANSACTION,
+        "fence.sweep() cannot run inside a transaction block".into(),
+        "Call it on its own (autocommit), as the sweeper worker and pg_cron do: the leases it sweeps \
+         stay locked until its transaction ends, and their next acquirers would wait for it.",
+    )
+}
+
+pub fn version_overflow(table: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+        format!("the row of {table} is at the highest version its column can hold"),
+        "Widen the version column to bigint, or start its versions again from 1.",
     )
 }

@@ -13,6 +13,7 @@ use crate::{clock, input, lease_row, table_facts};
 use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use std::cell::Cell;
 use std::ffi::CStr;
 
 // The public functions (sql/fencing.sql): C entry points over the cores below, raising PF002 when
@@ -45,11 +46,15 @@ entry_point!(
 /// The lease row is read in the latest committed state rather than in the transaction's snapshot,
 /// which under REPEATABLE READ or SERIALIZABLE may predate the latest grant. Holding the key's lock,
 /// nothing newer can commit meanwhile; and no row lock is taken, so the guard never holds up the
-/// holder's renew or release. Not SECURITY DEFINER: see src/lease_row.rs.
+/// holder's renew or release. The lock belongs to the top-level transaction (see `keylock`), so a
+/// guard in a subtransaction that rolls back still holds back the next grant until the writes of
+/// the rest of the transaction have committed. Not SECURITY DEFINER: see src/lease_row.rs.
 #[pg_extern(volatile, parallel_unsafe)]
 fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
-    let key = input::key(key);
-    let fence = input::required(fence, "fence");
+    guard(input::key(key), input::required(fence, "fence"))
+}
+
+fn guard(key: &str, fence: i64) -> bool {
     keylock::lock(key, Mode::Guard);
     let holds = lease_row::live(key, clock::now()).is_some_and(|lease| lease.fence == fence);
     if !holds {
@@ -59,7 +64,8 @@ fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
 }
 
 /// fence.fenced_update's core: the guard, then the write; None, writing nothing, when the guard
-/// refuses the fence. (No SQL function of its own: see `entry_point!`.)
+/// refuses the fence. Every argument is checked before the guard, so bad input holds no lock.
+/// (No SQL function of its own: see `entry_point!`.)
 #[pg_extern(sql = false)]
 fn fenced_update_core(
     key: Option<&str>,
@@ -68,7 +74,9 @@ fn fenced_update_core(
     changes: Option<JsonArg>,
     filter: Option<JsonArg>,
 ) -> Option<i64> {
-    fence_holds(key, fence).then(|| update_matching(target, changes, filter))
+    let (key, fence) = (input::key(key), input::required(fence, "fence"));
+    let update = RowUpdate::new("fenced_update", target, changes.as_ref(), filter.as_ref());
+    guard(key, fence).then(|| run_update(&update, changes.as_ref(), filter.as_ref()))
 }
 
 /// fence.fenced_write's core, taking `fence_column` as the `name` it is in SQL.
@@ -123,16 +131,32 @@ fn stale_write(fcinfo: pg_sys::FunctionCallInfo) -> Message {
 #[pg_extern(volatile, parallel_unsafe)]
 fn update_matching(target: Option<pg_sys::Oid>, changes: Option<JsonArg>, filter: Option<JsonArg>) -> i64 {
     let update = RowUpdate::new("fenced_update", target, changes.as_ref(), filter.as_ref());
+    run_update(&update, changes.as_ref(), filter.as_ref())
+}
+
+fn run_update(update: &RowUpdate, changes: Option<&JsonArg>, filter: Option<&JsonArg>) -> i64 {
     let sql = update.update_sql("", "", "1");
-    let args = update.arguments(changes.as_ref(), filter.as_ref(), None);
+    let args = update.arguments(changes, filter, None);
     execute(&sql, &args, |rows| rows.len() as i64)
 }
 
 /// Core of fence.fenced_write: when none of the rows matching `filter` holds a fence above `fence`,
-/// sets `changes` and `fence_column = fence` on them and returns how many; NULL, writing nothing, when
-/// one does. The matching rows are locked before they are checked, so no concurrent writer can slip
-/// in between check and write.
-#[pg_extern(volatile, parallel_unsafe)]
+/// sets `changes` and `fence_column = fence` on them and returns how many; None when one does,
+/// which the entry point raises as PF002, rolling back whatever the call wrote.
+///
+/// Two statements. The first locks the matching rows and checks them: it waits for every writer
+/// still changing one of them, and refuses at once if one holds a higher fence. The second, with a
+/// snapshot taken after those writers ended, writes; it checks each row again as it comes to write
+/// it (fence.fence_not_above, the last condition of its WHERE clause, which PostgreSQL evaluates
+/// again on the newest version of a row that changed while it waited), so the rows checked are
+/// exactly the rows written: a row that came to match the filter after the first statement
+/// (inserted, or deleted and inserted again), or that a writer changed while the second waited
+/// for it, is checked in the version that would be overwritten. It skips such a row and tells us;
+/// we then answer None, so the error undoes the rows it did write.
+///
+/// No SQL function of its own any more: called directly, it could not undo what it wrote. The
+/// symbol stays, for the SQL function of versions before 0.4.0 (CREATE EXTENSION ... VERSION).
+#[pg_extern(sql = false)]
 fn write_unless_stale(
     target: Option<pg_sys::Oid>,
     fence_column: Option<&str>,
@@ -145,7 +169,8 @@ fn write_unless_stale(
     let fence = input::required(fence, "fence");
     let lock_and_check =
         update.select_sql(&format!("t.{column} OPERATOR(pg_catalog.>) $3"), "") + " FOR NO KEY UPDATE";
-    let write = update.update_sql(&format!("{column} = $3"), "", "1");
+    let check_and_write =
+        update.update_sql(&format!("{column} = $3"), &format!("fence.fence_not_above(t.{column}, $3)"), "1");
     let args = update.arguments(changes.as_ref(), filter.as_ref(), Some(fence));
     let stale = execute(&lock_and_check, &args, |rows| {
         rows.into_iter().any(|row| row.get::<bool>(1).ok().flatten() == Some(true))
@@ -153,5 +178,28 @@ fn write_unless_stale(
     if stale {
         return None;
     }
-    Some(execute(&write, &args, |rows| rows.len() as i64))
+    // A trigger of the table may run a fenced write of its own meanwhile: each keeps its own flag.
+    let outer = STALE_ROW_SKIPPED.replace(false);
+    let written = execute(&check_and_write, &args, |rows| rows.len() as i64);
+    let skipped = STALE_ROW_SKIPPED.replace(outer);
+    (!skipped).then_some(written)
+}
+
+thread_local! {
+    /// Whether fence_not_above refused a row in the running fenced_write's UPDATE.
+    static STALE_ROW_SKIPPED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// fence.fence_not_above(row_fence, fence): whether a row holding `row_fence` may be written under
+/// `fence` (NULL counts as below any fence). False also tells the fenced_write running it that it
+/// met such a row. Declared in sql/fencing.sql with a high cost, so that PostgreSQL evaluates it
+/// after the filter's conditions (and a row-level security policy's), on matching rows only.
+#[pg_extern(sql = false)]
+fn fence_not_above(row_fence: Option<i64>, fence: Option<i64>) -> bool {
+    let fence = input::required(fence, "fence");
+    let fits = row_fence.is_none_or(|row_fence| row_fence <= fence);
+    if !fits {
+        STALE_ROW_SKIPPED.set(true);
+    }
+    fits
 }

@@ -7,8 +7,9 @@
 //! | waiting room   | 28775    | one key's waiters      | `waiting`       |
 //! | session        | 28776    | one holder backend     | `sessions`      |
 //!
-//! The key lock, on a 64-bit hash of the key, is held until the end of the transaction that takes
-//! it, in one of three modes, so that each kind of call waits only for what it must:
+//! The key lock, on a keyed 64-bit hash of the key (`key_hash`), is held until the end of the
+//! top-level transaction that takes it, in one of three modes, so that each kind of call waits only
+//! for what it must:
 //!
 //! | mode       | taken by              | PostgreSQL lock mode      | waits for             |
 //! |------------|-----------------------|---------------------------|-----------------------|
@@ -20,10 +21,18 @@
 //! waits until every transaction that wrote under the old fence has ended (the guard); and guards
 //! never hold up the holder's own renew or release. Waits obey lock_timeout, statement_timeout and
 //! query cancel, and take part in deadlock detection.
-use crate::{clock, settings};
+//!
+//! A key lock belongs to the top-level transaction, not to the subtransaction that took it (the
+//! owner PostgreSQL's own pg_advisory_xact_lock would use): a guard taken in a PL/pgSQL EXCEPTION
+//! block or after a SAVEPOINT must hold until the writes made under it commit, even when that
+//! subtransaction rolls back and a later one writes. The waiting room's lock is different: it only
+//! orders waiters, so it belongs to the call's own subtransaction, and an error that ends the call
+//! lets the next waiter in.
+use crate::{clock, key_hash, settings};
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
+use std::time::Instant;
 
 pub const KEY_LOCK_CLASS: u16 = 0x7066;
 pub const WAITING_ROOM_CLASS: u16 = 0x7067;
@@ -46,32 +55,39 @@ impl Mode {
     }
 }
 
-/// 64-bit FNV-1a of the key. Fixed forever: backends running two builds of pg_fence side by side
-/// (during an upgrade) must still agree on which lock guards a key.
-pub fn key_hash(key: &str) -> u64 {
-    key.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+/// Who a lock belongs to, and so when PostgreSQL gives it back by itself.
+#[derive(Clone, Copy)]
+pub enum Owner {
+    /// The top-level transaction: held until it commits or rolls back, whatever its
+    /// subtransactions do.
+    TopTransaction,
+    /// The current subtransaction (or the transaction, outside any): its rollback gives it back.
+    Subtransaction,
 }
 
-/// Waits for and takes the key's lock until the end of the current transaction.
+/// The tag of `key`'s lock.
+fn key_tag(key: &str) -> pg_sys::LOCKTAG {
+    tag(KEY_LOCK_CLASS, key_hash::of(key))
+}
+
+/// Waits for and takes the key's lock until the end of the top-level transaction.
 pub fn lock(key: &str, mode: Mode) {
-    acquire(&tag(KEY_LOCK_CLASS, key_hash(key)), mode.lockmode(), false);
+    acquire(&key_tag(key), mode.lockmode(), Owner::TopTransaction, false);
 }
 
 /// Takes the key's lock if no other transaction's lock conflicts; false (nothing taken) otherwise.
 pub fn try_lock(key: &str, mode: Mode) -> bool {
-    acquire(&tag(KEY_LOCK_CLASS, key_hash(key)), mode.lockmode(), true)
+    acquire(&key_tag(key), mode.lockmode(), Owner::TopTransaction, true)
 }
 
-/// Like `lock`, but gives up at `deadline` (a `clock::now()` reading): false then, nothing taken.
-pub fn lock_until(key: &str, mode: Mode, deadline: i64) -> bool {
-    acquire_until(&tag(KEY_LOCK_CLASS, key_hash(key)), mode.lockmode(), deadline)
+/// Like `lock`, but gives up at `deadline`: false then, nothing taken.
+pub fn lock_until(key: &str, mode: Mode, deadline: Instant) -> bool {
+    acquire_until(&key_tag(key), mode.lockmode(), Owner::TopTransaction, deadline)
 }
 
 /// Whether this transaction holds the key's lock, in any mode.
 pub fn held_by_me(key: &str) -> bool {
-    let tag = tag(KEY_LOCK_CLASS, key_hash(key));
+    let tag = key_tag(key);
     // SAFETY: reads this backend's own lock table.
     [Mode::Grant, Mode::Change, Mode::Guard]
         .iter()
@@ -81,7 +97,7 @@ pub fn held_by_me(key: &str) -> bool {
 /// Gives back one `lock`/`try_lock` of this transaction, for a call that changed nothing: it need
 /// not hold others up until its transaction ends. A lock the transaction took earlier stays held.
 pub fn unlock(key: &str, mode: Mode) {
-    release(&tag(KEY_LOCK_CLASS, key_hash(key)), mode.lockmode());
+    release(&key_tag(key), mode.lockmode(), Owner::TopTransaction);
 }
 
 /// An advisory lock tag in this database: `class` in objsubid, `id` in objid (low) and classid (high).
@@ -97,38 +113,42 @@ pub fn tag(class: u16, id: u64) -> pg_sys::LOCKTAG {
     }
 }
 
-/// Takes a transaction-level lock; with `dont_wait`, only if it is free (false otherwise).
-///
-/// Transaction-level locks are registered with the current (sub)transaction, not with the running
-/// statement's resource owner: `acquire_until` takes them inside a subtransaction, whose locks pass
-/// to the parent transaction, and `release` must find every lock where it was registered.
-pub fn acquire(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, dont_wait: bool) -> bool {
+/// Takes a transaction-level lock for `owner`; with `dont_wait`, only if it is free (false
+/// otherwise).
+pub fn acquire(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, owner: Owner, dont_wait: bool) -> bool {
     // SAFETY: the call pg_advisory_xact_lock() makes; errors (cancel, timeout, deadlock) are
     // raised by PostgreSQL and turned into Rust panics by pgrx's FFI guard.
-    let result = as_transaction_owner(|| unsafe { pg_sys::LockAcquire(tag, lockmode, false, dont_wait) });
+    let result = as_owner(owner, || unsafe { pg_sys::LockAcquire(tag, lockmode, false, dont_wait) });
     result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }
 
-/// Gives back one acquisition of a transaction-level lock.
-pub fn release(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE) {
+/// Gives back one acquisition of a transaction-level lock, made for the same `owner`.
+pub fn release(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, owner: Owner) {
     // SAFETY: releases one acquisition this transaction made (PostgreSQL counts them).
-    as_transaction_owner(|| unsafe { pg_sys::LockRelease(tag, lockmode, false) });
+    as_owner(owner, || unsafe { pg_sys::LockRelease(tag, lockmode, false) });
 }
 
 /// Takes a transaction-level lock, waiting in the lock's queue (in arrival order) until `deadline`
 /// at most: false when the deadline passed first, with nothing taken and nothing left behind.
+/// `deadline` is on the monotonic clock, so a step of the server's clock neither shortens nor
+/// stretches the wait (but see `acquire_within_ms`).
 ///
 /// PostgreSQL has no lock wait with a timeout other than lock_timeout, which ends the wait with an
 /// error; so the wait runs in a subtransaction, as a PL/pgSQL EXCEPTION block would, whose rollback
 /// takes the waiter out of the queue. Any other error (cancel, statement_timeout) is raised again
 /// after the subtransaction is rolled back, as PL/pgSQL does: left open, it would leave even an
 /// implicit transaction in the state of an explicit block awaiting ROLLBACK.
-pub fn acquire_until(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, deadline: i64) -> bool {
+pub fn acquire_until(
+    tag: &pg_sys::LOCKTAG,
+    lockmode: pg_sys::LOCKMODE,
+    owner: Owner,
+    deadline: Instant,
+) -> bool {
     loop {
-        if acquire(tag, lockmode, true) {
+        if acquire(tag, lockmode, owner, true) {
             return true;
         }
-        let remaining_ms = clock::millis_rounded_up(deadline - clock::now());
+        let remaining_ms = clock::millis_rounded_up(clock::micros_until(deadline));
         if remaining_ms <= 0 {
             return false;
         }
@@ -136,30 +156,38 @@ pub fn acquire_until(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, deadline
         let users_timeout = i64::from(unsafe { pg_sys::LockTimeout });
         if users_timeout > 0 && users_timeout <= remaining_ms {
             // The caller's own lock_timeout ends the wait first: let it, with its usual error.
-            acquire(tag, lockmode, false);
+            acquire(tag, lockmode, owner, false);
             return true;
         }
         // lock_timeout takes at most i32::MAX ms (24.8 days): a longer wait goes round again.
-        if acquire_within_ms(tag, lockmode, remaining_ms.min(i64::from(i32::MAX))) {
+        if acquire_within_ms(tag, lockmode, owner, remaining_ms.min(i64::from(i32::MAX))) {
             return true;
         }
     }
 }
 
-fn acquire_within_ms(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, timeout_ms: i64) -> bool {
+/// One wait of at most `timeout_ms`, through lock_timeout. PostgreSQL times it by the wall clock
+/// (utils/misc/timeout.c): a step back of the server's clock during this wait stretches it by the
+/// step. The latch sleeps of a waiting acquire (`waiting::sleep`) do not have that weakness.
+fn acquire_within_ms(
+    tag: &pg_sys::LOCKTAG,
+    lockmode: pg_sys::LOCKMODE,
+    owner: Owner,
+    timeout_ms: i64,
+) -> bool {
     let lock_timeout = std::ffi::CString::new(timeout_ms.to_string()).unwrap();
     // SAFETY: the sequence PL/pgSQL's exec_stmt_block uses around an EXCEPTION block: the memory
     // context and resource owner are restored on both paths, and the subtransaction is rolled back
     // before any error other than our lock timeout is raised again.
     unsafe {
         let memory = pg_sys::CurrentMemoryContext;
-        let owner = pg_sys::CurrentResourceOwner;
+        let resource_owner = pg_sys::CurrentResourceOwner;
         pg_sys::BeginInternalSubTransaction(std::ptr::null());
         pg_sys::MemoryContextSwitchTo(memory);
         let taken = PgTryBuilder::new(|| {
             let guc_level = pg_sys::NewGUCNestLevel();
             settings::set_server_setting(c"lock_timeout", &lock_timeout, pg_sys::GucAction::GUC_ACTION_SAVE);
-            pg_sys::LockAcquire(tag, lockmode, false, false);
+            as_owner(owner, || pg_sys::LockAcquire(tag, lockmode, false, false));
             forget_late_lock_timeout();
             pg_sys::AtEOXact_GUC(true, guc_level);
             pg_sys::ReleaseCurrentSubTransaction();
@@ -179,7 +207,7 @@ fn acquire_within_ms(tag: &pg_sys::LOCKTAG, lockmode: pg_sys::LOCKMODE, timeout_
         })
         .execute();
         pg_sys::MemoryContextSwitchTo(memory);
-        pg_sys::CurrentResourceOwner = owner;
+        pg_sys::CurrentResourceOwner = resource_owner;
         taken
     }
 }
@@ -205,12 +233,18 @@ fn forget_late_lock_timeout() {
     }
 }
 
-fn as_transaction_owner<T>(f: impl FnOnce() -> T) -> T {
+/// Runs `f` with CurrentResourceOwner set to `owner`'s resource owner, which LockAcquire and
+/// LockRelease act for. (Within a waiting subtransaction of `acquire_within_ms`, a Subtransaction
+/// lock belongs to that subtransaction, which hands it to its parent when released.)
+fn as_owner<T>(owner: Owner, f: impl FnOnce() -> T) -> T {
     // SAFETY: swaps a backend-global pointer for the duration of `f`; an error in `f` aborts the
     // (sub)transaction, which resets CurrentResourceOwner itself.
     unsafe {
         let statement_owner = pg_sys::CurrentResourceOwner;
-        pg_sys::CurrentResourceOwner = pg_sys::CurTransactionResourceOwner;
+        pg_sys::CurrentResourceOwner = match owner {
+            Owner::TopTransaction => pg_sys::TopTransactionResourceOwner,
+            Owner::Subtransaction => pg_sys::CurTransactionResourceOwner,
+        };
         let result = f();
         pg_sys::CurrentResourceOwner = statement_owner;
         result

@@ -29,7 +29,7 @@ pub fn live(key: &str, now: i64) -> Option<Live> {
         let namespace = pg_sys::get_namespace_oid(c"fence".as_ptr(), false);
         let table = pg_sys::get_relname_relid(c"lease_state".as_ptr(), namespace);
         if table == pg_sys::InvalidOid {
-            pgrx::error!("table fence.lease_state is missing: reinstall pg_fence");
+            crate::errors::state_damaged("table fence.lease_state is missing");
         }
         let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let desc = (*rel).rd_att;
@@ -51,7 +51,7 @@ pub fn live(key: &str, now: i64) -> Option<Live> {
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let index = pg_sys::RelationGetPrimaryKeyIndex(rel);
         if index == pg_sys::InvalidOid {
-            pgrx::error!("table fence.lease_state has lost its primary key: reinstall pg_fence");
+            crate::errors::state_damaged("table fence.lease_state has lost its primary key");
         }
         let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut scan_key);
         let tuple = pg_sys::systable_getnext(scan);

@@ -22,6 +22,7 @@ use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use pgrx::Uuid;
+use std::time::Instant;
 
 /// A grant of a key granted before: bump the fence, but only when the lease there is dead at $3.
 /// A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would also WAL-log a row lock: the key
@@ -102,7 +103,7 @@ fn lease_acquire(
     let lease = if wait == 0 || keylock::held_by_me(key) {
         request.grant_unless_held()
     } else {
-        request.grant_within(clock::now() + wait)
+        request.grant_within(clock::deadline_after(wait))
     };
     if lease.is_none() {
         durability::skip_flush_if_alone(wal_before);
@@ -132,12 +133,12 @@ impl Request<'_> {
 
     /// Queues for the key (see `waiting`) and, first in line, grants it as soon as it is free;
     /// None when `deadline` comes first.
-    fn grant_within(&self, deadline: i64) -> Option<Lease> {
+    fn grant_within(&self, deadline: Instant) -> Option<Lease> {
         if !waiting::enter(self.key, deadline) {
             return None;
         }
         let lease = loop {
-            if clock::now() >= deadline {
+            if clock::micros_until(deadline) == 0 {
                 break None;
             }
             waiting::arm();
@@ -151,7 +152,7 @@ impl Request<'_> {
             keylock::unlock(self.key, Mode::Change);
             let now = clock::now();
             if let Some(held_until) = live_until(self.key, now) {
-                waiting::sleep(held_until.min(deadline) - now);
+                waiting::sleep((held_until - now).min(clock::micros_until(deadline)));
                 continue;
             }
             // Free: take the key lock for a grant, waiting (until the deadline at most) for writers
@@ -221,8 +222,12 @@ fn renew_if_held(
         return None;
     }
     let now = clock::now();
-    let args =
-        [key.into(), token_hash(token).into(), clock::timestamp(now).into(), clock::timestamp(now + ttl).into()];
+    let args = [
+        key.into(),
+        token_hash(token).into(),
+        clock::timestamp(now).into(),
+        clock::timestamp(now + ttl).into(),
+    ];
     let renewed = execute_first::<TimestampWithTimeZone>(RENEW, &args);
     match renewed {
         Some(_) => {

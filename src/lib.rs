@@ -3,13 +3,13 @@
 //! Where to look:
 //! - `leases`: lease_acquire / lease_renew / lease_release / current_fence, the heart of it.
 //! - `keylock`: the per-key advisory lock that serializes every change to one key (and the other
-//!   advisory locks pg_fence takes).
+//!   advisory locks pg_fence takes); `key_hash`: the secret-keyed hash that names a key's locks.
 //! - `durability`: what a transaction that grants or renews must guarantee at commit.
 //! - `input`: argument checks shared by every function; `errors`: how they fail.
 //! - `fencing`: fence_guard, fenced_update, fenced_write: writes that a stale holder cannot make.
 //! - `occ`: versioned_update, optimistic concurrency without locks.
 //! - `row_update`: the UPDATE statements those build from the caller's jsonb.
-//! - `admin`: lease_revoke, for role fence_admin. `notify`: the NOTIFY events of lease changes.
+//! - `admin`: lease_revoke, for role fence_admin (sql/privileges.sql says who may call what). `notify`: the NOTIFY events of lease changes.
 //! - `liveness`: the one condition for "this lease is live" (in SQL; `lease_row` has it in Rust);
 //!   `clock`: the server's clock, as liveness must read it.
 //! - `waiting`: lease_acquire's `wait`, a queue per key and prompt wake-ups.
@@ -34,18 +34,19 @@ mod errors;
 mod fencing;
 mod input;
 mod json_object;
+mod key_hash;
 mod keylock;
 mod lease_row;
-mod own_errors;
 mod leases;
 mod notify;
 mod occ;
+mod own_errors;
 mod row_update;
 mod sessions;
 mod settings;
 mod spi_plans;
-mod table_facts;
 mod sweeper;
+mod table_facts;
 mod waiting;
 mod worker;
 
@@ -63,10 +64,10 @@ extension_sql_file!(
 extension_sql_file!(
     "../sql/fencing.sql",
     name = "fencing",
-    requires = [fencing::fence_holds, fencing::update_matching, fencing::write_unless_stale]
+    requires = [fencing::fence_holds, fencing::update_matching]
 );
 extension_sql_file!("../sql/occ.sql", name = "occ", requires = [occ::update_versioned_row]);
-extension_sql_file!("../sql/admin.sql", name = "admin", requires = [admin::lease_revoke]);
+extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -12,7 +12,7 @@
 //! session-bound leases; a later session-bound grant takes a lock with the next generation, so those
 //! ended leases stay ended. Behind a pooler in transaction mode the "session" is a shared server
 //! connection, which is why session-bound leases need a direct or session-pooled connection.
-use crate::keylock::{self, SESSION_CLASS};
+use crate::keylock::{self, Owner, SESSION_CLASS};
 use crate::waiting;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
@@ -76,9 +76,9 @@ pub fn alive(pid: i32, id: i64) -> bool {
         // SAFETY: reads this backend's own lock table.
         return unsafe { pg_sys::LockHeldByMe(&tag, HOLDER_MODE) };
     }
-    let orphaned = keylock::acquire(&tag, PROBE_MODE, true);
+    let orphaned = keylock::acquire(&tag, PROBE_MODE, Owner::Subtransaction, true);
     if orphaned {
-        keylock::release(&tag, PROBE_MODE);
+        keylock::release(&tag, PROBE_MODE, Owner::Subtransaction);
     }
     !orphaned
 }

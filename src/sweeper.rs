@@ -1,10 +1,17 @@
 //! fence.sweep(): ends expired leases, in a bounded batch per call. Correctness never depends on it
 //! (an expired lease is free the moment it expires, judged by the clock); sweeping only marks such
 //! leases free in the table and keeps the sweeper's figures. The background worker (src/worker.rs)
-//! calls it every pg_fence.sweep_interval; without the worker, call it yourself (or from pg_cron).
+//! calls it every pg_fence.sweep_interval; without the worker, superusers and fence_admin call it
+//! (or pg_cron does).
+//!
+//! A sweep must never make an acquirer wait: it holds the rows it swept until its transaction ends,
+//! and the next grant of such a key would queue behind it. So it runs only in a transaction of its
+//! own (not inside a transaction block), skips every row another transaction has locked, and takes
+//! the one row of its figures first, without waiting (a sweep that finds it taken, by a concurrent
+//! sweep, does nothing): it never waits for a lock while it holds lease rows.
 use crate::notify::{self, Event};
 use crate::spi_plans::execute;
-use crate::{clock, durability};
+use crate::{clock, durability, errors};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use std::cell::Cell;
@@ -36,6 +43,9 @@ const SWEEP: &str = concat!(
     RETURNING s.key, s.fence, (expired.ctid::pg_catalog.text::pg_catalog.point)[0]::pg_catalog.int8"
 );
 
+/// The sweeper's figures, locked for this sweep unless another sweep holds them.
+const CLAIM: &str = "SELECT 1 FROM fence.sweeper_stats FOR UPDATE SKIP LOCKED";
+
 const RECORD: &str = "
     UPDATE fence.sweeper_stats SET last_run_at = $1, last_swept = $2, total_swept = total_swept + $2";
 
@@ -44,7 +54,14 @@ const RECORD: &str = "
 #[search_path(pg_catalog, pg_temp)]
 fn sweep() -> i64 {
     durability::require_writable("sweep leases");
+    // SAFETY: reads the backend's transaction state.
+    if unsafe { pg_sys::IsTransactionBlock() } {
+        errors::sweep_in_transaction_block();
+    }
     let wal_before = durability::wal_position();
+    if !execute(CLAIM, &[], |rows| !rows.is_empty()) {
+        return 0; // another sweep is running
+    }
     let now = clock::timestamp(clock::now());
     let args = [now.into(), BATCH.into(), RESUME_AT_PAGE.get().into()];
     let expired: Vec<(String, i64, i64)> = execute(SWEEP, &args, |rows| {

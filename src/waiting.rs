@@ -16,13 +16,14 @@
 //!   Change mode), so a release that looked at the room before the head entered it cannot leave
 //!   the head asleep.
 //! - An acquire without `wait` does not jump the queue: while the room is taken it is refused.
-use crate::keylock::{self, WAITING_ROOM_CLASS};
+use crate::keylock::{self, Owner, WAITING_ROOM_CLASS};
 use crate::spi_plans::execute_first;
 use crate::{errors, input};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{register_xact_callback, PgTryBuilder, PgXactCallbackEvent};
 use std::cell::{Cell, RefCell};
+use std::time::Instant;
 
 const ROOM_MODE: pg_sys::LOCKMODE = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
 
@@ -49,12 +50,12 @@ pub fn require_read_committed() {
 }
 
 /// Queues for the key's waiting room, until `deadline` at most: false when it ran out first.
-pub fn enter(key: &str, deadline: i64) -> bool {
-    keylock::acquire_until(&room(key), ROOM_MODE, deadline)
+pub fn enter(key: &str, deadline: Instant) -> bool {
+    keylock::acquire_until(&room(key), ROOM_MODE, Owner::Subtransaction, deadline)
 }
 
 pub fn leave(key: &str) {
-    keylock::release(&room(key), ROOM_MODE);
+    keylock::release(&room(key), ROOM_MODE, Owner::Subtransaction);
 }
 
 /// Whether someone is in the key's waiting room.
@@ -180,5 +181,5 @@ const WAITERS: &str = "
      WHERE locktype = 'advisory' AND database = $1 AND classid = $2 AND objid = $3 AND objsubid = $4";
 
 fn room(key: &str) -> pg_sys::LOCKTAG {
-    keylock::tag(WAITING_ROOM_CLASS, keylock::key_hash(key))
+    keylock::tag(WAITING_ROOM_CLASS, crate::key_hash::of(key))
 }

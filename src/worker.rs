@@ -98,6 +98,7 @@ mod tests {
         assert_eq!(next_wait(second, ms(2)), second); // a small table
         assert_eq!(next_wait(second, ms(120)), Duration::from_secs(6)); // a million keys
         assert_eq!(next_wait(second, Duration::from_secs(3600)), Duration::from_secs(60)); // held up by a lock
-        assert_eq!(next_wait(Duration::from_secs(300), ms(120)), Duration::from_secs(300)); // a longer interval stands
+        assert_eq!(next_wait(Duration::from_secs(300), ms(120)), Duration::from_secs(300));
+        // a longer interval stands
     }
 }

@@ -23,23 +23,48 @@ fn run_script(args: &[&str]) {
     assert!(status.success(), "pg_test/cluster {args:?} failed");
 }
 
+/// Creates (not starts) the cluster "it_" + `name`, destroying what an earlier run left; returns
+/// its name. A cluster that then fails to start is left in place, server.log included.
+fn create(name: &str, port: u16, settings: &[&str]) -> String {
+    let name = format!("it_{name}");
+    let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
+    let port_text = port.to_string();
+    let mut args = vec!["create", &name, &port_text];
+    args.extend_from_slice(settings);
+    run_script(&args);
+    name
+}
+
 impl Cluster {
     /// Creates and starts a cluster. Each test uses its own `name` and `port` so tests can run in
     /// parallel. `settings` are postgresql.conf lines such as "wal_writer_delay=10s".
     pub fn start(name: &str, port: u16, settings: &[&str]) -> Cluster {
-        let cluster = Cluster::start_without_extension(name, port, settings);
+        Cluster::start_with_env(name, port, settings, &[])
+    }
+
+    /// The same, with extra environment variables for the server (such as LD_PRELOAD, to run it
+    /// under libfaketime). They are set for `pg_test/cluster start`, whose runuser and pg_ctl pass
+    /// them on to the postmaster and so to every backend; a later `restart` does not set them.
+    pub fn start_with_env(name: &str, port: u16, settings: &[&str], env: &[(&str, &str)]) -> Cluster {
+        let name = create(name, port, settings);
+        // Run by bash itself, not through the script's `#!/usr/bin/env bash`: the first process
+        // libfaketime is loaded into creates its objects in /dev/shm and removes them when it exits,
+        // which `env` never does (it execs bash), so they would be left behind.
+        let status = Command::new("bash")
+            .arg(cluster_script())
+            .args(["start", &name])
+            .envs(env.iter().copied())
+            .status()
+            .expect("run pg_test/cluster");
+        assert!(status.success(), "pg_test/cluster start {name} with {env:?} failed");
+        let cluster = Cluster { name, port };
         cluster.connect().batch_execute("CREATE EXTENSION pg_fence").unwrap();
         cluster
     }
 
-    /// The same, without CREATE EXTENSION.
+    /// The same as `start`, without CREATE EXTENSION.
     pub fn start_without_extension(name: &str, port: u16, settings: &[&str]) -> Cluster {
-        let name = format!("it_{name}");
-        let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
-        let port_text = port.to_string();
-        let mut args = vec!["create", &name, &port_text];
-        args.extend_from_slice(settings);
-        run_script(&args);
+        let name = create(name, port, settings);
         run_script(&["start", &name]);
         Cluster { name, port }
     }

@@ -7,7 +7,7 @@ use std::process::Command;
 use uuid::Uuid;
 
 /// The versions whose full install scripts are kept in sql/archive, oldest first.
-const OLD_VERSIONS: &[&str] = &["0.1.0", "0.2.0"];
+const OLD_VERSIONS: &[&str] = &["0.1.0", "0.2.0", "0.3.0"];
 
 /// The extension's version, as its Cargo.toml (and so `cargo pgrx install`) says.
 fn current_version() -> String {

@@ -1,0 +1,55 @@
+-- pg_fence 0.3.0 -> 0.4.0:
+-- - Key locks are named by a SipHash keyed with a random secret (fence.lock_secret), no longer by
+--   the public FNV-1a hash, so nobody can pick two keys that share a lock. Restart the server, or
+--   end every session that loaded the 0.3.0 library, before this update: an old session would
+--   still name the locks by the old hash and not exclude the new ones.
+-- - fenced_write and versioned_update check each row again as they write it (fence.fence_not_above,
+--   fence.checked_version), so the rows checked are the rows written. fenced_write's core is no
+--   longer an SQL function of its own: called directly, it could not undo what it wrote.
+-- - Privileges: nothing is for PUBLIC any more. Leases and fencing are for role fence_user, which
+--   this update creates; lease_revoke and fence.sweep() for fence_admin. GRANT fence_user TO your
+--   applications' roles before (or right after) this update.
+\echo Use "ALTER EXTENSION pg_fence UPDATE TO '0.4.0'" to load this file. \quit
+
+CREATE TABLE fence.lock_secret (
+    one    boolean PRIMARY KEY DEFAULT true CHECK (one),
+    secret bytea   NOT NULL
+);
+INSERT INTO fence.lock_secret (secret)
+VALUES (pg_catalog.uuid_send(pg_catalog.gen_random_uuid()) || pg_catalog.uuid_send(pg_catalog.gen_random_uuid()));
+REVOKE ALL ON fence.lock_secret FROM PUBLIC;
+
+CREATE FUNCTION fence.fence_not_above(row_fence bigint, fence bigint)
+RETURNS boolean
+LANGUAGE c VOLATILE COST 1000000
+AS 'MODULE_PATHNAME', 'fence_not_above_wrapper';
+
+DROP FUNCTION fence.write_unless_stale(oid, text, bigint, jsonb, jsonb);
+
+CREATE  FUNCTION fence."checked_version"(
+	"target" oid, /* Option < pg_sys :: Oid > */
+	"row_version" bigint, /* Option < i64 > */
+	"expected" bigint /* Option < i64 > */
+) RETURNS bigint /* i64 */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'checked_version_wrapper';
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'fence_user') THEN
+        CREATE ROLE fence_user NOLOGIN;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('fence_admin', 'fence_user', 'MEMBER') THEN
+        GRANT fence_user TO fence_admin;
+    END IF;
+END
+$$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA fence FROM PUBLIC;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA fence TO fence_user;
+REVOKE EXECUTE ON FUNCTION fence.lease_revoke(text), fence.sweep() FROM fence_user;
+GRANT EXECUTE ON FUNCTION fence.lease_revoke(text), fence.sweep() TO fence_admin;
+
+REVOKE SELECT ON fence.leases FROM PUBLIC;
+GRANT SELECT ON fence.leases TO fence_user;

@@ -1,0 +1,206 @@
+//! pg_fence through a step of the server's wall clock, such as an NTP correction or a resumed VM
+//! makes. The server runs under libfaketime with an offset the test rewrites, while CLOCK_MONOTONIC
+//! keeps running (FAKETIME_DONT_FAKE_MONOTONIC), as it does through a real step.
+//!
+//! - How long a wait lasts is measured on the monotonic clock: a step back must not stretch it. A
+//!   deadline on the wall clock made a 3 s wait last 23 s after a 20 s step back.
+//! - Liveness is judged by the wall clock, the clock every `acquired_at` and `expires_at` is written
+//!   in. So a step forward ends leases early, and a step back makes an expired lease live again as
+//!   long as nobody took the key in between. A lease that was taken over stays lost whatever the
+//!   clock does, because its token no longer holds the key and its fence is no longer the current
+//!   one. README states all of this, and the second test pins it down.
+//!
+//! After every step the test reads the server's clock to check that the step happened. If
+//! libfaketime were not loaded (say the environment stopped reaching the postmaster), the wait test
+//! would otherwise pass without testing anything.
+use pg_fence_integration::{backend_pid, eventually, sqlstate, wait_event, Cluster};
+use postgres::Client;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use uuid::Uuid;
+
+/// Bounds how long a broken test hangs; never a measure of speed.
+const GENEROUS: Duration = Duration::from_secs(20);
+
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// The offset of the server's wall clock from the real one, in a file libfaketime reads.
+struct FakeClock {
+    path: PathBuf,
+}
+
+impl FakeClock {
+    fn new(name: &str) -> FakeClock {
+        assert!(
+            Path::new(LIBFAKETIME).exists(),
+            "{LIBFAKETIME} is missing: install faketime (pg_test/setup)"
+        );
+        let clock = FakeClock { path: std::env::temp_dir().join(format!("pg_fence_it_{name}.faketime")) };
+        clock.write(0);
+        clock
+    }
+
+    /// A scratch cluster whose every process reads its wall clock through this offset.
+    fn start_cluster(&self, name: &str, port: u16) -> Cluster {
+        let path = self.path.to_str().unwrap();
+        Cluster::start_with_env(
+            name,
+            port,
+            &[],
+            &[
+                ("LD_PRELOAD_DISABLED", LIBFAKETIME),
+                ("FAKETIME_TIMESTAMP_FILE", path),
+                // The file is otherwise read again only every 10 s: a step must take effect at once.
+                ("FAKETIME_NO_CACHE", "1"),
+                // A real step leaves the monotonic clock alone, and that is what the waits rely on.
+                ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+                // Nor does it shift the timestamps of files already written, which libfaketime
+                // would otherwise do in stat().
+                ("NO_FAKE_STAT", "1"),
+            ],
+        )
+    }
+
+    /// Sets the offset to `seconds` (libfaketime's relative format: a sign, then seconds).
+    fn write(&self, seconds: i64) {
+        // Written aside and renamed, so that a server reading the file never sees it half-written
+        // (with FAKETIME_NO_CACHE, every read of the clock reads the file). The server runs as
+        // `postgres`, not as us.
+        let aside = self.path.with_extension("new");
+        fs::write(&aside, format!("{seconds:+}\n")).unwrap();
+        fs::set_permissions(&aside, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::rename(&aside, &self.path).unwrap();
+    }
+
+    /// Steps the server's wall clock to `seconds` from the real one and checks, through `client`,
+    /// that the server's clock says so.
+    fn step(&self, client: &mut Client, seconds: i64) {
+        self.write(seconds);
+        let mut seen = f64::NAN;
+        let stepped = eventually(GENEROUS, || {
+            seen = server_offset(client);
+            (seen - seconds as f64).abs() < 1.0
+        });
+        assert!(stepped, "stepped the clock to {seconds:+} s, but the server's clock is {seen:+.3} s off");
+    }
+}
+
+impl Drop for FakeClock {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// How far the server's wall clock is ahead of ours, in seconds.
+fn server_offset(client: &mut Client) -> f64 {
+    let server: f64 =
+        client.query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[]).unwrap().get(0);
+    server - SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+fn acquire(client: &mut Client, key: &str, ttl: &str) -> Option<(i64, Uuid)> {
+    let row = client
+        .query_one("SELECT fence, token FROM fence.lease_acquire($1, $2::text::interval)", &[&key, &ttl])
+        .unwrap();
+    row.get::<_, Option<i64>>(0).map(|fence| (fence, row.get(1)))
+}
+
+/// lease_renew with a 5-second TTL: Ok, or the SQLSTATE it failed with.
+fn renew(client: &mut Client, key: &str, token: Uuid) -> Result<(), String> {
+    client
+        .query_one("SELECT fence.lease_renew($1, $2, '5 seconds')", &[&key, &token])
+        .map(drop)
+        .map_err(|err| sqlstate(&err))
+}
+
+/// fence_guard: Ok (it returned true), or the SQLSTATE it failed with.
+fn guard(client: &mut Client, key: &str, fence: i64) -> Result<(), String> {
+    let row = client
+        .query_one("SELECT fence.fence_guard($1, $2)", &[&key, &fence])
+        .map_err(|err| sqlstate(&err))?;
+    assert!(row.get::<_, bool>(0), "fence_guard returns true or raises");
+    Ok(())
+}
+
+/// The key's row in fence.leases: (fence, live).
+fn lease(client: &mut Client, key: &str) -> (i64, bool) {
+    let row = client.query_one("SELECT fence, live FROM fence.leases WHERE key = $1", &[&key]).unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// A 3-second wait for a held key, during which the server's clock steps back 20 s: it must still
+/// end after 3 s, not after the 23 s a deadline on the wall clock would take.
+#[test]
+fn a_wait_runs_on_the_monotonic_clock() {
+    let clock = FakeClock::new("clock_wait");
+    let cluster = clock.start_cluster("clock_wait", 26951);
+    let (mut a, mut observer) = (cluster.connect(), cluster.connect());
+    acquire(&mut a, "clock:wait", "1 hour").expect("the key is free");
+
+    let mut b = cluster.connect();
+    let b_pid = backend_pid(&mut b);
+    let started = Instant::now();
+    let waiter = thread::spawn(move || {
+        let start = Instant::now();
+        let row = b
+            .query_one(
+                "SELECT (fence.lease_acquire('clock:wait', '1 minute', wait => '3 seconds')).fence",
+                &[],
+            )
+            .unwrap();
+        (row.get::<_, Option<i64>>(0), start.elapsed())
+    });
+    // The step must come after B has set its deadline, that is while it sleeps on its latch.
+    assert!(
+        eventually(GENEROUS, || wait_event(&mut observer, b_pid).0.as_deref() == Some("Extension")),
+        "B never went to sleep waiting for the key"
+    );
+    thread::sleep(Duration::from_millis(500).saturating_sub(started.elapsed()));
+    clock.step(&mut observer, -20);
+
+    let (fence, elapsed) = waiter.join().unwrap();
+    println!("a 3 s wait with a 20 s step back of the server's clock took {elapsed:.3?}");
+    assert_eq!(fence, None, "A still holds the key for an hour");
+    assert!(elapsed >= Duration::from_secs(3), "the wait ended early: {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(10), "the step back stretched the wait: {elapsed:?}");
+}
+
+/// What a step of the server's clock does to a lease, exactly as README states it.
+#[test]
+fn a_step_forward_expires_leases_and_a_step_back_revives_an_untaken_one() {
+    const KEY: &str = "clock:step";
+    let clock = FakeClock::new("clock_step");
+    let cluster = clock.start_cluster("clock_step", 26952);
+    let (mut a, mut b, mut observer) = (cluster.connect(), cluster.connect(), cluster.connect());
+    // Each step below is seconds of real time from the last grant or renewal at most, well within
+    // the 5-second TTL.
+    let (fence, token) = acquire(&mut a, KEY, "5 seconds").expect("the key is free");
+
+    // Forward past the TTL: by the server's clock, the lease has expired.
+    clock.step(&mut observer, 10);
+    assert_eq!(renew(&mut a, KEY, token), Err("PF001".into()));
+    assert_eq!(guard(&mut a, KEY, fence), Err("PF002".into()));
+    assert_eq!(lease(&mut observer, KEY), (fence, false));
+
+    // Back, with no grant in between: the lease row is unchanged and live again by the server's
+    // clock, so A's fence passes the guard and its renewal succeeds. This is documented behaviour
+    // (README), not a bug: nobody else can have held the key, and nobody can get it while it is live.
+    clock.step(&mut observer, 0);
+    assert_eq!(lease(&mut observer, KEY), (fence, true));
+    assert_eq!(guard(&mut a, KEY, fence), Ok(()));
+    assert_eq!(renew(&mut a, KEY, token), Ok(()), "the untaken lease is live again");
+
+    // Forward again, and this time B takes the key over.
+    clock.step(&mut observer, 10);
+    let (b_fence, _) = acquire(&mut b, KEY, "1 minute").expect("A's lease has expired by the server's clock");
+    assert_eq!(b_fence, fence + 1);
+
+    // Back: a lease taken over is never revived, whatever the clock does.
+    clock.step(&mut observer, 0);
+    assert_eq!(renew(&mut a, KEY, token), Err("PF001".into()));
+    assert_eq!(guard(&mut a, KEY, fence), Err("PF002".into()));
+    assert_eq!(lease(&mut observer, KEY), (b_fence, true), "B's lease is live");
+}

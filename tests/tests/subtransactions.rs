@@ -1,0 +1,80 @@
+//! Invariant 3 under subtransactions: a guard taken inside a subtransaction that rolls back (ROLLBACK
+//! TO SAVEPOINT, or a PL/pgSQL EXCEPTION block that caught an error) still holds back the key's next
+//! grant until the top-level transaction ends, because the writes made after it are made under it.
+use pg_fence_integration::{sqlstate, Cluster};
+use postgres::Client;
+use std::thread;
+use std::time::Duration;
+
+const SETUP: &str = "
+    CREATE TABLE resource (id int PRIMARY KEY, value text, last_fence bigint);
+    -- The usual upsert fallback: guard and INSERT, and on a duplicate an UPDATE, in the handler,
+    -- after the block's subtransaction (and the guard's, were it the block's) has rolled back.
+    CREATE FUNCTION guarded_upsert(k text, f bigint, v text) RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM fence.fence_guard(k, f);
+        INSERT INTO resource VALUES (1, v, f);
+    EXCEPTION WHEN unique_violation THEN
+        UPDATE resource SET value = v, last_fence = f WHERE id = 1;
+    END $$;
+    INSERT INTO resource VALUES (1, 'initial', 0);";
+
+/// Acquires the key with a 300 ms lease and returns its fence.
+fn acquire_briefly(client: &mut Client, key: &str) -> i64 {
+    client.query_one("SELECT (fence.lease_acquire($1, '300 milliseconds')).fence", &[&key]).unwrap().get(0)
+}
+
+/// After the lease under which `writer` wrote has expired, and while `writer`'s transaction is still
+/// open, another session's grant must wait for it: with lock_timeout it fails with 55P03. Then the
+/// writer commits, and the grant goes through with the next fence.
+fn assert_grant_waits_for(cluster: &Cluster, mut writer: postgres::Transaction, key: &str, fence: i64) {
+    let locks: i64 = writer
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND objsubid = 28774",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(locks, 1, "the guard's key lock went with its subtransaction");
+    thread::sleep(Duration::from_millis(400)); // the lease has expired
+    let mut acquirer = cluster.connect();
+    acquirer.batch_execute("SET lock_timeout = '500ms'").unwrap();
+    let grant = "SELECT (fence.lease_acquire($1, '1 minute')).fence";
+    match acquirer.query_one(grant, &[&key]) {
+        Err(err) => assert_eq!(sqlstate(&err), "55P03", "{err}"),
+        Ok(row) => panic!(
+            "fence {:?} was granted while a write under fence {fence} was still to commit",
+            row.get::<_, Option<i64>>(0)
+        ),
+    }
+    writer.commit().unwrap();
+    let next: Option<i64> = acquirer.query_one(grant, &[&key]).unwrap().get(0);
+    assert_eq!(next, Some(fence + 1));
+}
+
+#[test]
+fn a_guard_rolled_back_to_a_savepoint_still_holds_back_the_next_grant() {
+    let cluster = Cluster::start("guard_savepoint", 26412, &[]);
+    let mut client = cluster.connect();
+    client.batch_execute(SETUP).unwrap();
+    let fence = acquire_briefly(&mut client, "sub:savepoint");
+    let mut writer = client.transaction().unwrap();
+    writer.batch_execute("SAVEPOINT s").unwrap();
+    writer.query_one("SELECT fence.fence_guard('sub:savepoint', $1)", &[&fence]).unwrap();
+    writer.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
+    writer.execute("UPDATE resource SET value = 'after the savepoint', last_fence = $1", &[&fence]).unwrap();
+    assert_grant_waits_for(&cluster, writer, "sub:savepoint", fence);
+}
+
+#[test]
+fn a_guard_in_an_exception_block_still_holds_back_the_next_grant() {
+    let cluster = Cluster::start("guard_exception", 26413, &[]);
+    let mut client = cluster.connect();
+    client.batch_execute(SETUP).unwrap();
+    let fence = acquire_briefly(&mut client, "sub:upsert");
+    let mut writer = client.transaction().unwrap();
+    writer.execute("SELECT guarded_upsert('sub:upsert', $1, 'upserted')", &[&fence]).unwrap();
+    let value: String = writer.query_one("SELECT value FROM resource WHERE id = 1", &[]).unwrap().get(0);
+    assert_eq!(value, "upserted", "the handler's UPDATE ran");
+    assert_grant_waits_for(&cluster, writer, "sub:upsert", fence);
+}
