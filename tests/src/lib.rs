@@ -105,6 +105,21 @@ impl Cluster {
         self.try_connect_to(database).expect("connect to scratch cluster")
     }
 
+    /// A connection to database `postgres` as another role (trust authentication).
+    pub fn connect_as(&self, user: &str) -> Client {
+        let config = format!(
+            "host=127.0.0.1 port={} user={user} dbname=postgres application_name=pg_fence_it",
+            self.port
+        );
+        Client::connect(&config, NoTls).expect("connect to scratch cluster")
+    }
+
+    /// The server's log file (pg_test/cluster starts the server with `-l` there).
+    pub fn log_path(&self) -> PathBuf {
+        let root = std::env::var("PG_FENCE_TEST_DIR").unwrap_or_else(|_| "/tmp/pg_fence_test".into());
+        PathBuf::from(root).join(&self.name).join("server.log")
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }

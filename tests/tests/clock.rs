@@ -51,7 +51,7 @@ impl FakeClock {
             port,
             &[],
             &[
-                ("LD_PRELOAD_DISABLED", LIBFAKETIME),
+                ("LD_PRELOAD", LIBFAKETIME),
                 ("FAKETIME_TIMESTAMP_FILE", path),
                 // The file is otherwise read again only every 10 s: a step must take effect at once.
                 ("FAKETIME_NO_CACHE", "1"),

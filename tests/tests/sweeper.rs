@@ -1,5 +1,5 @@
 //! The sweeper background worker, in a cluster with pg_fence in shared_preload_libraries.
-use pg_fence_integration::{eventually, Cluster};
+use pg_fence_integration::{eventually, sqlstate, Cluster};
 use postgres::Client;
 use std::thread;
 use std::time::Duration;
@@ -74,4 +74,73 @@ fn the_sweeper_waits_for_the_extension() {
         eventually(Duration::from_secs(5), || unswept(&mut client) == 0),
         "nothing swept after CREATE EXTENSION"
     );
+}
+
+/// fence.sweep() called by hand, without the worker: it marks expired leases free and keeps their
+/// fences; it is for fence_admin; and it never runs inside a transaction block, where the rows it
+/// swept would stay locked, and their next acquirers waiting, for as long as the block stays open.
+#[test]
+fn a_sweep_by_hand_frees_expired_leases_and_is_for_fence_admin_in_its_own_transaction() {
+    let cluster = Cluster::start("sweep_by_hand", 26503, &[]);
+    let mut client = cluster.connect();
+    client
+        .batch_execute(
+            "SELECT fence.lease_acquire('expired', '10 ms'); SELECT fence.lease_acquire('live', '1 minute');
+             SELECT pg_sleep(0.03);",
+        )
+        .unwrap();
+    assert_eq!(client.query_one("SELECT fence.sweep()", &[]).unwrap().get::<_, i64>(0), 1);
+    assert_eq!(client.query_one("SELECT fence.sweep()", &[]).unwrap().get::<_, i64>(0), 0, "nothing left");
+    let row = client
+        .query_one(
+            "SELECT (SELECT token_hash IS NULL FROM fence.lease_state WHERE key = 'expired'),
+                    (SELECT live FROM fence.leases WHERE key = 'live'), total_swept, last_swept FROM fence.sweeper",
+            &[],
+        )
+        .unwrap();
+    assert!(row.get::<_, bool>(0) && row.get::<_, bool>(1));
+    assert_eq!((row.get::<_, i64>(2), row.get::<_, i64>(3)), (1, 0));
+    let next: Option<i64> =
+        client.query_one("SELECT (fence.lease_acquire('expired', '1 minute')).fence", &[]).unwrap().get(0);
+    assert_eq!(next, Some(2), "the fence counter survives sweeping");
+
+    let err = client.batch_execute("BEGIN; SELECT fence.sweep();").unwrap_err();
+    assert_eq!(sqlstate(&err), "25001", "{err}");
+    client.batch_execute("ROLLBACK; CREATE ROLE app LOGIN; GRANT fence_user TO app").unwrap();
+    let mut app = cluster.connect_as("app");
+    let err = app.query_one("SELECT fence.sweep()", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "an ordinary role may sweep: {err}");
+    let err = app.query_one("SELECT fence.lease_revoke('live')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
+    client.batch_execute("GRANT fence_admin TO app").unwrap();
+    assert_eq!(app.query_one("SELECT fence.sweep()", &[]).unwrap().get::<_, i64>(0), 0);
+}
+
+/// A sweep that finds the sweeper's figures locked (another sweep, or anyone holding that row)
+/// returns at once without sweeping. pg_fence 0.3.0 swept first and then waited for the figures'
+/// row, holding the rows it had swept, so the next acquirers of those keys waited too.
+#[test]
+fn a_sweep_never_waits_while_holding_swept_leases() {
+    let cluster = Cluster::start("sweep_no_wait", 26504, &[]);
+    let mut client = cluster.connect();
+    client.batch_execute("SELECT fence.lease_acquire('expired', '10 ms'); SELECT pg_sleep(0.03);").unwrap();
+    let mut figures = cluster.connect();
+    figures.batch_execute("BEGIN; SELECT * FROM fence.sweeper_stats FOR UPDATE;").unwrap();
+
+    let mut sweeper = cluster.connect();
+    let sweep = thread::spawn(move || {
+        sweeper.batch_execute("SET statement_timeout = '10s'").unwrap();
+        sweeper
+            .query_one("SELECT fence.sweep()", &[])
+            .map(|row| row.get::<_, i64>(0))
+            .map_err(|e| sqlstate(&e))
+    });
+    thread::sleep(Duration::from_millis(300));
+    client.batch_execute("SET lock_timeout = '2s'").unwrap();
+    let granted = client.query_one("SELECT (fence.lease_acquire('expired', '1 minute')).fence", &[]);
+    let granted: Option<i64> =
+        granted.map_err(|e| sqlstate(&e)).expect("the acquirer waited for the sweep").get(0);
+    assert_eq!(granted, Some(2));
+    figures.batch_execute("COMMIT").unwrap();
+    assert_eq!(sweep.join().unwrap(), Ok(0), "a sweep ran while another held the figures");
 }
