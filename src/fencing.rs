@@ -5,7 +5,7 @@
 //! commit" true. It first takes the key's lock in `Guard` mode, which every grant waits for and which
 //! it keeps until the writing transaction ends; only then does it read the latest committed grant.
 use crate::json_object::JsonArg;
-use crate::keylock::{self, Mode};
+use crate::keylock::{self, Mode, Owner};
 use crate::own_errors::{entry_point, palloc_copy, Message, STALE_FENCE};
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
@@ -51,14 +51,15 @@ entry_point!(
 /// the rest of the transaction have committed. Not SECURITY DEFINER: see src/lease_row.rs.
 #[pg_extern(volatile, parallel_unsafe)]
 fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
-    guard(input::key(key), input::required(fence, "fence"))
+    guard(input::key(key), input::required(fence, "fence"), Owner::TopTransaction)
 }
 
-fn guard(key: &str, fence: i64) -> bool {
-    keylock::lock(key, Mode::Guard);
+/// The guard, its lock held for `owner`.
+fn guard(key: &str, fence: i64, owner: Owner) -> bool {
+    keylock::lock_for(key, Mode::Guard, owner);
     let holds = lease_row::live(key, clock::now()).is_some_and(|lease| lease.fence == fence);
     if !holds {
-        keylock::unlock(key, Mode::Guard);
+        keylock::unlock_for(key, Mode::Guard, owner);
     }
     holds
 }
@@ -66,6 +67,11 @@ fn guard(key: &str, fence: i64) -> bool {
 /// fence.fenced_update's core: the guard, then the write; None, writing nothing, when the guard
 /// refuses the fence. Every argument is checked before the guard, so bad input holds no lock.
 /// (No SQL function of its own: see `entry_point!`.)
+///
+/// Unlike fence_guard's, this guard's lock belongs to the current subtransaction: the write it
+/// guards is made in that same subtransaction, so the two end together. A caller's savepoint
+/// rolled back undoes both; an error in the write (a bad value, a missing privilege) lets the
+/// lock go with the subtransaction that catches it.
 #[pg_extern(sql = false)]
 fn fenced_update_core(
     key: Option<&str>,
@@ -76,7 +82,7 @@ fn fenced_update_core(
 ) -> Option<i64> {
     let (key, fence) = (input::key(key), input::required(fence, "fence"));
     let update = RowUpdate::new("fenced_update", target, changes.as_ref(), filter.as_ref());
-    guard(key, fence).then(|| run_update(&update, changes.as_ref(), filter.as_ref()))
+    guard(key, fence, Owner::Subtransaction).then(|| run_update(&update, changes.as_ref(), filter.as_ref()))
 }
 
 /// fence.fenced_write's core, taking `fence_column` as the `name` it is in SQL.

@@ -25,9 +25,10 @@
 //! A key lock belongs to the top-level transaction, not to the subtransaction that took it (the
 //! owner PostgreSQL's own pg_advisory_xact_lock would use): a guard taken in a PL/pgSQL EXCEPTION
 //! block or after a SAVEPOINT must hold until the writes made under it commit, even when that
-//! subtransaction rolls back and a later one writes. The waiting room's lock is different: it only
-//! orders waiters, so it belongs to the call's own subtransaction, and an error that ends the call
-//! lets the next waiter in.
+//! subtransaction rolls back and a later one writes. Two locks are different. The waiting room's
+//! only orders waiters, so it belongs to the call's own subtransaction, and an error that ends the
+//! call lets the next waiter in. And fenced_update's guard guards only the write it makes itself,
+//! in the same subtransaction, so its lock belongs to that subtransaction too (src/fencing.rs).
 use crate::{clock, key_hash, settings};
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
@@ -72,7 +73,12 @@ fn key_tag(key: &str) -> pg_sys::LOCKTAG {
 
 /// Waits for and takes the key's lock until the end of the top-level transaction.
 pub fn lock(key: &str, mode: Mode) {
-    acquire(&key_tag(key), mode.lockmode(), Owner::TopTransaction, false);
+    lock_for(key, mode, Owner::TopTransaction);
+}
+
+/// Waits for and takes the key's lock for `owner`.
+pub fn lock_for(key: &str, mode: Mode, owner: Owner) {
+    acquire(&key_tag(key), mode.lockmode(), owner, false);
 }
 
 /// Takes the key's lock if no other transaction's lock conflicts; false (nothing taken) otherwise.
@@ -97,7 +103,12 @@ pub fn held_by_me(key: &str) -> bool {
 /// Gives back one `lock`/`try_lock` of this transaction, for a call that changed nothing: it need
 /// not hold others up until its transaction ends. A lock the transaction took earlier stays held.
 pub fn unlock(key: &str, mode: Mode) {
-    release(&key_tag(key), mode.lockmode(), Owner::TopTransaction);
+    unlock_for(key, mode, Owner::TopTransaction);
+}
+
+/// `unlock` of a `lock_for(owner)`.
+pub fn unlock_for(key: &str, mode: Mode, owner: Owner) {
+    release(&key_tag(key), mode.lockmode(), owner);
 }
 
 /// An advisory lock tag in this database: `class` in objsubid, `id` in objid (low) and classid (high).

@@ -28,7 +28,9 @@ fn update_versioned_row(
     let expected = input::required(expected_version, "expected_version");
     let current = update.select_sql(&format!("t.{column}::pg_catalog.int8"), "") + " LIMIT 2 FOR UPDATE";
     let write = update.update_sql(
-        &format!("{column} = fence.checked_version(t.tableoid, t.{column}, $3)"),
+        // The table's OID as a constant: the plan is the table's own anyway, and t.tableoid would
+        // need SELECT on the whole table, where the caller may have it on some columns only.
+        &format!("{column} = fence.checked_version({}::pg_catalog.oid, t.{column}, $3)", update.relid().to_u32()),
         "",
         &format!("t.{column}::pg_catalog.int8"),
     );

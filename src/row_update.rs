@@ -154,6 +154,10 @@ impl RowUpdate {
         &self.table
     }
 
+    pub fn relid(&self) -> pg_sys::Oid {
+        self.relid
+    }
+
     /// `UPDATE table AS t SET <changes>[, extra_set] WHERE <filter>[ AND extra_where] RETURNING returning`
     pub fn update_sql(&self, extra_set: &str, extra_where: &str, returning: &str) -> String {
         let from_record: Vec<&Column> = self.changes.iter().filter(|c| c.via_record()).collect();

@@ -13,17 +13,18 @@
 //! ended leases stay ended. Behind a pooler in transaction mode the "session" is a shared server
 //! connection, which is why session-bound leases need a direct or session-pooled connection.
 use crate::keylock::{self, Owner, SESSION_CLASS};
-use crate::waiting;
+use crate::{key_hash, waiting};
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 const HOLDER_MODE: pg_sys::LOCKMODE = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
 const PROBE_MODE: pg_sys::LOCKMODE = pg_sys::ShareLock as pg_sys::LOCKMODE;
 
 thread_local! {
-    /// Keys this session holds (or held) session-bound: their waiters are woken when it exits.
-    static BOUND_KEYS: RefCell<BTreeSet<String>> = const { RefCell::new(BTreeSet::new()) };
+    /// Keys this session holds (or held) session-bound, with their hashes: their waiters are woken
+    /// when it exits, when hashing a key (which reads the catalogs) is no longer possible.
+    static BOUND_KEYS: RefCell<BTreeMap<String, u64>> = const { RefCell::new(BTreeMap::new()) };
     static GENERATION: Cell<u32> = const { Cell::new(0) };
     static EXIT_HOOK_SET: Cell<bool> = const { Cell::new(false) };
 }
@@ -52,7 +53,7 @@ pub fn hold_session_lock() -> (i32, i64) {
 
 /// Remembers that this session took `key` session-bound, to wake its waiters when it exits.
 pub fn bound(key: &str) {
-    BOUND_KEYS.with_borrow_mut(|keys| keys.insert(key.to_owned()));
+    BOUND_KEYS.with_borrow_mut(|keys| keys.insert(key.to_owned(), key_hash::of(key)));
 }
 
 /// This session released `key`: nobody to wake for it at exit.
@@ -105,5 +106,5 @@ fn tag(pid: i32, id: i64) -> pg_sys::LOCKTAG {
 /// holder's session gone.
 #[pg_guard]
 unsafe extern "C-unwind" fn wake_waiters_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
-    BOUND_KEYS.take().iter().for_each(|key| waiting::wake(key));
+    BOUND_KEYS.take().values().for_each(|&hash| waiting::wake(hash));
 }

@@ -18,7 +18,7 @@
 //! - An acquire without `wait` does not jump the queue: while the room is taken it is refused.
 use crate::keylock::{self, Owner, WAITING_ROOM_CLASS};
 use crate::spi_plans::execute_first;
-use crate::{errors, input};
+use crate::{errors, input, key_hash};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{register_xact_callback, PgTryBuilder, PgXactCallbackEvent};
@@ -28,8 +28,10 @@ use std::time::Instant;
 const ROOM_MODE: pg_sys::LOCKMODE = pg_sys::ExclusiveLock as pg_sys::LOCKMODE;
 
 thread_local! {
-    /// Keys whose lease this transaction ended, whose heads are to be woken when it commits.
-    static WAKE_AT_COMMIT: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    /// The rooms (by key hash) of the keys whose lease this transaction ended, whose heads are to be
+    /// woken when it commits. Hashes, not keys: hashing reads the catalogs, which the callback that
+    /// wakes them, running after the commit, may no longer do.
+    static WAKE_AT_COMMIT: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     /// Whether `wake_after_commit` is registered in this backend (it stays registered).
     static WAKER_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
@@ -51,16 +53,16 @@ pub fn require_read_committed() {
 
 /// Queues for the key's waiting room, until `deadline` at most: false when it ran out first.
 pub fn enter(key: &str, deadline: Instant) -> bool {
-    keylock::acquire_until(&room(key), ROOM_MODE, Owner::Subtransaction, deadline)
+    keylock::acquire_until(&room_of(key), ROOM_MODE, Owner::Subtransaction, deadline)
 }
 
 pub fn leave(key: &str) {
-    keylock::release(&room(key), ROOM_MODE, Owner::Subtransaction);
+    keylock::release(&room_of(key), ROOM_MODE, Owner::Subtransaction);
 }
 
 /// Whether someone is in the key's waiting room.
 pub fn someone_waiting(key: &str) -> bool {
-    !room_holders(key).is_empty()
+    !room_holders(room_of(key)).is_empty()
 }
 
 /// Forgets earlier wake-ups: call before looking at the key, then `sleep`. A wake-up that comes in
@@ -91,10 +93,11 @@ pub fn wake_at_commit(key: &str) {
         return;
     }
     // The callbacks are registered with the first key of the transaction, and only then.
-    let first = WAKE_AT_COMMIT.with_borrow_mut(|keys| {
-        let first = keys.is_empty();
-        if !keys.iter().any(|k| k == key) {
-            keys.push(key.to_owned());
+    let hash = key_hash::of(key);
+    let first = WAKE_AT_COMMIT.with_borrow_mut(|rooms| {
+        let first = rooms.is_empty();
+        if !rooms.contains(&hash) {
+            rooms.push(hash);
         }
         first
     });
@@ -124,18 +127,19 @@ unsafe extern "C-unwind" fn wake_after_commit(
     if phase != pg_sys::ResourceReleasePhase::RESOURCE_RELEASE_AFTER_LOCKS || !is_top_level {
         return;
     }
-    let keys = WAKE_AT_COMMIT.take();
-    if is_commit && !keys.is_empty() {
+    let rooms = WAKE_AT_COMMIT.take();
+    if is_commit && !rooms.is_empty() {
         // An error now, after the commit, would be a PANIC; a lost wake-up only delays the waiter
         // until it looks again by itself.
-        PgTryBuilder::new(|| keys.iter().for_each(|key| wake(key))).catch_others(|_| ()).execute();
+        PgTryBuilder::new(|| rooms.iter().for_each(|&hash| wake(hash))).catch_others(|_| ()).execute();
     }
 }
 
 /// Sets the latch of whoever is in the key's waiting room. Spurious wake-ups are harmless: the head
 /// looks again and goes back to sleep.
-pub fn wake(key: &str) {
-    for backend_id in room_holders(key) {
+/// `hash` is the key's `key_hash::of`, taken while the transaction could still read the catalogs.
+pub fn wake(hash: u64) {
+    for backend_id in room_holders(keylock::tag(WAITING_ROOM_CLASS, hash)) {
         // SAFETY: setting another backend's latch is how PostgreSQL itself wakes it; a backend
         // that has exited in the meantime leaves a latch nobody waits on.
         unsafe {
@@ -148,12 +152,12 @@ pub fn wake(key: &str) {
 }
 
 /// The backends (other than this one) holding the key's waiting-room lock.
-fn room_holders(key: &str) -> Vec<pg_sys::BackendId> {
+fn room_holders(room: pg_sys::LOCKTAG) -> Vec<pg_sys::BackendId> {
     let mut count = 0;
     // SAFETY: GetLockConflicts lists, in a palloc'd array of `count`, the virtual transaction ids
     // of the lock's holders other than this backend (it takes the lock partition's LWLock itself).
     unsafe {
-        let holders = pg_sys::GetLockConflicts(&room(key), ROOM_MODE, &mut count);
+        let holders = pg_sys::GetLockConflicts(&room, ROOM_MODE, &mut count);
         (0..usize::try_from(count).unwrap_or(0))
             .map(|i| (*holders.add(i)).backendId)
             .filter(|&backend_id| backend_id != pg_sys::InvalidBackendId) // a prepared transaction
@@ -165,7 +169,7 @@ fn room_holders(key: &str) -> Vec<pg_sys::BackendId> {
 #[pg_extern(volatile)]
 fn waiters(key: Option<&str>) -> i32 {
     let key = input::key(key);
-    let room = room(key);
+    let room = room_of(key);
     let args = [
         pg_sys::Oid::from(room.locktag_field1).into(),
         pg_sys::Oid::from(room.locktag_field2).into(),
@@ -180,6 +184,6 @@ const WAITERS: &str = "
     SELECT count(*)::int FROM pg_catalog.pg_locks
      WHERE locktype = 'advisory' AND database = $1 AND classid = $2 AND objid = $3 AND objsubid = $4";
 
-fn room(key: &str) -> pg_sys::LOCKTAG {
-    keylock::tag(WAITING_ROOM_CLASS, crate::key_hash::of(key))
+fn room_of(key: &str) -> pg_sys::LOCKTAG {
+    keylock::tag(WAITING_ROOM_CLASS, key_hash::of(key))
 }

@@ -64,3 +64,27 @@ fn every_lease_change_is_announced_at_commit() {
     let events = received(&mut listener);
     assert!(events.len() == 2 && event(&events[1], "expired", "short", 1), "{events:?}");
 }
+
+/// Any role may NOTIFY on any channel, so an event on pg_fence can be forged and is not told apart
+/// from a real one: README says to treat events as hints and to confirm them in fence.leases. This
+/// shows both halves of that: the forgery arrives as a real event would, and fence.leases does not
+/// follow it.
+#[test]
+fn a_forged_event_looks_real_and_fence_leases_tells_the_truth() {
+    let cluster = Cluster::start("notify_forged", 26602, &[]);
+    let mut admin = cluster.connect();
+    admin.batch_execute("CREATE ROLE forger LOGIN; SET pg_fence.notify = on").unwrap();
+    let mut listener = cluster.connect();
+    listener.batch_execute("LISTEN pg_fence").unwrap();
+    admin.query_one("SELECT fence.lease_acquire('job', '1 minute')", &[]).unwrap();
+    let real = received(&mut listener);
+    assert!(real.len() == 1 && event(&real[0], "acquired", "job", 1), "{real:?}");
+
+    let mut forger = cluster.connect_as("forger");
+    forger.batch_execute(r#"NOTIFY pg_fence, '{"event":"revoked","fence":1,"key":"job"}'"#).unwrap();
+    let forged = received(&mut listener);
+    assert!(forged.len() == 1 && event(&forged[0], "revoked", "job", 1), "{forged:?}");
+
+    let live: bool = listener.query_one("SELECT live FROM fence.leases WHERE key = 'job'", &[]).unwrap().get(0);
+    assert!(live, "the lease the forged event called revoked is live");
+}

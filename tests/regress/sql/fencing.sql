@@ -94,7 +94,7 @@ SELECT count(*) AS changed_rows FROM (SELECT * FROM invoices EXCEPT SELECT * FRO
 SELECT count(*) AS tables_left FROM pg_class WHERE relname = 'invoices';
 
 -- Writes run with the caller's privileges: table grants and row-level security apply.
-CREATE ROLE fence_clerk;
+CREATE ROLE fence_clerk IN ROLE fence_user;
 GRANT SELECT ON invoices TO fence_clerk;
 SET ROLE fence_clerk;
 SELECT try(format($$SELECT fence.fenced_update('invoice:42', %s, 'invoices', '{"status": "x"}', '{"id": 42}')$$, :b_fence)) AS without_update_grant;

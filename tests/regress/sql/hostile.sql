@@ -15,7 +15,7 @@ INSERT INTO target VALUES (1, 'open', 100, NULL, 5, 1, 32767, 'a', '{}', '{}', 0
                           (2, 'open', 200, NULL, 5, 9223372036854775807, 1, 'b', '{}', '{}', 0);
 CREATE VIEW target_view AS SELECT * FROM target;
 CREATE SEQUENCE target_seq;
-CREATE ROLE fence_hostile;   -- an ordinary role, for the cases that need one
+CREATE ROLE fence_hostile IN ROLE fence_user;   -- an ordinary role that may use leases, for the cases that need one
 
 -- 'held' is held with fence 2 (fence 1 is its stale one); 'released' was held and released. The live
 -- token, the dead one and the live fence are put into the cases as @token@, @old_token@ and @fence@,
@@ -271,7 +271,7 @@ INSERT INTO cases (block, expr) SELECT 'args', expr FROM (VALUES
     ($$fence.update_matching(4294967295, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.update_matching('target'::regclass, '{"status": "x"}', '[]')$$),
     ($$fence.update_matching('target'::regclass, '{"status": "x"}', '{"id": 999}')$$),
-    -- fenced_write and its core write_unless_stale (row 1 holds fence 5)
+    -- fenced_write (row 1 holds fence 5)
     ($$fence.fenced_write(NULL, 'fence', 9, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.fenced_write('target', NULL, 9, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.fenced_write('target', 'fence', NULL, '{"status": "x"}', '{"id": 1}')$$),
@@ -292,9 +292,11 @@ INSERT INTO cases (block, expr) SELECT 'args', expr FROM (VALUES
     ($$fence.fenced_write('target', 'fence', 9, '{"status": "x"}', '{"id": 999}')$$),
     ($$fence.fenced_write('target_view', 'fence', 9, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.fenced_write('no_such_table', 'fence', 9, '{"status": "x"}', '{"id": 1}')$$),
-    ($$fence.write_unless_stale(NULL, 'fence', 9, '{"status": "x"}', '{"id": 1}')$$),
-    ($$fence.write_unless_stale('target'::regclass, 'fence', NULL, '{"status": "x"}', '{"id": 1}')$$),
-    ($$fence.write_unless_stale('target'::regclass, 'fence', 4, '{"status": "x"}', '{"id": 1}')$$),
+    -- fence_not_above, the row check in fenced_write's UPDATE: a bare answer, changing nothing
+    ($$fence.fence_not_above(5, 9)$$),
+    ($$fence.fence_not_above(9, 5)$$),
+    ($$fence.fence_not_above(NULL, 5)$$),
+    ($$fence.fence_not_above(5, NULL)$$),
     -- versioned_update and its core update_versioned_row (row 1 is at version 1, row 2 at the top)
     ($$fence.versioned_update(NULL, 'version', 1, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.versioned_update('target', NULL, 1, '{"status": "x"}', '{"id": 1}')$$),
@@ -321,6 +323,13 @@ INSERT INTO cases (block, expr) SELECT 'args', expr FROM (VALUES
     ($$fence.update_versioned_row(NULL, 'version', 1, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.update_versioned_row('target'::regclass, 'version', 0, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.update_versioned_row(0, 'version', 1, '{"status": "x"}', '{"id": 1}')$$),
+    -- checked_version, the row check in versioned_update's UPDATE
+    ($$fence.checked_version('target'::regclass, 1, 1)$$),
+    ($$fence.checked_version('target'::regclass, 2, 1)$$),
+    ($$fence.checked_version('target'::regclass, NULL, 1)$$),
+    ($$fence.checked_version('target'::regclass, 1, NULL)$$),
+    ($$fence.checked_version(0, 1, 2)$$),
+    ($$fence.checked_version('target'::regclass, 9223372036854775807, 9223372036854775807)$$),
     -- enable_versioning and disable_versioning
     ($$fence.enable_versioning(NULL)$$),
     ($$fence.enable_versioning('target', NULL)$$),
@@ -375,7 +384,6 @@ INSERT INTO cases (block, expr) SELECT 'role', expr FROM (VALUES
     ($$fence.fenced_write('fence.sweeper_stats', 'last_swept', 100, '{"total_swept": 0}', '{"one": true}')$$),
     ($$fence.versioned_update('fence.lease_state', 'fence', @fence@, '{"owner": "me"}', '{"key": "held"}')$$),
     ($$fence.update_matching('fence.lease_state'::regclass, '{"token_hash": null}', '{"key": "held"}')$$),
-    ($$fence.write_unless_stale('fence.lease_state'::regclass, 'fence', 100, '{"owner": "me"}', '{"key": "held"}')$$),
     ($$fence.update_versioned_row('fence.lease_state'::regclass, 'fence', @fence@, '{"owner": "me"}', '{"key": "held"}')$$),
     ($$fence.enable_versioning('target')$$),
     ($$fence.enable_versioning('fence.lease_state', 'fence')$$),

@@ -38,7 +38,7 @@ SELECT try($$SELECT fence.enable_versioning(NULL)$$) AS null_table;
 SELECT try($$SELECT fence.enable_versioning('no_such_table')$$) AS no_table;
 
 -- Like any UPDATE the caller makes: table privileges and row-level security apply.
-CREATE ROLE occ_reader;
+CREATE ROLE occ_reader IN ROLE fence_user;
 GRANT SELECT ON docs TO occ_reader;
 SET ROLE occ_reader;
 SELECT try($$SELECT fence.versioned_update('docs', 'version', 2, '{"body": "x"}', '{"id": 3}')$$) AS without_update_grant;

@@ -1,7 +1,36 @@
 -- What an ordinary role can and cannot do.
 CREATE EXTENSION pg_fence;
-CREATE ROLE fence_app LOGIN;
-CREATE ROLE fence_other LOGIN;
+-- Nothing in schema fence is for PUBLIC but the sweeper's figures: leases, fencing and the view
+-- fence.leases are for fence_user; lease_revoke and sweep for fence_admin, who is a fence_user too.
+CREATE ROLE fence_nobody LOGIN;
+SET ROLE fence_nobody;
+SELECT try($$SELECT fence.lease_acquire('k', '1 minute')$$) AS acquire;
+SELECT try($$SELECT fence.fence_guard('k', 1)$$) AS guard;
+SELECT try($$SELECT fence.fence_holds('k', 1)$$) AS guard_core;
+SELECT try($$SELECT fence.current_fence('k')$$) AS current_fence;
+SELECT try($$SELECT count(*) FROM fence.leases$$) AS leases_view;
+SELECT try($$SELECT fence.sweep()$$) AS sweep;
+SELECT count(*) AS sweeper_view FROM fence.sweeper;
+RESET ROLE;
+SELECT fence.current_fence('k') IS NULL AS nothing_was_granted;
+SELECT r.rolname, m.rolname AS member_of
+  FROM pg_auth_members a JOIN pg_roles r ON r.oid = a.member JOIN pg_roles m ON m.oid = a.roleid
+ WHERE m.rolname IN ('fence_user', 'fence_admin') AND r.rolname LIKE 'fence\_%' ORDER BY 1, 2;
+SELECT p.proname,
+       has_function_privilege('public', p.oid, 'EXECUTE') AS public,
+       has_function_privilege('fence_user', p.oid, 'EXECUTE') AS fence_user,
+       has_function_privilege('fence_admin', p.oid, 'EXECUTE') AS fence_admin
+  FROM pg_proc p WHERE p.pronamespace = 'fence'::regnamespace ORDER BY 1;
+GRANT fence_user TO fence_nobody;
+SET ROLE fence_nobody;
+SELECT (fence.lease_acquire('k', '1 minute')).fence AS now_granted;
+SELECT try($$SELECT fence.sweep()$$) AS sweep_still_refused;
+SELECT try($$SELECT fence.lease_revoke('k')$$) AS revoke_still_refused;
+RESET ROLE;
+DROP ROLE fence_nobody;
+
+CREATE ROLE fence_app LOGIN IN ROLE fence_user;
+CREATE ROLE fence_other LOGIN IN ROLE fence_user;
 SELECT fence.lease_acquire('shared', '1 hour', 'superuser-holder') AS l \gset
 
 SET ROLE fence_app;
@@ -106,7 +135,7 @@ SELECT * FROM ledger ORDER BY id;
 -- change nothing.) Role fence_mallory plants look-alikes of the names that the shells and
 -- pg_fence's statements use, puts them on its search_path in three ways, and runs the same calls as
 -- with the default search_path: each call's outcome, and what it leaves behind, must be the same.
-CREATE ROLE fence_mallory LOGIN;
+CREATE ROLE fence_mallory LOGIN IN ROLE fence_user;
 CREATE SCHEMA mallory AUTHORIZATION fence_mallory;
 CREATE TABLE accounts (id int PRIMARY KEY, name varchar(20), balance int, fence bigint,
                        version bigint NOT NULL DEFAULT 1);

@@ -1,0 +1,35 @@
+//! Where pg_fence can be installed: only in UTF8 databases, whose text its Rust code reads as
+//! UTF-8. In any other encoding (LATIN1, or SQL_ASCII, which does not even check its bytes) a
+//! non-ASCII key made pg_fence 0.3.0 fail with an internal error (XX000); now CREATE EXTENSION
+//! refuses such a database up front, with the reason.
+use pg_fence_integration::{sqlstate, Cluster};
+
+#[test]
+fn create_extension_refuses_a_database_that_is_not_utf8() {
+    let cluster = Cluster::start_without_extension("encoding", 26921, &[]);
+    let mut admin = cluster.connect();
+    for encoding in ["LATIN1", "SQL_ASCII"] {
+        let db = format!("in_{}", encoding.to_lowercase());
+        admin
+            .batch_execute(&format!(
+                "CREATE DATABASE {db} ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+            ))
+            .unwrap();
+        let mut client = cluster.connect_to(&db);
+        let err = client.batch_execute("CREATE EXTENSION pg_fence").unwrap_err();
+        assert_eq!(sqlstate(&err), "0A000", "{encoding}: {err}");
+        let message = err.as_db_error().unwrap().message().to_string();
+        assert!(message.contains("UTF8") && message.contains(encoding), "{message}");
+        let installed: i64 =
+            client.query_one("SELECT count(*) FROM pg_extension WHERE extname = 'pg_fence'", &[]).unwrap().get(0);
+        assert_eq!(installed, 0);
+    }
+    // A UTF8 database takes it, and non-ASCII keys are plain keys, compared byte for byte.
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE EXTENSION pg_fence").unwrap();
+    for key in ["café", "cafe\u{301}", "Café", "ключ:1"] {
+        let fence: Option<i64> =
+            client.query_one("SELECT (fence.lease_acquire($1, '1 minute')).fence", &[&key]).unwrap().get(0);
+        assert_eq!(fence, Some(1), "{key} was taken as another key");
+    }
+}
