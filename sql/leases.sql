@@ -13,7 +13,7 @@ BEGIN
     RAISE EXCEPTION 'lease on key "%" is lost', key
         USING ERRCODE = 'PF001',
               DETAIL = 'The token is not the live holder''s: the lease was released, taken over, or has expired.',
-              HINT = 'Stop work done under this lease and acquire the key again; expired leases are never revived.';
+              HINT = 'Stop work done under this lease and acquire the key again: a renew cannot bring back a lease that has ended.';
 END
 $$;
 

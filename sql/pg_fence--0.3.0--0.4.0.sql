@@ -53,3 +53,18 @@ GRANT EXECUTE ON FUNCTION fence.lease_revoke(text), fence.sweep() TO fence_admin
 
 REVOKE SELECT ON fence.leases FROM PUBLIC;
 GRANT SELECT ON fence.leases TO fence_user;
+
+-- The hint no longer says that an expired lease is never revived: a step back of the server's
+-- clock can make a lease nobody took over live again (README, "Clock steps").
+CREATE OR REPLACE FUNCTION fence.raise_lease_lost(key text)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'lease on key "%" is lost', key
+        USING ERRCODE = 'PF001',
+              DETAIL = 'The token is not the live holder''s: the lease was released, taken over, or has expired.',
+              HINT = 'Stop work done under this lease and acquire the key again: a renew cannot bring back a lease that has ended.';
+END
+$$;

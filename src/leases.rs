@@ -44,7 +44,7 @@ const GRANT_FIRST: &str = "
     ON CONFLICT (key) DO NOTHING
     RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease";
 
-/// Extends a live lease held with this token ($2: its hash). An expired lease is never revived.
+/// Extends a live lease held with this token ($2: its hash); a lease that has ended stays ended.
 const RENEW: &str = concat!(
     "UPDATE fence.lease_state SET expires_at = $4
       WHERE key = $1 AND token_hash = $2 AND ",

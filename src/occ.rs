@@ -30,7 +30,10 @@ fn update_versioned_row(
     let write = update.update_sql(
         // The table's OID as a constant: the plan is the table's own anyway, and t.tableoid would
         // need SELECT on the whole table, where the caller may have it on some columns only.
-        &format!("{column} = fence.checked_version({}::pg_catalog.oid, t.{column}, $3)", update.relid().to_u32()),
+        &format!(
+            "{column} = fence.checked_version({}::pg_catalog.oid, t.{column}, $3)",
+            update.relid().to_u32()
+        ),
         "",
         &format!("t.{column}::pg_catalog.int8"),
     );

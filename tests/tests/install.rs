@@ -20,8 +20,10 @@ fn create_extension_refuses_a_database_that_is_not_utf8() {
         assert_eq!(sqlstate(&err), "0A000", "{encoding}: {err}");
         let message = err.as_db_error().unwrap().message().to_string();
         assert!(message.contains("UTF8") && message.contains(encoding), "{message}");
-        let installed: i64 =
-            client.query_one("SELECT count(*) FROM pg_extension WHERE extname = 'pg_fence'", &[]).unwrap().get(0);
+        let installed: i64 = client
+            .query_one("SELECT count(*) FROM pg_extension WHERE extname = 'pg_fence'", &[])
+            .unwrap()
+            .get(0);
         assert_eq!(installed, 0);
     }
     // A UTF8 database takes it, and non-ASCII keys are plain keys, compared byte for byte.

@@ -85,6 +85,7 @@ fn a_forged_event_looks_real_and_fence_leases_tells_the_truth() {
     let forged = received(&mut listener);
     assert!(forged.len() == 1 && event(&forged[0], "revoked", "job", 1), "{forged:?}");
 
-    let live: bool = listener.query_one("SELECT live FROM fence.leases WHERE key = 'job'", &[]).unwrap().get(0);
+    let live: bool =
+        listener.query_one("SELECT live FROM fence.leases WHERE key = 'job'", &[]).unwrap().get(0);
     assert!(live, "the lease the forged event called revoked is live");
 }
