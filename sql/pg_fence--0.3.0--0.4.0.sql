@@ -11,6 +11,11 @@
 --   applications' roles before (or right after) this update.
 \echo Use "ALTER EXTENSION pg_fence UPDATE TO '0.4.0'" to load this file. \quit
 
+-- Every call of pg_fence reads fence.lease_state under the key's lock: waiting for the transactions
+-- that did so, and keeping new ones out until this update commits, means no transaction holds a key
+-- lock named by the old hash after it (the guard checks that too, src/fencing.rs).
+LOCK TABLE fence.lease_state IN ACCESS EXCLUSIVE MODE;
+
 CREATE TABLE fence.lock_secret (
     one    boolean PRIMARY KEY DEFAULT true CHECK (one),
     secret bytea   NOT NULL

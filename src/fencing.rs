@@ -9,7 +9,7 @@ use crate::keylock::{self, Mode, Owner};
 use crate::own_errors::{entry_point, palloc_copy, Message, STALE_FENCE};
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
-use crate::{clock, input, lease_row, table_facts};
+use crate::{clock, errors, input, key_hash, lease_row, table_facts};
 use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -55,11 +55,22 @@ fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
 }
 
 /// The guard, its lock held for `owner`.
+///
+/// The guard is the one call whose safety rests on the key lock alone (changes of the lease row
+/// are serialized by the row too). So it makes sure the lock it holds is still the key's: the
+/// update from 0.3.0 changes the hash that names key locks, and a guard whose lock was named by
+/// the old one while the update committed would hold back no grant made afterwards. Reading the
+/// lease row has locked fence.lease_state, which the update holds exclusively until it commits,
+/// and so brought in its catalog changes.
 fn guard(key: &str, fence: i64, owner: Owner) -> bool {
-    keylock::lock_for(key, Mode::Guard, owner);
+    let hash = keylock::lock_for(key, Mode::Guard, owner);
     let holds = lease_row::live(key, clock::now()).is_some_and(|lease| lease.fence == fence);
+    if key_hash::of(key) != hash {
+        keylock::unlock_hash(hash, Mode::Guard, owner);
+        errors::lock_hash_changed();
+    }
     if !holds {
-        keylock::unlock_for(key, Mode::Guard, owner);
+        keylock::unlock_hash(hash, Mode::Guard, owner);
     }
     holds
 }
@@ -184,11 +195,32 @@ fn write_unless_stale(
     if stale {
         return None;
     }
-    // A trigger of the table may run a fenced write of its own meanwhile: each keeps its own flag.
-    let outer = STALE_ROW_SKIPPED.replace(false);
+    let flag = OwnStaleRowFlag::take();
     let written = execute(&check_and_write, &args, |rows| rows.len() as i64);
-    let skipped = STALE_ROW_SKIPPED.replace(outer);
-    (!skipped).then_some(written)
+    (!flag.raised()).then_some(written)
+}
+
+/// This fenced_write's STALE_ROW_SKIPPED: a trigger of the table may run a fenced write of its own
+/// in the middle of ours, so each saves the flag of the one it interrupts and gives it back when
+/// it ends, also when it ends in an error (which pgrx turns into an unwinding panic).
+struct OwnStaleRowFlag {
+    outer: bool,
+}
+
+impl OwnStaleRowFlag {
+    fn take() -> Self {
+        OwnStaleRowFlag { outer: STALE_ROW_SKIPPED.replace(false) }
+    }
+
+    fn raised(&self) -> bool {
+        STALE_ROW_SKIPPED.get()
+    }
+}
+
+impl Drop for OwnStaleRowFlag {
+    fn drop(&mut self) {
+        STALE_ROW_SKIPPED.set(self.outer);
+    }
 }
 
 thread_local! {

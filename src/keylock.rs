@@ -73,12 +73,20 @@ fn key_tag(key: &str) -> pg_sys::LOCKTAG {
 
 /// Waits for and takes the key's lock until the end of the top-level transaction.
 pub fn lock(key: &str, mode: Mode) {
-    lock_for(key, mode, Owner::TopTransaction);
+    acquire(&key_tag(key), mode.lockmode(), Owner::TopTransaction, false);
 }
 
-/// Waits for and takes the key's lock for `owner`.
-pub fn lock_for(key: &str, mode: Mode, owner: Owner) {
-    acquire(&key_tag(key), mode.lockmode(), owner, false);
+/// Waits for and takes the key's lock for `owner`; returns the hash that named it (for
+/// `unlock_hash`).
+pub fn lock_for(key: &str, mode: Mode, owner: Owner) -> u64 {
+    let hash = key_hash::of(key);
+    acquire(&tag(KEY_LOCK_CLASS, hash), mode.lockmode(), owner, false);
+    hash
+}
+
+/// Gives back a `lock_for`, by the hash it returned.
+pub fn unlock_hash(hash: u64, mode: Mode, owner: Owner) {
+    release(&tag(KEY_LOCK_CLASS, hash), mode.lockmode(), owner);
 }
 
 /// Takes the key's lock if no other transaction's lock conflicts; false (nothing taken) otherwise.
@@ -103,12 +111,7 @@ pub fn held_by_me(key: &str) -> bool {
 /// Gives back one `lock`/`try_lock` of this transaction, for a call that changed nothing: it need
 /// not hold others up until its transaction ends. A lock the transaction took earlier stays held.
 pub fn unlock(key: &str, mode: Mode) {
-    unlock_for(key, mode, Owner::TopTransaction);
-}
-
-/// `unlock` of a `lock_for(owner)`.
-pub fn unlock_for(key: &str, mode: Mode, owner: Owner) {
-    release(&key_tag(key), mode.lockmode(), owner);
+    release(&key_tag(key), mode.lockmode(), Owner::TopTransaction);
 }
 
 /// An advisory lock tag in this database: `class` in objsubid, `id` in objid (low) and classid (high).
@@ -198,7 +201,10 @@ fn acquire_within_ms(
         let taken = PgTryBuilder::new(|| {
             let guc_level = pg_sys::NewGUCNestLevel();
             settings::set_server_setting(c"lock_timeout", &lock_timeout, pg_sys::GucAction::GUC_ACTION_SAVE);
-            as_owner(owner, || pg_sys::LockAcquire(tag, lockmode, false, false));
+            // Waited for as the subtransaction's own: if the wait ends in an error at the instant
+            // the lock is granted (our lock_timeout, a cancel), PostgreSQL grants it to the waiting
+            // owner while cleaning up, and the subtransaction's rollback must then let it go.
+            as_owner(Owner::Subtransaction, || pg_sys::LockAcquire(tag, lockmode, false, false));
             forget_late_lock_timeout();
             pg_sys::AtEOXact_GUC(true, guc_level);
             pg_sys::ReleaseCurrentSubTransaction();
@@ -219,6 +225,12 @@ fn acquire_within_ms(
         .execute();
         pg_sys::MemoryContextSwitchTo(memory);
         pg_sys::CurrentResourceOwner = resource_owner;
+        if taken && matches!(owner, Owner::TopTransaction) {
+            // The released subtransaction handed the lock to the caller's: hand it on to the
+            // top-level transaction (held already, so granted at once) and drop the caller's count.
+            acquire(tag, lockmode, Owner::TopTransaction, true);
+            release(tag, lockmode, Owner::Subtransaction);
+        }
         taken
     }
 }

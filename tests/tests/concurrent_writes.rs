@@ -129,3 +129,40 @@ fn versioned_update_sees_a_row_replaced_while_it_waited() {
     assert_eq!(outcome, Ok(10));
     assert_eq!(rows(&mut client, "doc"), ["(1,mine,10)"]);
 }
+
+/// A fenced_write that met a replaced row at a higher fence must refuse, even when a trigger on the
+/// rows it did write runs a fenced write of its own that fails (caught in the trigger's EXCEPTION
+/// block): the inner write must not lose the outer one's finding.
+#[test]
+fn fenced_write_keeps_its_finding_across_a_failing_fenced_write_in_a_trigger() {
+    let cluster = Cluster::start("write_nested", 26414, &[]);
+    let mut client = cluster.connect();
+    client
+        .batch_execute(
+            "CREATE TABLE res (id int PRIMARY KEY, grp int NOT NULL, val text, fence bigint);
+             INSERT INTO res VALUES (50, 9, 'a', 5), (51, 9, 'b', 5);
+             CREATE TABLE other (id int PRIMARY KEY, code int UNIQUE, fence bigint);
+             INSERT INTO other VALUES (1, 1, NULL), (2, 2, NULL);
+             CREATE FUNCTION nested_write() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 BEGIN
+                     PERFORM fence.fenced_write('other', 'fence', 1, '{\"code\": 2}', '{\"id\": 1}');
+                 EXCEPTION WHEN unique_violation THEN NULL;
+                 END;
+                 RETURN NULL;
+             END $$;
+             CREATE TRIGGER nested_write AFTER UPDATE ON res FOR EACH ROW EXECUTE FUNCTION nested_write();",
+        )
+        .unwrap();
+    let mut replacer = cluster.connect();
+    replacer
+        .batch_execute("BEGIN; DELETE FROM res WHERE id = 50; INSERT INTO res VALUES (50, 9, 'new', 100);")
+        .unwrap();
+    let outcome = outcome_after_blocker_commits(
+        &cluster,
+        &mut replacer,
+        "SELECT fence.fenced_write('res', 'fence', 7, '{\"val\": \"STALE\"}', '{\"grp\": 9}')",
+    );
+    assert_eq!(outcome, Err("PF002".into()));
+    assert_eq!(rows(&mut client, "res"), ["(50,9,new,100)", "(51,9,b,5)"], "a stale write landed");
+}
