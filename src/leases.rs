@@ -4,9 +4,9 @@
 //! Every change to a key follows the same steps, in this order:
 //! 1. check the arguments (nothing is touched when they are bad);
 //! 2. refuse read-only transactions and standbys;
-//! 3. take the key's lock (see `keylock`), waiting for the transaction that holds it to end, but
-//!    only when waiting can achieve something, and hold it only if something changed (see
-//!    `lock_key_unless_futile`);
+//! 3. take the key's lock (see `keylock`), waiting for the transaction that holds it to end only
+//!    when waiting can achieve something (see `lock_key_unless_futile`), and never for an acquire
+//!    without `wait`; and hold it only if something changed;
 //! 4. only then read the clock, so a grant's acquired_at is never before the previous lease ended;
 //! 5. run one statement that decides liveness by that clock reading and changes the row;
 //! 6. settle what the commit needs (see `durability`): a flush for grants and renewals, none for
@@ -119,9 +119,12 @@ struct Request<'a> {
 }
 
 impl Request<'_> {
-    /// Grants the key if it is free and nobody waits for it.
+    /// Grants the key if it is free and nobody waits for it; never waits. A key that another
+    /// transaction is changing (granting, renewing, releasing, revoking: committed or not, it is
+    /// not free yet) or writing under (a guard: the new grant would have to wait for those writes)
+    /// counts as held: `wait => 0` means an answer at once, as pg_try_advisory_lock gives one.
     fn grant_unless_held(&self) -> Option<Lease> {
-        if !lock_key_unless_futile(self.key, Mode::Grant, |now| live_until(self.key, now).is_none()) {
+        if !keylock::try_lock(self.key, Mode::Grant) {
             return None;
         }
         if waiting::someone_waiting(self.key) {

@@ -204,7 +204,7 @@ fn a_new_grant_waits_for_the_writer_under_the_old_fence() {
         thread::spawn(move || loop {
             let row = client
                 .query_one(
-                    "SELECT (l).fence, (l).acquired_at::text, pg_backend_pid() FROM fence.lease_acquire('resource:1', '1 minute') l",
+                    "SELECT (l).fence, (l).acquired_at::text, pg_backend_pid() FROM fence.lease_acquire('resource:1', '1 minute', wait => '1 minute') l",
                     &[],
                 )
                 .unwrap();

@@ -218,3 +218,54 @@ fn keys_with_colliding_public_hashes_do_not_share_a_lock() {
     assert_eq!(next, Some(2));
     open.rollback().unwrap();
 }
+
+/// `wait => 0` (the default) answers at once: a key that another session's open transaction is
+/// granting, or releasing, counts as held, and a key whose expired lease is still being written under
+/// (a guard in an open transaction) too. pg_fence 0.3.0 waited for such transactions to end, forever
+/// without a statement_timeout.
+#[test]
+fn an_acquire_without_wait_never_waits() {
+    let cluster = Cluster::start("no_wait", 26105, &[]);
+    let mut other = cluster.connect();
+    let mut client = cluster.connect();
+    client.batch_execute("SET statement_timeout = '5s'").unwrap();
+    let try_acquire = |client: &mut postgres::Client, key: &str| -> (Option<i64>, std::time::Duration) {
+        let started = std::time::Instant::now();
+        let fence = client
+            .query_one("SELECT (fence.lease_acquire($1, '1 minute')).fence", &[&key])
+            .map_err(|e| sqlstate(&e))
+            .expect("the acquire waited")
+            .get(0);
+        (fence, started.elapsed())
+    };
+
+    // Granted in an open transaction.
+    let mut open = other.transaction().unwrap();
+    open.query_one("SELECT fence.lease_acquire('granting', '1 minute')", &[]).unwrap();
+    let (fence, took) = try_acquire(&mut client, "granting");
+    assert_eq!(fence, None);
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    open.rollback().unwrap();
+    assert_eq!(try_acquire(&mut client, "granting").0, Some(1), "free again after the rollback");
+
+    // Released in an open transaction: not released until it commits.
+    let token: Uuid =
+        other.query_one("SELECT (fence.lease_acquire('releasing', '1 minute')).token", &[]).unwrap().get(0);
+    let mut open = other.transaction().unwrap();
+    open.query_one("SELECT fence.lease_release('releasing', $1)", &[&token]).unwrap();
+    assert_eq!(try_acquire(&mut client, "releasing").0, None);
+    open.commit().unwrap();
+    assert_eq!(try_acquire(&mut client, "releasing").0, Some(2));
+
+    // Expired, with a write under its fence still open.
+    let fence: i64 = other
+        .query_one("SELECT (fence.lease_acquire('written', '200 milliseconds')).fence", &[])
+        .unwrap()
+        .get(0);
+    let mut open = other.transaction().unwrap();
+    open.query_one("SELECT fence.fence_guard('written', $1)", &[&fence]).unwrap();
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(try_acquire(&mut client, "written").0, None);
+    open.commit().unwrap();
+    assert_eq!(try_acquire(&mut client, "written").0, Some(fence + 1));
+}
