@@ -106,3 +106,35 @@ fn fresh_schema(cluster: &Cluster, admin: &mut Client) -> String {
     cluster.connect_to("fresh").batch_execute("CREATE EXTENSION pg_fence").unwrap();
     schema(cluster, "fresh")
 }
+
+/// The update from 0.3.0 changes the hash that names key locks. A guard that took its key lock by
+/// the old hash while the update ran (it then waits for the update's lock on fence.lease_state)
+/// must not pass once the update has committed: its lock would hold back no later grant. It raises
+/// 40001, and a retry passes under the new hash.
+#[test]
+fn a_guard_that_raced_the_update_from_0_3_0_is_refused() {
+    let cluster = Cluster::start_without_extension("upgrade_race", 26902, &[]);
+    let mut holder = cluster.connect();
+    holder.batch_execute("CREATE EXTENSION pg_fence VERSION '0.3.0'").unwrap();
+    let fence: i64 = holder.query_one("SELECT (fence.lease_acquire('k', '1 hour')).fence", &[]).unwrap().get(0);
+
+    let mut updater = cluster.connect();
+    updater.batch_execute("BEGIN; ALTER EXTENSION pg_fence UPDATE;").unwrap();
+    let mut guard = cluster.connect();
+    let pid = pg_fence_integration::backend_pid(&mut guard);
+    let guarded = std::thread::spawn(move || {
+        let outcome = guard.query_one("SELECT fence.fence_guard('k', $1)", &[&fence]).map(|_| ());
+        (outcome.map_err(|e| sqlstate(&e)), guard)
+    });
+    let mut observer = cluster.connect();
+    assert!(
+        pg_fence_integration::eventually(std::time::Duration::from_secs(10), || {
+            pg_fence_integration::wait_event(&mut observer, pid).0.as_deref() == Some("Lock")
+        }),
+        "the guard never waited for the update"
+    );
+    updater.batch_execute("COMMIT").unwrap();
+    let (outcome, mut guard) = guarded.join().unwrap();
+    assert_eq!(outcome, Err("40001".into()), "a guard holding a lock named by the old hash passed");
+    guard.query_one("SELECT fence.fence_guard('k', $1)", &[&fence]).unwrap();
+}
