@@ -116,7 +116,8 @@ fn a_guard_that_raced_the_update_from_0_3_0_is_refused() {
     let cluster = Cluster::start_without_extension("upgrade_race", 26902, &[]);
     let mut holder = cluster.connect();
     holder.batch_execute("CREATE EXTENSION pg_fence VERSION '0.3.0'").unwrap();
-    let fence: i64 = holder.query_one("SELECT (fence.lease_acquire('k', '1 hour')).fence", &[]).unwrap().get(0);
+    let fence: i64 =
+        holder.query_one("SELECT (fence.lease_acquire('k', '1 hour')).fence", &[]).unwrap().get(0);
 
     let mut updater = cluster.connect();
     updater.batch_execute("BEGIN; ALTER EXTENSION pg_fence UPDATE;").unwrap();
