@@ -182,6 +182,12 @@ pub fn backend_pid(client: &mut Client) -> i32 {
     client.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0)
 }
 
+/// Whether the backend `pid` comes to wait on `wait_event_type` ("Lock", "Extension", ...) within a
+/// generous 20 s, as pg_stat_activity shows it.
+pub fn comes_to_wait_on(observer: &mut Client, pid: i32, wait_event_type: &str) -> bool {
+    eventually(Duration::from_secs(20), || wait_event(observer, pid).0.as_deref() == Some(wait_event_type))
+}
+
 /// What the backend `pid` is waiting on, as pg_stat_activity says: (wait_event_type, wait_event).
 pub fn wait_event(client: &mut Client, pid: i32) -> (Option<String>, Option<String>) {
     let row = client

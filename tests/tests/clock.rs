@@ -13,7 +13,7 @@
 //! After every step the test reads the server's clock to check that the step happened. If
 //! libfaketime were not loaded (say the environment stopped reaching the postmaster), the wait test
 //! would otherwise pass without testing anything.
-use pg_fence_integration::{backend_pid, eventually, sqlstate, wait_event, Cluster};
+use pg_fence_integration::{backend_pid, comes_to_wait_on, eventually, sqlstate, Cluster};
 use postgres::Client;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -154,10 +154,7 @@ fn a_wait_runs_on_the_monotonic_clock() {
         (row.get::<_, Option<i64>>(0), start.elapsed())
     });
     // The step must come after B has set its deadline, that is while it sleeps on its latch.
-    assert!(
-        eventually(GENEROUS, || wait_event(&mut observer, b_pid).0.as_deref() == Some("Extension")),
-        "B never went to sleep waiting for the key"
-    );
+    assert!(comes_to_wait_on(&mut observer, b_pid, "Extension"), "B never went to sleep waiting for the key");
     thread::sleep(Duration::from_millis(500).saturating_sub(started.elapsed()));
     clock.step(&mut observer, -20);
 

@@ -2,10 +2,9 @@
 //! write (DELETE, then INSERT of a row matching the same filter) and commits while they wait: the
 //! rows they check must be the rows they write, so the replacement's higher fence or other version
 //! is seen and refused, and nothing is written.
-use pg_fence_integration::{eventually, sqlstate, Cluster};
+use pg_fence_integration::{backend_pid, comes_to_wait_on, sqlstate, Cluster};
 use postgres::Client;
 use std::thread;
-use std::time::Duration;
 
 /// Runs `call` in another session, waits until it waits for a row lock that `blocker` holds, lets
 /// `blocker` commit, and returns the call's outcome: its value, or its SQLSTATE.
@@ -15,14 +14,12 @@ fn outcome_after_blocker_commits(
     call: &'static str,
 ) -> Result<i64, String> {
     let mut session = cluster.connect();
-    let pid = pg_fence_integration::backend_pid(&mut session);
+    let pid = backend_pid(&mut session);
     let call =
         thread::spawn(move || session.query_one(call, &[]).map(|row| row.get(0)).map_err(|e| sqlstate(&e)));
     let mut observer = cluster.connect();
     assert!(
-        eventually(Duration::from_secs(10), || {
-            pg_fence_integration::wait_event(&mut observer, pid).0.as_deref() == Some("Lock")
-        }),
+        comes_to_wait_on(&mut observer, pid, "Lock"),
         "the write never waited for the replacing transaction"
     );
     blocker.batch_execute("COMMIT").unwrap();

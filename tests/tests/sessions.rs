@@ -1,7 +1,7 @@
 //! Session-bound leases, from real clients: the lease ends with the session that took it, however
 //! that session ends, and the next acquirer takes over at once with a higher fence. Plain leases
 //! outlive their sessions.
-use pg_fence_integration::{backend_pid, eventually, sqlstate, wait_event, Cluster};
+use pg_fence_integration::{backend_pid, comes_to_wait_on, eventually, sqlstate, Cluster};
 use postgres::Client;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ fn terminating_the_holder_hands_the_key_to_a_waiter_at_once() {
             )
             .unwrap()
     });
-    assert!(eventually(GENEROUS, || wait_event(&mut observer, waiter_pid).0.as_deref() == Some("Extension")));
+    assert!(comes_to_wait_on(&mut observer, waiter_pid, "Extension"));
     let terminated_at = now(&mut observer);
     observer.query_one("SELECT pg_terminate_backend($1)", &[&holder_pid]).unwrap();
     let row = handle.join().unwrap();

@@ -1,7 +1,7 @@
 //! Versions and upgrades: the oldest kept version can be created, holds state, and upgrades to the
 //! current one with that state intact; and an upgraded installation is exactly a fresh one, so a
 //! schema change without an upgrade script fails here.
-use pg_fence_integration::{sqlstate, Cluster};
+use pg_fence_integration::{backend_pid, comes_to_wait_on, sqlstate, Cluster};
 use postgres::Client;
 use std::process::Command;
 use uuid::Uuid;
@@ -122,18 +122,13 @@ fn a_guard_that_raced_the_update_from_0_3_0_is_refused() {
     let mut updater = cluster.connect();
     updater.batch_execute("BEGIN; ALTER EXTENSION pg_fence UPDATE;").unwrap();
     let mut guard = cluster.connect();
-    let pid = pg_fence_integration::backend_pid(&mut guard);
+    let pid = backend_pid(&mut guard);
     let guarded = std::thread::spawn(move || {
         let outcome = guard.query_one("SELECT fence.fence_guard('k', $1)", &[&fence]).map(|_| ());
         (outcome.map_err(|e| sqlstate(&e)), guard)
     });
     let mut observer = cluster.connect();
-    assert!(
-        pg_fence_integration::eventually(std::time::Duration::from_secs(10), || {
-            pg_fence_integration::wait_event(&mut observer, pid).0.as_deref() == Some("Lock")
-        }),
-        "the guard never waited for the update"
-    );
+    assert!(comes_to_wait_on(&mut observer, pid, "Lock"), "the guard never waited for the update");
     updater.batch_execute("COMMIT").unwrap();
     let (outcome, mut guard) = guarded.join().unwrap();
     assert_eq!(outcome, Err("40001".into()), "a guard holding a lock named by the old hash passed");
