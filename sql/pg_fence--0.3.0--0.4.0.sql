@@ -6,6 +6,12 @@
 -- - fenced_write and versioned_update check each row again as they write it (fence.fence_not_above,
 --   fence.checked_version), so the rows checked are the rows written. fenced_write's core is no
 --   longer an SQL function of its own: called directly, it could not undo what it wrote.
+-- - Fences are greatest(previous fence + 1, the server clock in microseconds since 1970), so a
+--   server rolled onto another history (failover, point-in-time recovery, a restored dump) never
+--   issues a fence twice. The first grant after this update is far above the small fences of
+--   0.3.0's counter, which stay in the table: resources that stored them keep refusing stale holders.
+-- - The sweep deletes rows of leases that ended more than pg_fence.retain_ended ago; fence.high_water
+--   keeps the highest fence it deleted.
 -- - Privileges: nothing is for PUBLIC any more. Leases and fencing are for role fence_user, which
 --   this update creates; lease_revoke and fence.sweep() for fence_admin. GRANT fence_user TO your
 --   applications' roles before (or right after) this update.
@@ -23,6 +29,17 @@ CREATE TABLE fence.lock_secret (
 INSERT INTO fence.lock_secret (secret)
 VALUES (pg_catalog.uuid_send(pg_catalog.gen_random_uuid()) || pg_catalog.uuid_send(pg_catalog.gen_random_uuid()));
 REVOKE ALL ON fence.lock_secret FROM PUBLIC;
+
+CREATE TABLE fence.high_water (
+    one   boolean PRIMARY KEY DEFAULT true CHECK (one),
+    fence bigint  NOT NULL
+);
+REVOKE ALL ON fence.high_water FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('fence.high_water', '');
+
+ALTER TABLE fence.sweeper_stats ADD COLUMN total_deleted bigint NOT NULL DEFAULT 0;
+CREATE OR REPLACE VIEW fence.sweeper AS
+    SELECT last_run_at, last_swept, total_swept, total_deleted FROM fence.sweeper_stats;
 
 CREATE FUNCTION fence.fence_not_above(row_fence bigint, fence bigint)
 RETURNS boolean

@@ -19,11 +19,12 @@ BEGIN
 END
 $$;
 --
--- One row per key, kept forever: the row *is* the key's fence counter, so release and expiry only
--- clear the token and never reset the fence. Nobody but the extension's functions touches it.
+-- One row per key in use: release and expiry only clear the token, and the sweep deletes the row once
+-- the lease has ended more than pg_fence.retain_ended ago (src/sweeper.rs). Nobody but the
+-- extension's functions touches it.
 CREATE TABLE fence.lease_state (
     key         text        PRIMARY KEY,
-    fence       bigint      NOT NULL,  -- only ever 1 or the previous fence + 1 (leases.rs, GRANT)
+    fence       bigint      NOT NULL,  -- greatest(previous fence + 1, clock in µs): src/fence_numbers.rs
     owner       text        NOT NULL,
     -- SHA-256 of the live holder's token (the token itself is shown once, to the acquirer, and kept
     -- nowhere); NULL once released. An expired lease keeps its hash but is dead: a lease is live
@@ -43,8 +44,18 @@ CREATE TABLE fence.lease_state (
 
 REVOKE ALL ON fence.lease_state FROM PUBLIC;
 
--- pg_dump must keep the rows, or a restored database would hand out fence 1 again.
+-- pg_dump keeps the rows: the leases and their fences are data like any other.
 SELECT pg_catalog.pg_extension_config_dump('fence.lease_state', '');
+
+-- The highest fence of any row the sweep has deleted, raised in the deleting transaction: a key
+-- without a row is granted above it (src/fence_numbers.rs), even after a step back of the clock.
+-- No row until the first deletion, so that a dump's row restores into an empty table.
+CREATE TABLE fence.high_water (
+    one   boolean PRIMARY KEY DEFAULT true CHECK (one),
+    fence bigint  NOT NULL
+);
+REVOKE ALL ON fence.high_water FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('fence.high_water', '');
 
 -- The secret that keys the hash naming each key's advisory locks (src/key_hash.rs), drawn at random
 -- here, so that nobody can pick two keys that share a lock. Not dumped: a restored database gets
@@ -72,12 +83,13 @@ CREATE TABLE fence.sweeper_stats (
     one         boolean     PRIMARY KEY DEFAULT true CHECK (one),
     last_run_at timestamptz,
     last_swept  bigint      NOT NULL DEFAULT 0,
-    total_swept bigint      NOT NULL DEFAULT 0
+    total_swept bigint      NOT NULL DEFAULT 0,  -- leases marked ended
+    total_deleted bigint    NOT NULL DEFAULT 0   -- rows deleted after pg_fence.retain_ended
 );
 INSERT INTO fence.sweeper_stats DEFAULT VALUES;
 REVOKE ALL ON fence.sweeper_stats FROM PUBLIC;
 
-CREATE VIEW fence.sweeper AS SELECT last_run_at, last_swept, total_swept FROM fence.sweeper_stats;
+CREATE VIEW fence.sweeper AS SELECT last_run_at, last_swept, total_swept, total_deleted FROM fence.sweeper_stats;
 GRANT SELECT ON fence.sweeper TO PUBLIC;
 
 -- Every role may see the schema, so that a missing privilege reads "permission denied for function

@@ -17,32 +17,46 @@
 use crate::keylock::{self, Mode};
 use crate::notify::{self, Event};
 use crate::spi_plans::{execute, execute_first};
-use crate::{clock, durability, input, lease_row, sessions, waiting};
+use crate::{clock, durability, fence_numbers, input, lease_row, sessions, waiting};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use pgrx::Uuid;
 use std::time::Instant;
 
-/// A grant of a key granted before: bump the fence, but only when the lease there is dead at $3.
-/// A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would also WAL-log a row lock: the key
-/// lock already keeps every other writer of this key out. $5: the new token, $8: its hash (see
-/// `token_hash`); $6, $7: the session of a session-bound lease, or NULL.
+/// A grant of a key granted before: a new fence (see `fence_numbers`), but only when the lease there
+/// is dead at $3. A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would also WAL-log a row
+/// lock: the key lock already keeps every other writer of this key out. $5: the new token, $8: its
+/// hash (see `token_hash`); $6, $7: the session of a session-bound lease, or NULL; $9: the clock
+/// floor.
 const GRANT_AGAIN: &str = concat!(
     "UPDATE fence.lease_state
-        SET fence = fence + 1, owner = $2, token_hash = $8,
+        SET fence = greatest(fence + 1, $9), owner = $2, token_hash = $8,
             acquired_at = $3, expires_at = $4, session_pid = $6, session_id = $7
       WHERE key = $1 AND ",
     live_at!("$3"),
     " IS NOT TRUE RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
 );
 
-/// A key's first grant, fence 1. When the row exists, GRANT_AGAIN found its lease live: held.
-const GRANT_FIRST: &str = "
-    INSERT INTO fence.lease_state (key, fence, owner, token_hash, acquired_at, expires_at, session_pid, session_id)
-    VALUES ($1, 1, $2, $8, $3, $4, $6, $7)
-    ON CONFLICT (key) DO NOTHING
-    RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease";
+/// The first grant of a key that has no row: never granted, or its row deleted by the sweep after
+/// its lease ended. Above the clock floor and the fences of every deleted row. When the row exists,
+/// GRANT_AGAIN found its lease live: held.
+macro_rules! grant_first {
+    ($fence:literal) => {
+        concat!(
+            "INSERT INTO fence.lease_state
+                 (key, fence, owner, token_hash, acquired_at, expires_at, session_pid, session_id)
+             VALUES ($1, ",
+            $fence,
+            ", $2, $8, $3, $4, $6, $7)
+             ON CONFLICT (key) DO NOTHING
+             RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
+        )
+    };
+}
+const GRANT_FIRST: &str = grant_first!("greatest($9, (SELECT h.fence + 1 FROM fence.high_water h))");
+/// The same before ALTER EXTENSION UPDATE has created fence.high_water (nothing was deleted yet).
+const GRANT_FIRST_WITHOUT_HIGH_WATER: &str = grant_first!("$9");
 
 /// Extends a live lease held with this token ($2: its hash); a lease that has ended stays ended.
 const RENEW: &str = concat!(
@@ -185,9 +199,11 @@ impl Request<'_> {
             session.map(|(pid, _)| pid).into(),
             session.map(|(_, id)| id).into(),
             token_hash(token).into(),
+            fence_numbers::clock_floor(now).into(),
         ];
+        let first = if fence_numbers::high_water_kept() { GRANT_FIRST } else { GRANT_FIRST_WITHOUT_HIGH_WATER };
         let lease =
-            execute_first::<Lease>(GRANT_AGAIN, &args).or_else(|| execute_first::<Lease>(GRANT_FIRST, &args));
+            execute_first::<Lease>(GRANT_AGAIN, &args).or_else(|| execute_first::<Lease>(first, &args));
         match &lease {
             Some(granted) => {
                 if self.session_bound {
@@ -269,7 +285,8 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     ended_fence.is_some()
 }
 
-/// The last fence granted for `key`, or NULL if it was never granted.
+/// The last fence granted for `key`; NULL if it was never granted, or its lease ended more than
+/// pg_fence.retain_ended ago and the sweep has deleted its row.
 #[pg_extern(stable, parallel_safe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn current_fence(key: Option<&str>) -> Option<i64> {

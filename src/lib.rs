@@ -31,6 +31,7 @@ mod admin;
 mod clock;
 mod durability;
 mod errors;
+mod fence_numbers;
 mod fencing;
 mod input;
 mod json_object;

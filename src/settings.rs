@@ -12,6 +12,9 @@ static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::ne
 /// How often the sweeper worker sweeps, in milliseconds.
 static SWEEP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 
+/// How long the sweep keeps the row of a key whose lease has ended, in seconds.
+static RETAIN_ENDED_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(3_600);
+
 /// Whether lease changes are announced with NOTIFY on channel pg_fence.
 static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 
@@ -50,6 +53,18 @@ pub fn init() {
         GucFlags::UNIT_MS,
     );
     GucRegistry::define_int_guc(
+        c"pg_fence.retain_ended",
+        c"How long fence.sweep() keeps a key's row after its lease has ended.",
+        c"Afterwards the row is deleted: fence.leases no longer lists the key and current_fence() \
+          returns NULL, and its next grant still gets a higher fence. Reloadable, and settable per \
+          database (ALTER DATABASE ... SET) by a superuser.",
+        &RETAIN_ENDED_SECONDS,
+        0,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
         c"pg_fence.max_ttl",
         c"Longest lease TTL that lease_acquire and lease_renew accept.",
         c"A guard rail against leases that outlive their holder by days. Superuser-only, so an \
@@ -68,6 +83,10 @@ pub fn init() {
 
 pub fn max_ttl_micros() -> i64 {
     i64::from(MAX_TTL_SECONDS.get()) * 1_000_000
+}
+
+pub fn retain_ended_micros() -> i64 {
+    i64::from(RETAIN_ENDED_SECONDS.get()) * 1_000_000
 }
 
 pub fn database() -> String {

@@ -1,6 +1,8 @@
-//! fence.sweep(): ends expired leases, in a bounded batch per call. Correctness never depends on it
-//! (an expired lease is free the moment it expires, judged by the clock); sweeping only marks such
-//! leases free in the table and keeps the sweeper's figures. The background worker (src/worker.rs)
+//! fence.sweep(): ends expired leases and deletes the rows of long-ended ones, in a bounded batch
+//! per call. Correctness never depends on it (an expired lease is free the moment it expires,
+//! judged by the clock; a key without a row is granted above every fence it had, see
+//! `fence_numbers`); sweeping marks such leases free, keeps the table to the keys in use
+//! (pg_fence.retain_ended) and keeps the sweeper's figures. The background worker (src/worker.rs)
 //! calls it every pg_fence.sweep_interval; without the worker, superusers and fence_admin call it
 //! (or pg_cron does).
 //!
@@ -11,7 +13,7 @@
 //! sweep, does nothing): it never waits for a lock while it holds lease rows.
 use crate::notify::{self, Event};
 use crate::spi_plans::execute;
-use crate::{clock, durability, errors};
+use crate::{clock, durability, errors, fence_numbers, settings};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use std::cell::Cell;
@@ -28,28 +30,47 @@ thread_local! {
     static RESUME_AT_PAGE: Cell<i64> = const { Cell::new(0) };
 }
 
-/// Expired leases, and session-bound ones whose session has ended, from page $3 on; returns each
-/// swept lease's key, fence and page.
+/// From page $3 on, up to $2 rows to tidy, skipping rows another transaction has locked: leases
+/// that have ended by $1 without being released (expired, or session-bound ones whose session has
+/// ended), which it marks ended (ended at $1 at the latest); and rows of leases that ended before
+/// $4 (pg_fence.retain_ended ago; NULL: keep them all), which it deletes. Returns each row's key,
+/// fence, page, and whether it was deleted.
 const SWEEP: &str = concat!(
-    "WITH expired AS (
-        SELECT ctid FROM fence.lease_state
+    "WITH candidate AS (
+        SELECT ctid, token_hash IS NULL AS ended FROM fence.lease_state
          WHERE ctid >= pg_catalog.format('(%s,0)', $3)::pg_catalog.tid
-           AND token_hash IS NOT NULL AND NOT ",
+           AND ((token_hash IS NOT NULL AND NOT ",
     live_at!("$1"),
-    " LIMIT $2 FOR UPDATE SKIP LOCKED)
-    UPDATE fence.lease_state s SET token_hash = NULL
-      FROM expired
-     WHERE s.ctid = expired.ctid
-    RETURNING s.key, s.fence, (expired.ctid::pg_catalog.text::pg_catalog.point)[0]::pg_catalog.int8"
+    ") OR (token_hash IS NULL AND expires_at < $4))
+         LIMIT $2 FOR UPDATE SKIP LOCKED),
+    marked AS (
+        UPDATE fence.lease_state s SET token_hash = NULL, expires_at = least(s.expires_at, $1)
+          FROM candidate c
+         WHERE s.ctid = c.ctid AND NOT c.ended
+        RETURNING s.key, s.fence, c.ctid),
+    deleted AS (
+        DELETE FROM fence.lease_state s USING candidate c
+         WHERE s.ctid = c.ctid AND c.ended
+        RETURNING s.key, s.fence, c.ctid)
+    SELECT key, fence, (ctid::pg_catalog.text::pg_catalog.point)[0]::pg_catalog.int8, false FROM marked
+    UNION ALL
+    SELECT key, fence, (ctid::pg_catalog.text::pg_catalog.point)[0]::pg_catalog.int8, true FROM deleted"
 );
+
+/// Raises the high-water mark of deleted fences (see `fence_numbers`) in the deleting transaction.
+const RAISE_HIGH_WATER: &str = "
+    INSERT INTO fence.high_water AS h (one, fence) VALUES (true, $1)
+    ON CONFLICT (one) DO UPDATE SET fence = greatest(h.fence, excluded.fence)";
 
 /// The sweeper's figures, locked for this sweep unless another sweep holds them.
 const CLAIM: &str = "SELECT 1 FROM fence.sweeper_stats FOR UPDATE SKIP LOCKED";
 
 const RECORD: &str = "
-    UPDATE fence.sweeper_stats SET last_run_at = $1, last_swept = $2, total_swept = total_swept + $2";
+    UPDATE fence.sweeper_stats
+       SET last_run_at = $1, last_swept = $2, total_swept = total_swept + $2, total_deleted = total_deleted + $3";
 
-/// Marks up to 1,000 expired leases free (their fences untouched) and returns how many.
+/// Marks expired leases ended (their fences untouched) and deletes the rows of leases that ended
+/// more than pg_fence.retain_ended ago, 1,000 rows at most; returns how many rows it changed.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn sweep() -> i64 {
@@ -62,28 +83,37 @@ fn sweep() -> i64 {
     if !execute(CLAIM, &[], |rows| !rows.is_empty()) {
         return 0; // another sweep is running
     }
-    let now = clock::timestamp(clock::now());
-    let args = [now.into(), BATCH.into(), RESUME_AT_PAGE.get().into()];
-    let expired: Vec<(String, i64, i64)> = execute(SWEEP, &args, |rows| {
+    let now = clock::now();
+    let delete_before = fence_numbers::high_water_kept()
+        .then(|| clock::timestamp(now.saturating_sub(settings::retain_ended_micros())));
+    let args = [clock::timestamp(now).into(), BATCH.into(), RESUME_AT_PAGE.get().into(), delete_before.into()];
+    let rows: Vec<(String, i64, i64, bool)> = execute(SWEEP, &args, |rows| {
         rows.map(|row| {
             (
                 row.get(1).unwrap_or_report().unwrap_or_default(),
                 row.get(2).unwrap_or_report().unwrap_or_default(),
                 row.get(3).unwrap_or_report().unwrap_or_default(),
+                row.get(4).unwrap_or_report().unwrap_or_default(),
             )
         })
         .collect()
     });
-    for (key, fence, _) in &expired {
+    let (deleted, ended): (Vec<_>, Vec<_>) = rows.iter().partition(|(_, _, _, deleted)| *deleted);
+    for (key, fence, _, _) in &ended {
         notify::send(Event::Expired, key, *fence);
     }
-    let swept = expired.len() as i64;
+    if let Some(highest) = deleted.iter().map(|(_, fence, _, _)| *fence).max() {
+        execute(RAISE_HIGH_WATER, &[highest.into()], |_| ());
+    }
+    let changed = rows.len() as i64;
     // A full batch: go on from its last page next time. Fewer: the end of the table was reached;
     // start again from the beginning.
-    let last_page = expired.iter().map(|(_, _, page)| *page).max().unwrap_or(0);
-    RESUME_AT_PAGE.set(if swept == BATCH { last_page } else { 0 });
-    execute(RECORD, &[now.into(), swept.into()], |_| ());
-    // Nothing here needs to survive a crash: a lost sweep is swept again.
+    let last_page = rows.iter().map(|(_, _, page, _)| *page).max().unwrap_or(0);
+    RESUME_AT_PAGE.set(if changed == BATCH { last_page } else { 0 });
+    let record = [clock::timestamp(now).into(), (ended.len() as i64).into(), (deleted.len() as i64).into()];
+    execute(RECORD, &record, |_| ());
+    // Nothing here needs to survive a crash: a sweep is lost whole, its deletions with the raised
+    // high-water mark that covers them, and swept again.
     durability::skip_flush_if_alone(wal_before);
-    swept
+    changed
 }

@@ -1,0 +1,37 @@
+//! How a grant's fence is chosen: the greater of the key's previous fence + 1 and the server clock
+//! in microseconds since 1970.
+//!
+//! "Previous + 1" makes the fences of one history strictly increase whatever the clock does. The
+//! clock orders histories: a server rolled onto another history (a promoted standby that missed the
+//! last WAL, a cancelled synchronous commit wait, point-in-time recovery, a restored dump, DROP and
+//! CREATE EXTENSION) forgets the fences it lost, but its clock has moved on since they were issued,
+//! so its next grant is above them. The one assumption is that clock: a fence issued on the lost
+//! history is at most the clock reading at its grant (plus one per grant of that key within the
+//! same microsecond or after a step back), so the new history's clock must read later than that at
+//! its first grant of the key (README, "The clock assumption").
+//!
+//! A key's row may be deleted once its lease has ended long enough ago (pg_fence.retain_ended, see
+//! `sweeper`). The sweep then raises the durable high-water mark, table fence.high_water, to the
+//! deleted fences in the same transaction, and the first grant of a key without a row starts above
+//! that mark: so a key granted again gets a fence above its old one even if the clock has stepped
+//! back meanwhile.
+use pgrx::pg_sys;
+
+/// Microseconds from 1970-01-01 (the Unix epoch) to 2000-01-01 (PostgreSQL's).
+const UNIX_TO_POSTGRES_EPOCH: i64 = 946_684_800_000_000;
+
+/// The lowest fence a grant at clock reading `now` (µs since PostgreSQL's epoch) may get.
+pub fn clock_floor(now: i64) -> i64 {
+    now.saturating_add(UNIX_TO_POSTGRES_EPOCH)
+}
+
+/// Whether this database has fence.high_water (from version 0.4.0 on). Before ALTER EXTENSION
+/// UPDATE creates it, a first grant starts at the clock floor alone and the sweep deletes nothing.
+pub fn high_water_kept() -> bool {
+    // SAFETY: catalog lookups by name; a missing schema gives InvalidOid (missing_ok).
+    unsafe {
+        let namespace = pg_sys::get_namespace_oid(c"fence".as_ptr(), true);
+        namespace != pg_sys::InvalidOid
+            && pg_sys::get_relname_relid(c"high_water".as_ptr(), namespace) != pg_sys::InvalidOid
+    }
+}
