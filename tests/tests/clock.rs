@@ -10,6 +10,10 @@
 //!   clock does, because its token no longer holds the key and its fence is no longer the current
 //!   one. README states all of this, and the second test pins it down.
 //!
+//! - Fences are greatest(previous + 1, clock): a step back makes them go on from the previous one,
+//!   never below it, and a key whose row the sweep deleted starts above the deleted fences
+//!   (fence.high_water), not at the clock, which may now be behind them. The third test.
+//!
 //! After every step the test reads the server's clock to check that the step happened. If
 //! libfaketime were not loaded (say the environment stopped reaching the postmaster), the wait test
 //! would otherwise pass without testing anything.
@@ -44,12 +48,12 @@ impl FakeClock {
     }
 
     /// A scratch cluster whose every process reads its wall clock through this offset.
-    fn start_cluster(&self, name: &str, port: u16) -> Cluster {
+    fn start_cluster(&self, name: &str, port: u16, settings: &[&str]) -> Cluster {
         let path = self.path.to_str().unwrap();
         Cluster::start_with_env(
             name,
             port,
-            &[],
+            settings,
             &[
                 ("LD_PRELOAD", LIBFAKETIME),
                 ("FAKETIME_TIMESTAMP_FILE", path),
@@ -136,7 +140,7 @@ fn lease(client: &mut Client, key: &str) -> (i64, bool) {
 #[test]
 fn a_wait_runs_on_the_monotonic_clock() {
     let clock = FakeClock::new("clock_wait");
-    let cluster = clock.start_cluster("clock_wait", 26951);
+    let cluster = clock.start_cluster("clock_wait", 26951, &[]);
     let (mut a, mut observer) = (cluster.connect(), cluster.connect());
     acquire(&mut a, "clock:wait", "1 hour").expect("the key is free");
 
@@ -170,7 +174,7 @@ fn a_wait_runs_on_the_monotonic_clock() {
 fn a_step_forward_expires_leases_and_a_step_back_revives_an_untaken_one() {
     const KEY: &str = "clock:step";
     let clock = FakeClock::new("clock_step");
-    let cluster = clock.start_cluster("clock_step", 26952);
+    let cluster = clock.start_cluster("clock_step", 26952, &[]);
     let (mut a, mut b, mut observer) = (cluster.connect(), cluster.connect(), cluster.connect());
     // Each step below is seconds of real time from the last grant or renewal at most, well within
     // the 5-second TTL.
@@ -193,11 +197,53 @@ fn a_step_forward_expires_leases_and_a_step_back_revives_an_untaken_one() {
     // Forward again, and this time B takes the key over.
     clock.step(&mut observer, 10);
     let (b_fence, _) = acquire(&mut b, KEY, "1 minute").expect("A's lease has expired by the server's clock");
-    assert_eq!(b_fence, fence + 1);
+    assert!(b_fence > fence, "the takeover got fence {b_fence}, not above {fence}");
 
     // Back: a lease taken over is never revived, whatever the clock does.
     clock.step(&mut observer, 0);
     assert_eq!(renew(&mut a, KEY, token), Err("PF001".into()));
     assert_eq!(guard(&mut a, KEY, fence), Err("PF002".into()));
     assert_eq!(lease(&mut observer, KEY), (b_fence, true), "B's lease is live");
+}
+
+/// Steps back and forth by up to minutes while keys are granted, released, and (with
+/// pg_fence.retain_ended = 0) deleted by sweeps: every key's fences strictly increase, and each
+/// grant leaves exactly one live lease. The deleted keys are granted again after steps back to
+/// before their last grant, so only the high-water mark can keep their fences rising.
+#[test]
+fn fences_strictly_increase_through_clock_steps_and_deletions() {
+    const KEYS: usize = 4;
+    let clock = FakeClock::new("clock_fences");
+    let cluster = clock.start_cluster("clock_fences", 26953, &["pg_fence.retain_ended=0"]);
+    let (mut client, mut observer) = (cluster.connect(), cluster.connect());
+    let mut last = [i64::MIN; KEYS];
+    let mut deleted_regrants = 0;
+    for offset in [0, -30, 15, -90, -60, 40, -200, -199, 0, -5] {
+        clock.step(&mut observer, offset);
+        for (k, last) in last.iter_mut().enumerate() {
+            let key = format!("clock:fence:{k}");
+            let had_row = client
+                .query_one("SELECT count(*) FROM fence.lease_state WHERE key = $1", &[&key])
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1;
+            let (fence, token) = acquire(&mut client, &key, "1 hour").expect("the key was released");
+            assert!(fence > *last, "{key} at {offset:+} s: fence {fence} after {last}");
+            deleted_regrants += usize::from(!had_row && *last != i64::MIN);
+            *last = fence;
+            let live: i64 = observer
+                .query_one("SELECT count(*) FROM fence.leases WHERE key = $1 AND live", &[&key])
+                .unwrap()
+                .get(0);
+            assert_eq!(live, 1, "{key} at {offset:+} s");
+            let released: bool =
+                client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
+            assert!(released);
+        }
+        // Every key loses its row: released just now, each ended before this sweep read the clock.
+        thread::sleep(Duration::from_millis(5));
+        client.query_one("SELECT fence.sweep()", &[]).unwrap();
+    }
+    println!("{deleted_regrants} grants of keys whose rows the sweep had deleted");
+    assert!(deleted_regrants > 0, "no key was granted again after its row was deleted");
 }
