@@ -1,4 +1,5 @@
--- Fenced writes as a psql user sees them: fence_guard, fenced_update, fenced_write.
+-- Fenced writes as a psql user sees them: fence_guard, fenced_update, fenced_write. The fences of
+-- grants differ from run to run, so messages show them by name (named() of _setup.sql).
 CREATE EXTENSION pg_fence;
 
 CREATE TABLE invoices (id int PRIMARY KEY, status text NOT NULL, amount numeric, paid_on date,
@@ -19,12 +20,14 @@ SELECT fence.fenced_update('invoice:42', :a_fence, 'invoices', '{"status": "x"}'
 -- The lease ends and worker-b takes over: worker-a's fence is stale everywhere.
 SELECT fence.lease_release('invoice:42', :'a_token');
 SELECT (fence.lease_acquire('invoice:42', '1 minute', 'worker-b')).fence AS b_fence \gset
-SELECT try(format('SELECT fence.fence_guard(%L, %s)', 'invoice:42', :a_fence)) AS stale_guard;
-SELECT try(format($$UPDATE invoices SET status = 'stale' WHERE id = 42 AND fence.fence_guard(%L, %s)$$, 'invoice:42', :a_fence)) AS stale_update;
-SELECT try(format($$SELECT fence.fenced_update(%L, %s, 'invoices', '{"status": "stale"}', '{"id": 42}')$$, 'invoice:42', :a_fence)) AS stale_fenced_update;
+SELECT :b_fence > :a_fence AS b_fence_is_higher;
+SELECT jsonb_build_object('a_fence', :a_fence, 'b_fence', :b_fence, 'b_fence + 1', :b_fence + 1) AS fences \gset
+SELECT try(format('SELECT fence.fence_guard(%L, %s)', 'invoice:42', :a_fence), :'fences') AS stale_guard;
+SELECT try(format($$UPDATE invoices SET status = 'stale' WHERE id = 42 AND fence.fence_guard(%L, %s)$$, 'invoice:42', :a_fence), :'fences') AS stale_update;
+SELECT try(format($$SELECT fence.fenced_update(%L, %s, 'invoices', '{"status": "stale"}', '{"id": 42}')$$, 'invoice:42', :a_fence), :'fences') AS stale_fenced_update;
 SELECT fence.fenced_update('invoice:42', :b_fence, 'invoices', '{"status": "refunded"}', '{"id": 42}') AS b_rows;
 -- A fence from the future, or for a key never granted, is stale too.
-SELECT try(format('SELECT fence.fence_guard(%L, %s)', 'invoice:42', :b_fence + 1)) AS future_fence;
+SELECT try(format('SELECT fence.fence_guard(%L, %s)', 'invoice:42', :b_fence + 1), :'fences') AS future_fence;
 SELECT try($$SELECT fence.fence_guard('never-granted', 1)$$) AS unknown_key;
 SELECT id, status FROM invoices ORDER BY id;
 
@@ -57,7 +60,7 @@ DROP DOMAIN email;
 CREATE TABLE snapshot AS SELECT * FROM invoices;
 CREATE VIEW invoices_view AS SELECT * FROM invoices;
 CREATE SEQUENCE some_seq;
-SELECT call, try(replace(call, 'F', :'b_fence')) AS outcome FROM (VALUES
+SELECT call, try(replace(call, 'F', :'b_fence'), :'fences') AS outcome FROM (VALUES
     ($$SELECT fence.fence_guard(NULL, 1)$$),
     ($$SELECT fence.fence_guard('invoice:42', NULL)$$),
     ($$SELECT fence.fence_guard('', 1)$$),
@@ -130,6 +133,19 @@ SELECT length(body), tags FROM docs;
 SELECT fence.fenced_update('invoice:42', :b_fence, 'docs', changes, '{"id": 1}') AS written FROM doc_changes WHERE id = 3;
 SELECT length(body), tags FROM docs;
 DROP TABLE docs, doc_changes;
+
+-- A fence a grant hands out does not fit an integer column (it is a clock reading in microseconds,
+-- far above 2^31): fenced_write into one fails with 22003 and writes nothing. A bigint column
+-- takes it.
+CREATE TABLE narrow (id int PRIMARY KEY, status text, fence integer, wide_fence bigint);
+INSERT INTO narrow VALUES (1, 'open', NULL, NULL), (2, 'open', 5, NULL);
+SELECT (fence.lease_acquire('narrow', '1 minute')).fence AS n_fence \gset
+SELECT try(format($$SELECT fence.fenced_write('narrow', 'fence', %s, '{"status": "written"}', '{"id": 1}')$$, :n_fence)) AS into_integer;
+SELECT try(format($$SELECT fence.fenced_write('narrow', 'fence', %s, '{"status": "written"}', '{"id": 2}')$$, :n_fence)) AS into_integer_holding_a_fence;
+SELECT * FROM narrow ORDER BY id;
+SELECT fence.fenced_write('narrow', 'wide_fence', :n_fence, '{"status": "written"}', '{"id": 1}') AS into_bigint;
+SELECT id, status, fence, wide_fence = :n_fence AS holds_the_grant_s_fence FROM narrow ORDER BY id;
+DROP TABLE narrow;
 
 DROP TABLE invoices CASCADE;
 DROP TABLE snapshot;

@@ -23,7 +23,8 @@ SELECT p.proname,
   FROM pg_proc p WHERE p.pronamespace = 'fence'::regnamespace ORDER BY 1;
 GRANT fence_user TO fence_nobody;
 SET ROLE fence_nobody;
-SELECT (fence.lease_acquire('k', '1 minute')).fence AS now_granted;
+SELECT (fence.lease_acquire('k', '1 minute')).fence AS k_fence \gset
+SELECT :k_fence IS NOT NULL AS now_granted;
 SELECT try($$SELECT fence.sweep()$$) AS sweep_still_refused;
 SELECT try($$SELECT fence.lease_revoke('k')$$) AS revoke_still_refused;
 RESET ROLE;
@@ -34,10 +35,13 @@ CREATE ROLE fence_other LOGIN IN ROLE fence_user;
 SELECT fence.lease_acquire('shared', '1 hour', 'superuser-holder') AS l \gset
 
 SET ROLE fence_app;
--- The functions and the view work for everyone...
-SELECT (fence.lease_acquire('app-key', '1 minute', 'app')).fence;
-SELECT key, owner, fence, live FROM fence.leases ORDER BY key;
-SELECT fence.current_fence('shared');
+-- The functions and the view work for everyone... (The fences, which differ from run to run, are
+-- shown by name: named() of _setup.sql.)
+SELECT (fence.lease_acquire('app-key', '1 minute', 'app')).fence AS app_fence \gset
+SELECT jsonb_build_object('k_fence', :k_fence, 'app_fence', :app_fence,
+                          'shared_fence', (:'l'::fence.lease).fence) AS fences \gset
+SELECT key, owner, named(fence::text, :'fences') AS fence, live FROM fence.leases ORDER BY key;
+SELECT named(fence.current_fence('shared')::text, :'fences') AS current_fence;
 -- ...but the table behind them does not, and no token is visible anywhere.
 SELECT * FROM fence.lease_state;
 UPDATE fence.lease_state SET expires_at = now();
@@ -62,8 +66,9 @@ GRANT fence_admin TO fence_app;
 SET ROLE fence_app;
 SELECT fence.lease_revoke('shared') AS revoked;
 SELECT fence.lease_revoke('shared') AS revoked_again;
-SELECT fence.fence_guard('shared', 1);
-SELECT (fence.lease_acquire('shared', '1 minute', 'next-holder')).fence AS next_fence;
+SELECT try_in_full(format('SELECT fence.fence_guard(%L, %s)', 'shared', (:'l'::fence.lease).fence), :'fences')
+    AS revoked_fence;
+SELECT (fence.lease_acquire('shared', '1 minute', 'next-holder')).fence > (:'l'::fence.lease).fence AS next_fence_is_higher;
 RESET ROLE;
 REVOKE fence_admin FROM fence_app;
 
@@ -141,7 +146,8 @@ CREATE TABLE accounts (id int PRIMARY KEY, name varchar(20), balance int, fence 
                        version bigint NOT NULL DEFAULT 1);
 INSERT INTO accounts VALUES (1, 'alice', 100, 5, 1), (2, 'bob', 200, 5, 1);
 GRANT SELECT, UPDATE ON accounts TO fence_mallory;
-SELECT fence.lease_acquire('other-key', '1 hour', 'someone-else') IS NOT NULL AS other_key_held;
+SELECT (fence.lease_acquire('other-key', '1 hour', 'someone-else')).fence AS other_fence \gset
+SELECT :other_fence IS NOT NULL AS other_key_held;
 
 SET ROLE fence_mallory;
 SELECT fence AS m_fence, token AS m_token FROM fence.lease_acquire('mallory-key', '1 hour', 'mallory') \gset
@@ -199,15 +205,24 @@ RESET ROLE;
 
 -- Each call runs in a subtransaction that is rolled back once its outcome (by try()), its value and
 -- a digest of what it left behind are taken, so that every search_path starts from the same state.
--- Nothing is compared while the attack is on: the comparisons come after RESET search_path.
+-- Nothing is compared while the attack is on: the comparisons come after RESET search_path. A
+-- fence granted by the call is the clock at its grant, other under each search_path: in the value
+-- and the digest it is shown as <issued> when it lies between the clock before and after the call,
+-- where a first grant's fence must be.
 CREATE TEMP TABLE attack_value (value text);
 CREATE TEMP TABLE attack_cases (n serial, template text, call text);
 CREATE TEMP TABLE attack_results (path text, n int, outcome text, value text, state text);
 GRANT SELECT, INSERT, DELETE ON attack_value, attack_cases, attack_results TO fence_mallory;
-CREATE FUNCTION attack_state() RETURNS text
+CREATE FUNCTION issued(shown text, issued_from bigint, issued_to bigint) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN shown ~ '^[0-9]{1,18}$' AND shown::bigint BETWEEN issued_from AND issued_to
+                THEN '<issued>' ELSE shown END
+$$;
+CREATE FUNCTION attack_state(issued_from bigint, issued_to bigint) RETURNS text
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT md5(concat_ws(' | ',
-        (SELECT string_agg(concat_ws(',', key, fence, owner, token_hash IS NULL, session_pid IS NULL),
+        (SELECT string_agg(concat_ws(',', key, public.issued(fence::text, issued_from, issued_to), owner,
+                                     token_hash IS NULL, session_pid IS NULL),
                            ';' ORDER BY key)
            FROM fence.lease_state),
         (SELECT string_agg(a::text, ';' ORDER BY id) FROM public.accounts a),
@@ -217,12 +232,17 @@ LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 
 $$;
 CREATE FUNCTION attack_case(call text, OUT outcome text, OUT value text, OUT state text)
 LANGUAGE plpgsql AS $$
+DECLARE
+    issued_from bigint;
+    issued_to bigint;
 BEGIN
     BEGIN
         DELETE FROM attack_value;
+        issued_from := public.clock_us();
         outcome := try('INSERT INTO attack_value SELECT (' || call || ')::text');
-        SELECT v.value INTO value FROM attack_value v;
-        state := attack_state();
+        issued_to := public.clock_us();
+        SELECT public.issued(v.value, issued_from, issued_to) INTO value FROM attack_value v;
+        state := attack_state(issued_from, issued_to);
         RAISE EXCEPTION 'undo';
     EXCEPTION WHEN raise_exception THEN
         NULL;
@@ -276,8 +296,11 @@ RESET ROLE;
 -- called format() unqualified, so an exact-match look-alike such as varchar = varchar won even with
 -- pg_catalog first. Since 0.2.0 those operators are schema-qualified and the PL/pgSQL functions
 -- pin search_path.)
+SELECT jsonb_build_object('@fence@', :m_fence, '@fence@ - -1', :m_fence + 1, 'other-key''s fence', :other_fence)
+    AS fences \gset
 SELECT d.n, c.template AS call,
-       d.outcome || CASE WHEN d.outcome = 'ok' THEN ': ' || coalesce(d.value, 'NULL') ELSE '' END AS outcome,
+       named(d.outcome || CASE WHEN d.outcome = 'ok' THEN ': ' || coalesce(d.value, 'NULL') ELSE '' END,
+             :'fences') AS outcome,
        bool_and(a.same) FILTER (WHERE a.path = 'mallory first') AS mallory_first,
        bool_and(a.same) FILTER (WHERE a.path = 'mallory before pg_catalog') AS before_pg_catalog,
        bool_and(a.same) FILTER (WHERE a.path = 'pg_temp first') AS pg_temp_first
@@ -290,7 +313,8 @@ SELECT d.n, c.template AS call,
  ORDER BY d.n;
 -- Where they differ, what the attacked calls did instead.
 SELECT a.n, a.path,
-       a.outcome || CASE WHEN a.outcome = 'ok' THEN ': ' || coalesce(a.value, 'NULL') ELSE '' END AS outcome,
+       named(a.outcome || CASE WHEN a.outcome = 'ok' THEN ': ' || coalesce(a.value, 'NULL') ELSE '' END,
+             :'fences') AS outcome,
        a.state = d.state AS same_state
   FROM attack_results a JOIN attack_results d ON d.n = a.n AND d.path = 'default'
  WHERE a.path <> 'default'
@@ -317,7 +341,7 @@ RESET search_path;
 SELECT id, name, balance FROM accounts ORDER BY id;
 
 DROP TABLE ledger, accounts, victim_docs;
-DROP FUNCTION attack_case(text), attack_state();
+DROP FUNCTION attack_case(text), attack_state(bigint, bigint), issued(text, bigint, bigint);
 -- fence_mallory's schema, its temporary look-alikes and its grants.
 DROP OWNED BY fence_mallory;
 DROP ROLE fence_mallory;
