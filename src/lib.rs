@@ -2,6 +2,8 @@
 //!
 //! Where to look:
 //! - `leases`: lease_acquire / lease_renew / lease_release / current_fence, the heart of it.
+//! - `fence_numbers`: how a grant's fence is chosen, so that no fence is ever issued twice on any
+//!   history the server is rolled onto.
 //! - `keylock`: the per-key advisory lock that serializes every change to one key (and the other
 //!   advisory locks pg_fence takes); `key_hash`: the secret-keyed hash that names a key's locks.
 //! - `durability`: what a transaction that grants or renews must guarantee at commit.
@@ -14,8 +16,8 @@
 //!   `clock`: the server's clock, as liveness must read it.
 //! - `waiting`: lease_acquire's `wait`, a queue per key and prompt wake-ups.
 //! - `sessions`: session-bound leases, which end with the session that took them.
-//! - `sweeper`: fence.sweep(), which marks expired leases free; `worker`: the background worker
-//!   that calls it.
+//! - `sweeper`: fence.sweep(), which marks expired leases free and deletes long-ended ones;
+//!   `worker`: the background worker that calls it.
 //! - `settings`: the `pg_fence.*` GUCs; `spi_plans`: statements prepared once per backend.
 //! - `own_errors`: raising pg_fence's own SQLSTATEs (class PF) from Rust, for the fenced writes.
 //! - `lease_row`: a key's lease row read from its index without a statement, for the guard.
