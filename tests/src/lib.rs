@@ -199,3 +199,175 @@ pub fn wait_event(client: &mut Client, pid: i32) -> (Option<String>, Option<Stri
         .unwrap();
     (row.get(0), row.get(1))
 }
+
+/// A PostgreSQL program of the build the scratch clusters run: from $PG_BIN when it is set, as
+/// pg_test/cluster does, so that pg_dump and pg_restore match the server; else the system one.
+pub fn pg_bin(program: &str) -> PathBuf {
+    let bin = std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
+    PathBuf::from(bin).join(program)
+}
+
+/// Runs a PostgreSQL client program (see `pg_bin`) and returns its standard output; panics with its
+/// standard error when it fails.
+pub fn run_pg_program(program: &str, args: &[&str]) -> String {
+    let out =
+        Command::new(pg_bin(program)).args(args).output().unwrap_or_else(|err| panic!("{program}: {err}"));
+    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn test_root() -> PathBuf {
+    PathBuf::from(std::env::var("PG_FENCE_TEST_DIR").unwrap_or_else(|_| "/tmp/pg_fence_test".into()))
+}
+
+impl Cluster {
+    /// The cluster's name ("it_" + the name it was started with), which is also the
+    /// application_name a standby connects to its primary with.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The pid of a standby's walreceiver, once it streams (waiting up to 30 s for that).
+    pub fn walreceiver_pid(&self) -> u32 {
+        let mut client = self.connect();
+        let streaming = "SELECT pid FROM pg_stat_wal_receiver WHERE status = 'streaming'";
+        let mut pid = None;
+        let streams = eventually(Duration::from_secs(30), || {
+            pid = client.query_opt(streaming, &[]).unwrap().map(|row| row.get::<_, i32>(0));
+            pid.is_some()
+        });
+        assert!(streams, "{} never streamed", self.name);
+        pid.unwrap() as u32
+    }
+
+    /// Makes the streaming `standby` this primary's synchronous standby, and waits until the primary
+    /// says it is. Call it once the standby streams: from then on every commit waits for it.
+    pub fn make_synchronous(&self, standby: &Cluster) {
+        let mut admin = self.connect();
+        let names = format!("ALTER SYSTEM SET synchronous_standby_names = '{}'", standby.name);
+        admin.batch_execute(&names).unwrap();
+        admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+        let sync = "SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync'";
+        let synchronous =
+            eventually(Duration::from_secs(30), || admin.query_opt(sync, &[]).unwrap().is_some());
+        assert!(synchronous, "{} never became synchronous", standby.name);
+    }
+
+    /// A cluster made from a copy of `backup` that starts in archive recovery (recovery.signal) with
+    /// `settings` (restore_command, recovery_target_*), and once it has recovered and been promoted
+    /// (recovery_target_action = 'promote' among them) accepts writes. Destroyed when dropped.
+    pub fn recover(name: &str, backup: &BaseBackup, port: u16, settings: &[&str]) -> Cluster {
+        let name = format!("it_{name}");
+        let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
+        let port_text = port.to_string();
+        let mut args = vec!["recover", &name, &backup.name, &port_text];
+        args.extend_from_slice(settings);
+        run_script(&args);
+        run_script(&["start", &name]);
+        let cluster = Cluster { name, port };
+        let mut client = cluster.connect();
+        let promoted = eventually(Duration::from_secs(60), || {
+            !client.query_one("SELECT pg_is_in_recovery()", &[]).unwrap().get::<_, bool>(0)
+        });
+        assert!(promoted, "{} never left recovery (see {:?})", cluster.name, cluster.log_path());
+        cluster
+    }
+}
+
+/// A base backup of a running cluster (pg_basebackup), kept in the test root for `Cluster::recover`
+/// until dropped.
+pub struct BaseBackup {
+    name: String,
+}
+
+impl BaseBackup {
+    pub fn take(name: &str, of: &Cluster) -> BaseBackup {
+        let name = format!("it_{name}");
+        let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
+        run_script(&["backup", &name, &of.name]);
+        BaseBackup { name }
+    }
+}
+
+impl Drop for BaseBackup {
+    fn drop(&mut self) {
+        let _ = Command::new(cluster_script()).args(["destroy", &self.name]).status();
+    }
+}
+
+/// A directory in the test root that the `postgres` user owns, for the servers to write to (a WAL
+/// archive, say). Removed, with what is in it, when dropped.
+pub struct ScratchDir {
+    path: PathBuf,
+}
+
+impl ScratchDir {
+    /// "it_" + `name` in the test root, emptied if an earlier run left it.
+    pub fn create(name: &str) -> ScratchDir {
+        let path = test_root().join(format!("it_{name}"));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        let status = Command::new("chown").arg("postgres").arg(&path).status().unwrap();
+        assert!(status.success(), "chown postgres {path:?}");
+        ScratchDir { path }
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// What a server rolled onto another history (a promoted standby that missed WAL, a recovered base
+/// backup, a restored dump, the extension dropped and created again) makes of the fences issued
+/// before: see `next_history`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextHistory {
+    /// Grants issued before whose fence it does not know: the key's current fence there is lower,
+    /// or it has no row for the key. Tests assert this is not 0, or they would prove nothing.
+    pub forgotten: usize,
+    /// Keys whose next grant there got a fence at or below one issued before for that key.
+    pub reissued: usize,
+    /// Fences issued before that fence_guard accepts there after that next grant: a holder of the old
+    /// history whose write would pass.
+    pub stale_guards_accepted: usize,
+}
+
+/// Looks at the server behind `client` after `issued` (every (key, fence) granted before, on the old
+/// history): counts the grants it forgot, grants every key once (waiting up to 30 s for a lease it
+/// still has to end), and tries fence_guard with every fence issued before.
+pub fn next_history(client: &mut Client, issued: &[(String, i64)]) -> NextHistory {
+    let mut highest: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+    for (key, fence) in issued {
+        let entry = highest.entry(key.as_str()).or_insert(*fence);
+        *entry = (*entry).max(*fence);
+    }
+    let mut known = std::collections::BTreeMap::new();
+    for key in highest.keys() {
+        let current: Option<i64> = client.query_one("SELECT fence.current_fence($1)", &[key]).unwrap().get(0);
+        known.insert(*key, current);
+    }
+    let forgotten =
+        issued.iter().filter(|(key, fence)| known[key.as_str()].is_none_or(|k| k < *fence)).count();
+    let mut reissued = 0;
+    for (key, highest) in &highest {
+        let next: Option<i64> = client
+            .query_one("SELECT (fence.lease_acquire($1, '1 minute', wait => '30 seconds')).fence", &[key])
+            .unwrap()
+            .get(0);
+        reissued += usize::from(next.unwrap_or_else(|| panic!("{key} still held after 30 s")) <= *highest);
+    }
+    let mut stale_guards_accepted = 0;
+    for (key, fence) in issued {
+        match client.query_one("SELECT fence.fence_guard($1, $2)", &[key, fence]) {
+            Ok(_) => stale_guards_accepted += 1,
+            Err(err) => assert_eq!(sqlstate(&err), "PF002", "fence_guard({key}, {fence}): {err}"),
+        }
+    }
+    NextHistory { forgotten, reissued, stale_guards_accepted }
+}

@@ -1,18 +1,45 @@
-//! pg_dump / pg_restore of a database that uses pg_fence, into a new database: fences continue above
-//! the old values and live leases are kept (fence.lease_state is registered with
-//! pg_extension_config_dump, so its rows are in the dump).
-use pg_fence_integration::{sqlstate, Cluster};
-use std::process::Command;
+//! pg_dump / pg_restore of a database that uses pg_fence (custom format, with the pg_dump and
+//! pg_restore of the build under test, see `pg_bin`). fence.lease_state is registered with
+//! pg_extension_config_dump, so its rows are in the dump: a restore keeps live leases and continues
+//! each key's fences above the ones the dump holds.
+//!
+//! A dump is also an older history: grants made after it are not in it, and their holders still
+//! hold those fences when it is restored, into a new database or in place (`pg_restore --clean`).
+//! The restored database must hand none of them out again.
+use pg_fence_integration::{next_history, run_pg_program, sqlstate, Cluster};
+use postgres::Client;
 use uuid::Uuid;
 
-fn run(program: &str, args: &[&str]) {
-    let out = Command::new(format!("/usr/lib/postgresql/15/bin/{program}")).args(args).output().unwrap();
-    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+/// Dumps database `db` of `cluster` to a fresh custom-format file, whose path it returns.
+fn dump(cluster: &Cluster, db: &str) -> String {
+    let file = std::env::temp_dir().join(format!(
+        "pg_fence-dump-{}-{db}-{}.custom",
+        std::process::id(),
+        cluster.port()
+    ));
+    let file = file.to_str().unwrap().to_string();
+    let port = cluster.port().to_string();
+    run_pg_program("pg_dump", &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-Fc", "-f", &file, db]);
+    file
+}
+
+/// pg_restore of `file` into database `db` of `cluster`, with `options` such as "--clean".
+fn restore(cluster: &Cluster, db: &str, file: &str, options: &[&str]) {
+    let port = cluster.port().to_string();
+    let connection = ["-h", "127.0.0.1", "-p", &port, "-U", "postgres", "--exit-on-error", "-d", db];
+    run_pg_program("pg_restore", &[&connection[..], options, &[file]].concat());
+}
+
+fn acquire(client: &mut Client, key: &str) -> (i64, Uuid) {
+    let row =
+        client.query_one("SELECT fence, token FROM fence.lease_acquire($1, '1 hour')", &[&key]).unwrap();
+    let (fence, token): (Option<i64>, Option<Uuid>) = (row.get(0), row.get(1));
+    (fence.unwrap_or_else(|| panic!("{key} is held")), token.unwrap())
 }
 
 #[test]
 fn a_restored_database_continues_fences_and_keeps_live_leases() {
-    let cluster = Cluster::start_without_extension("dump", 26911, &[]);
+    let cluster = Cluster::start_without_extension("dump", 27331, &[]);
     let mut admin = cluster.connect();
     admin.batch_execute("CREATE DATABASE app").unwrap();
     let mut app = cluster.connect_to("app");
@@ -23,13 +50,14 @@ fn a_restored_database_continues_fences_and_keeps_live_leases() {
     )
     .unwrap();
     // 'busy' is granted five times, the last one still live; 'idle' three times, all released.
+    let (mut busy, mut idle) = (Vec::new(), Vec::new());
     let mut live = Uuid::nil();
     for (key, grants) in [("busy", 5), ("idle", 3)] {
         for i in 1..=grants {
-            let row =
-                app.query_one("SELECT fence, token FROM fence.lease_acquire($1, '1 hour')", &[&key]).unwrap();
-            let (fence, token): (i64, Uuid) = (row.get(0), row.get(1));
-            assert_eq!(fence, i);
+            let (fence, token) = acquire(&mut app, key);
+            let fences = if key == "busy" { &mut busy } else { &mut idle };
+            assert!(fences.last().is_none_or(|last| fence > *last), "{key}: {fence} after {fences:?}");
+            fences.push(fence);
             if key == "busy" && i == grants {
                 live = token;
             } else {
@@ -37,19 +65,17 @@ fn a_restored_database_continues_fences_and_keeps_live_leases() {
             }
         }
     }
+    let (busy_fence, idle_fence) = (*busy.last().unwrap(), *idle.last().unwrap());
     app.query_one(
-        "SELECT fence.fenced_write('invoice', 'last_fence', 5, '{\"status\": \"paid\"}', '{\"id\": 1}')",
-        &[],
+        "SELECT fence.fenced_write('invoice', 'last_fence', $1, '{\"status\": \"paid\"}', '{\"id\": 1}')",
+        &[&busy_fence],
     )
     .unwrap();
 
-    let dump = format!("/tmp/pg_fence_test/dump-{}.custom", std::process::id());
-    let port = cluster.port().to_string();
-    let connection = ["-h", "127.0.0.1", "-p", &port, "-U", "postgres"];
-    run("pg_dump", &[&connection[..], &["-Fc", "-f", &dump, "app"]].concat());
+    let file = dump(&cluster, "app");
     admin.batch_execute("CREATE DATABASE restored").unwrap();
-    run("pg_restore", &[&connection[..], &["-d", "restored", &dump]].concat());
-    std::fs::remove_file(&dump).unwrap();
+    restore(&cluster, "restored", &file, &[]);
+    std::fs::remove_file(&file).unwrap();
 
     let mut restored = cluster.connect_to("restored");
     let fences: Vec<(String, i64, bool)> = restored
@@ -58,7 +84,7 @@ fn a_restored_database_continues_fences_and_keeps_live_leases() {
         .iter()
         .map(|row| (row.get(0), row.get(1), row.get(2)))
         .collect();
-    assert_eq!(fences, vec![("busy".into(), 5, true), ("idle".into(), 3, false)]);
+    assert_eq!(fences, vec![("busy".into(), busy_fence, true), ("idle".into(), idle_fence, false)]);
 
     // The live lease is still held, by the same token; the other key continues above its fence.
     let held: Option<i64> =
@@ -67,16 +93,78 @@ fn a_restored_database_continues_fences_and_keeps_live_leases() {
     restored.query_one("SELECT fence.lease_renew('busy', $1, '1 hour')", &[&live]).unwrap();
     let next: Option<i64> =
         restored.query_one("SELECT (fence.lease_acquire('idle', '1 hour')).fence", &[]).unwrap().get(0);
-    assert_eq!(next, Some(4), "the restored database did not continue the fence");
+    assert!(next.is_some_and(|next| next > idle_fence), "idle: {next:?} after {idle:?}");
 
     // The fenced resource came along too, and still refuses a stale fence.
     let err = restored
         .query_one(
-            "SELECT fence.fenced_write('invoice', 'last_fence', 4, '{\"status\": \"void\"}', '{\"id\": 1}')",
-            &[],
+            "SELECT fence.fenced_write('invoice', 'last_fence', $1, '{\"status\": \"void\"}', '{\"id\": 1}')",
+            &[&busy[busy.len() - 2]],
         )
         .unwrap_err();
     assert_eq!(sqlstate(&err), "PF002");
-    let err = restored.query_one("SELECT fence.fence_guard('idle', 3)", &[]).unwrap_err();
+    let err = restored.query_one("SELECT fence.fence_guard('idle', $1)", &[&idle_fence]).unwrap_err();
     assert_eq!(sqlstate(&err), "PF002");
+}
+
+/// Grants, a dump, more grants (one of them still held), then the dump restored: into a new
+/// database, or over the dumped one with `pg_restore --clean`. The grants after the dump are the
+/// ones the restored database forgets.
+fn restore_an_older_dump(name: &str, port: u16, in_place: bool) {
+    let cluster = Cluster::start_without_extension(name, port, &[]);
+    let mut admin = cluster.connect();
+    admin.batch_execute("CREATE DATABASE app").unwrap();
+    let mut app = cluster.connect_to("app");
+    app.batch_execute("CREATE EXTENSION pg_fence").unwrap();
+    let mut issued = Vec::new();
+    let mut grant = |app: &mut Client, key: &str, release: bool| {
+        let (fence, token) = acquire(app, key);
+        issued.push((key.to_string(), fence));
+        if release {
+            app.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
+        }
+    };
+    for key in ["a", "b", "c", "a", "b", "c"] {
+        grant(&mut app, key, true);
+    }
+    let file = dump(&cluster, "app");
+    for key in ["a", "b", "c", "a", "b", "only_after"] {
+        grant(&mut app, key, true);
+    }
+    // Still held, on the current history, when the older one is restored.
+    grant(&mut app, "c", false);
+    drop(app);
+    let forgotten = issued.len() - 6;
+
+    let db = if in_place {
+        restore(&cluster, "app", &file, &["--clean"]);
+        "app"
+    } else {
+        admin.batch_execute("CREATE DATABASE restored").unwrap();
+        restore(&cluster, "restored", &file, &[]);
+        "restored"
+    };
+    std::fs::remove_file(&file).unwrap();
+    let outcome = next_history(&mut cluster.connect_to(db), &issued);
+    let how = if in_place { "in place with --clean" } else { "into a new database" };
+    println!("an older dump restored {how}: fences {issued:?}, {outcome:?}");
+    assert_eq!(
+        outcome.forgotten, forgotten,
+        "the restore did not forget what followed the dump: {outcome:?}"
+    );
+    assert_eq!(
+        (outcome.reissued, outcome.stale_guards_accepted),
+        (0, 0),
+        "keys whose next grant reissued a fence, and stale guards accepted: {outcome:?}"
+    );
+}
+
+#[test]
+fn an_older_dump_restored_into_a_new_database_reissues_no_fence() {
+    restore_an_older_dump("dump_older", 27332, false);
+}
+
+#[test]
+fn an_older_dump_restored_in_place_reissues_no_fence() {
+    restore_an_older_dump("dump_clean", 27333, true);
 }
