@@ -29,9 +29,15 @@ fn create_extension_refuses_a_database_that_is_not_utf8() {
     // A UTF8 database takes it, and non-ASCII keys are plain keys, compared byte for byte.
     let mut client = cluster.connect();
     client.batch_execute("CREATE EXTENSION pg_fence").unwrap();
-    for key in ["café", "cafe\u{301}", "Café", "ключ:1"] {
+    let keys = ["café", "cafe\u{301}", "Café", "ключ:1"];
+    for key in keys {
         let fence: Option<i64> =
             client.query_one("SELECT (fence.lease_acquire($1, '1 minute')).fence", &[&key]).unwrap().get(0);
-        assert_eq!(fence, Some(1), "{key} was taken as another key");
+        let fence = fence.unwrap_or_else(|| panic!("{key} was taken as another key"));
+        let current: Option<i64> =
+            client.query_one("SELECT fence.current_fence($1)", &[&key]).unwrap().get(0);
+        assert_eq!(current, Some(fence), "{key}");
     }
+    let rows: i64 = client.query_one("SELECT count(DISTINCT key) FROM fence.leases", &[]).unwrap().get(0);
+    assert_eq!(rows, keys.len() as i64, "keys were stored as one another");
 }

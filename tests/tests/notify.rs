@@ -18,9 +18,14 @@ fn received(listener: &mut Client) -> Vec<String> {
 }
 
 fn event(payload: &str, event: &str, key: &str, fence: i64) -> bool {
+    // The whole number: a fence that only begins with `fence` is another one.
+    let fence = format!("\"fence\":{fence}");
+    let whole_fence = payload
+        .match_indices(&fence)
+        .any(|(at, _)| !payload[at + fence.len()..].starts_with(|c: char| c.is_ascii_digit()));
     payload.contains(&format!("\"event\":\"{event}\""))
         && payload.contains(&format!("\"key\":\"{key}\""))
-        && payload.contains(&format!("\"fence\":{fence}"))
+        && whole_fence
 }
 
 #[test]
@@ -34,35 +39,43 @@ fn every_lease_change_is_announced_at_commit() {
     client.batch_execute("SET pg_fence.notify = on").unwrap();
 
     let mut tx = client.transaction().unwrap();
-    let token: uuid::Uuid =
-        tx.query_one("SELECT (fence.lease_acquire('k', '1 minute')).token", &[]).unwrap().get(0);
+    let row =
+        tx.query_one("SELECT (l).fence, (l).token FROM fence.lease_acquire('k', '1 minute') l", &[]).unwrap();
+    let (fence, token): (i64, uuid::Uuid) = (row.get(0), row.get(1));
     assert!(received(&mut listener).is_empty(), "announced before commit");
     tx.commit().unwrap();
     let events = received(&mut listener);
-    assert!(events.len() == 1 && event(&events[0], "acquired", "k", 1), "{events:?}");
+    assert!(events.len() == 1 && event(&events[0], "acquired", "k", fence), "{events:?}");
 
     client.query_one("SELECT fence.lease_release('k', $1)", &[&token]).unwrap();
     let events = received(&mut listener);
-    assert!(events.len() == 1 && event(&events[0], "released", "k", 1), "{events:?}");
+    assert!(events.len() == 1 && event(&events[0], "released", "k", fence), "{events:?}");
 
     let mut tx = client.transaction().unwrap();
     tx.query_one("SELECT fence.lease_acquire('rolled-back', '1 minute')", &[]).unwrap();
     tx.rollback().unwrap();
     assert!(received(&mut listener).is_empty(), "a rolled-back grant was announced");
 
-    client.query_one("SELECT fence.lease_acquire('k', '1 minute')", &[]).unwrap();
+    let next: i64 =
+        client.query_one("SELECT (fence.lease_acquire('k', '1 minute')).fence", &[]).unwrap().get(0);
+    assert!(next > fence, "fence {next} granted after {fence}");
     client.query_one("SELECT fence.lease_revoke('k')", &[]).unwrap();
     let events = received(&mut listener);
     assert!(
-        events.len() == 2 && event(&events[0], "acquired", "k", 2) && event(&events[1], "revoked", "k", 2),
+        events.len() == 2
+            && event(&events[0], "acquired", "k", next)
+            && event(&events[1], "revoked", "k", next),
         "{events:?}"
     );
 
-    client.query_one("SELECT fence.lease_acquire('short', '10 milliseconds')", &[]).unwrap();
+    let short: i64 = client
+        .query_one("SELECT (fence.lease_acquire('short', '10 milliseconds')).fence", &[])
+        .unwrap()
+        .get(0);
     std::thread::sleep(Duration::from_millis(50));
     client.query_one("SELECT fence.sweep()", &[]).unwrap();
     let events = received(&mut listener);
-    assert!(events.len() == 2 && event(&events[1], "expired", "short", 1), "{events:?}");
+    assert!(events.len() == 2 && event(&events[1], "expired", "short", short), "{events:?}");
 }
 
 /// Any role may NOTIFY on any channel, so an event on pg_fence can be forged and is not told apart
@@ -76,14 +89,17 @@ fn a_forged_event_looks_real_and_fence_leases_tells_the_truth() {
     admin.batch_execute("CREATE ROLE forger LOGIN; SET pg_fence.notify = on").unwrap();
     let mut listener = cluster.connect();
     listener.batch_execute("LISTEN pg_fence").unwrap();
-    admin.query_one("SELECT fence.lease_acquire('job', '1 minute')", &[]).unwrap();
+    let fence: i64 =
+        admin.query_one("SELECT (fence.lease_acquire('job', '1 minute')).fence", &[]).unwrap().get(0);
     let real = received(&mut listener);
-    assert!(real.len() == 1 && event(&real[0], "acquired", "job", 1), "{real:?}");
+    assert!(real.len() == 1 && event(&real[0], "acquired", "job", fence), "{real:?}");
 
+    // The forger needs the fence: the real event told it, as it tells every role that LISTENs.
     let mut forger = cluster.connect_as("forger");
-    forger.batch_execute(r#"NOTIFY pg_fence, '{"event":"revoked","fence":1,"key":"job"}'"#).unwrap();
+    let forgery = format!(r#"NOTIFY pg_fence, '{{"event":"revoked","fence":{fence},"key":"job"}}'"#);
+    forger.batch_execute(&forgery).unwrap();
     let forged = received(&mut listener);
-    assert!(forged.len() == 1 && event(&forged[0], "revoked", "job", 1), "{forged:?}");
+    assert!(forged.len() == 1 && event(&forged[0], "revoked", "job", fence), "{forged:?}");
 
     let live: bool =
         listener.query_one("SELECT live FROM fence.leases WHERE key = 'job'", &[]).unwrap().get(0);
