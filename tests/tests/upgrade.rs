@@ -20,6 +20,18 @@ fn version(client: &mut Client) -> String {
     client.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_fence'", &[]).unwrap().get(0)
 }
 
+/// Grants `key`, which must be free, and checks that its fence is above `old_fence` and is now the
+/// key's current one; returns it.
+fn grant_above(client: &mut Client, key: &str, old_fence: i64, old: &str) -> i64 {
+    let fence: Option<i64> =
+        client.query_one("SELECT (fence.lease_acquire($1, '1 hour')).fence", &[&key]).unwrap().get(0);
+    let fence = fence.unwrap_or_else(|| panic!("{old}: {key} was not granted after the upgrade"));
+    assert!(fence > old_fence, "{old}: {key} granted fence {fence} after {old_fence}");
+    let current: Option<i64> = client.query_one("SELECT fence.current_fence($1)", &[&key]).unwrap().get(0);
+    assert_eq!(current, Some(fence), "{old}: {key}");
+    fence
+}
+
 #[test]
 fn every_kept_version_upgrades_to_the_current_one_with_its_state() {
     let cluster = Cluster::start_without_extension("upgrade", 26901, &[]);
@@ -31,7 +43,8 @@ fn every_kept_version_upgrades_to_the_current_one_with_its_state() {
         client.batch_execute(&format!("CREATE EXTENSION pg_fence VERSION '{old}'")).unwrap();
         assert_eq!(version(&mut client), *old);
 
-        // State made by the old version: a released key, a live lease, a versioned table.
+        // State made by the old version: a released key, a live lease, a versioned table, and a
+        // resource that took a fenced write.
         let released: Uuid = client
             .query_one("SELECT token FROM fence.lease_acquire('released', '1 hour')", &[])
             .unwrap()
@@ -39,32 +52,67 @@ fn every_kept_version_upgrades_to_the_current_one_with_its_state() {
         client.query_one("SELECT fence.lease_release('released', $1)", &[&released]).unwrap();
         let live: Uuid =
             client.query_one("SELECT token FROM fence.lease_acquire('live', '1 hour')", &[]).unwrap().get(0);
+        // The old versions' SQL runs on this build's library, whose grants are already above the
+        // clock; the small fences of their per-key counter are set by hand: 'released' as granted
+        // three times, 'live' twice.
+        client
+            .batch_execute("UPDATE fence.lease_state SET fence = CASE key WHEN 'released' THEN 3 ELSE 2 END")
+            .unwrap();
         client
             .batch_execute(
                 "CREATE TABLE doc (id int PRIMARY KEY, body text, version bigint NOT NULL DEFAULT 1);
                  INSERT INTO doc VALUES (1, 'draft', 1);
-                 SELECT fence.enable_versioning('doc');",
+                 SELECT fence.enable_versioning('doc');
+                 CREATE TABLE res (id int PRIMARY KEY, value text, fence bigint);
+                 -- As the old fenced_write left it: on this build's library it fails until the update
+                 -- (its core needs fence.fence_not_above, which only 0.4.0 creates).
+                 INSERT INTO res VALUES (1, 'under fence 3', 3);",
             )
             .unwrap();
 
         client.batch_execute("ALTER EXTENSION pg_fence UPDATE").unwrap();
         assert_eq!(version(&mut client), current_version());
 
-        // The state is intact: the live lease is still held by its token, the released key continues
-        // above its old fence, versioning still guards the table; and the new function works.
+        // The state is intact: the live lease is still held by its token and its fence, the keys
+        // continue above their old fences, versioning still guards the table; and the new
+        // function works.
         client.query_one("SELECT fence.lease_renew('live', $1, '1 hour')", &[&live]).unwrap();
         let taken: Option<i64> =
             client.query_one("SELECT (fence.lease_acquire('live', '1 hour')).fence", &[]).unwrap().get(0);
-        assert_eq!(taken, None, "the live lease was lost in the upgrade");
-        let next: Option<i64> =
-            client.query_one("SELECT (fence.lease_acquire('released', '1 hour')).fence", &[]).unwrap().get(0);
-        assert_eq!(next, Some(2));
+        assert_eq!(taken, None, "{old}: the live lease was lost in the upgrade");
+        let guarded: bool = client.query_one("SELECT fence.fence_guard('live', 2)", &[]).unwrap().get(0);
+        assert!(guarded, "{old}: the live holder's fence no longer passes the guard");
+        let next = grant_above(&mut client, "released", 3, old);
+        client.query_one("SELECT fence.lease_release('live', $1)", &[&live]).unwrap();
+        grant_above(&mut client, "live", 2, old);
         let err = client.execute("UPDATE doc SET body = 'x', version = 5 WHERE id = 1", &[]).unwrap_err();
         assert_eq!(sqlstate(&err), "40001", "versioning no longer guards the table");
         let waiters: i32 = client.query_one("SELECT fence.waiters('live')", &[]).unwrap().get(0);
         assert_eq!(waiters, 0);
 
-        client.batch_execute("DROP TABLE doc").unwrap(); // compare the extension's objects alone
+        // The resource still holds the old fence 3: it refuses a writer with an older fence, takes
+        // the new grant's, and then refuses fence 3 too.
+        let write = |client: &mut Client, fence: i64| {
+            let changes = format!(r#"{{"value": "under fence {fence}"}}"#);
+            client
+                .query_one(
+                    "SELECT fence.fenced_write('res', 'fence', $1, $2::text::jsonb, '{\"id\": 1}')",
+                    &[&fence, &changes],
+                )
+                .map(|_| ())
+                .map_err(|err| sqlstate(&err))
+        };
+        let row = |client: &mut Client| -> (String, i64) {
+            let row = client.query_one("SELECT value, fence FROM res WHERE id = 1", &[]).unwrap();
+            (row.get(0), row.get(1))
+        };
+        assert_eq!(write(&mut client, 2), Err("PF002".into()), "{old}: a stale writer got through");
+        assert_eq!(row(&mut client), ("under fence 3".to_string(), 3));
+        assert_eq!(write(&mut client, next), Ok(()), "{old}: the new grant's fence was refused");
+        assert_eq!(row(&mut client), (format!("under fence {next}"), next));
+        assert_eq!(write(&mut client, 3), Err("PF002".into()), "{old}: the old fence 3 got through");
+
+        client.batch_execute("DROP TABLE doc, res").unwrap(); // compare the extension's objects alone
         let (upgraded, fresh) = (schema(&cluster, &db), fresh_schema(&cluster, &mut admin));
         let only_in = |a: &str, b: &str| {
             a.lines().filter(|l| !b.lines().any(|m| m == *l)).collect::<Vec<_>>().join("\n")
