@@ -43,8 +43,9 @@ const REDIS_RELEASE: &str =
 
 /// One client's connection and how it does a pair; returns whether the acquire was granted.
 enum Session {
-    /// The client, and its two statements prepared once (as pgbench -M prepared does).
-    Postgres(Client, System, [postgres::Statement; 2]),
+    /// The client (boxed: it is most of the enum's size), and its two statements prepared once (as
+    /// pgbench -M prepared does).
+    Postgres(Box<Client>, System, [postgres::Statement; 2]),
     Redis(Resp, String),
 }
 
@@ -72,7 +73,7 @@ impl Session {
                 System::Advisory => ["SELECT pg_advisory_lock($1)", "SELECT pg_advisory_unlock($1)"],
             };
             let statements = [client.prepare(acquire).unwrap(), client.prepare(release).unwrap()];
-            Session::Postgres(client, system, statements)
+            Session::Postgres(Box::new(client), system, statements)
         };
         match system {
             "fence" => pg(System::Fence),
