@@ -7,7 +7,7 @@
 CREATE EXTENSION pg_fence;
 
 \echo
-\echo '== 1. Client A acquires "nightly-report" for 2 seconds: it gets fence 1 (or the next one).'
+\echo '== 1. Client A acquires "nightly-report" for 2 seconds: it gets a fence above any the key had before.'
 \connect -reuse-previous=on 'dbname=postgres application_name=client-a'
 SELECT fence, token, expires_at FROM fence.lease_acquire('nightly-report', '2 seconds') \gset a_
 SELECT key, owner, fence, live FROM fence.leases WHERE key = 'nightly-report';

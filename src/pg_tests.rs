@@ -32,35 +32,73 @@ mod tests {
         format!("test.token_{}", key.replace(|c: char| !c.is_ascii_alphanumeric(), "_"))
     }
 
+    /// A grant that must succeed: its fence.
+    fn granted(key: &str, ttl: &str) -> i64 {
+        acquire(key, ttl).unwrap_or_else(|| panic!("{key} was not granted"))
+    }
+
+    fn current_fence(key: &str) -> Option<i64> {
+        one::<i64>(&format!("SELECT fence.current_fence('{key}')"))
+    }
+
+    /// The server's clock in microseconds since 1970, the scale of fences.
+    fn clock_us() -> i64 {
+        one::<i64>("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint").unwrap()
+    }
+
+    /// 'ok', or the SQLSTATE and message of the error `sql` raises. The error is caught in a
+    /// PL/pgSQL block, whose subtransaction leaves the test's transaction usable; and its message,
+    /// which quotes a fence known only at run time, can be compared exactly (`error =` cannot).
+    fn outcome_of(sql: &str) -> String {
+        run("CREATE OR REPLACE FUNCTION pg_temp.outcome_of(sql text) RETURNS text LANGUAGE plpgsql AS $f$
+             BEGIN
+                 EXECUTE sql;
+                 RETURN 'ok';
+             EXCEPTION WHEN OTHERS THEN
+                 RETURN SQLSTATE || ': ' || SQLERRM;
+             END $f$");
+        one::<String>(&format!("SELECT pg_temp.outcome_of($sql${sql}$sql$)")).unwrap()
+    }
+
     #[pg_test]
-    fn first_grant_is_fence_one() {
-        assert_eq!(one::<i64>("SELECT fence.current_fence('k')"), None);
-        assert_eq!(acquire("k", "10 s"), Some(1));
-        assert_eq!(one::<i64>("SELECT fence.current_fence('k')"), Some(1));
+    fn a_first_grant_gets_a_fence_no_lower_than_the_clock() {
+        assert_eq!(current_fence("k"), None);
+        let before = clock_us();
+        let fence = granted("k", "10 s");
+        assert!(fence >= before, "first fence {fence} is below the clock reading {before} before it");
+        assert_eq!(current_fence("k"), Some(fence));
     }
 
     #[pg_test]
     fn held_key_is_refused_without_a_new_fence() {
-        assert_eq!(acquire("k", "10 s"), Some(1));
+        let fence = granted("k", "10 s");
         assert_eq!(one::<bool>("SELECT fence.lease_acquire('k', '10 s') IS NULL"), Some(true));
-        assert_eq!(one::<i64>("SELECT fence.current_fence('k')"), Some(1));
+        assert_eq!(current_fence("k"), Some(fence));
+        // The refusal issued nothing: the next grant is above the last one.
+        run(&format!("SELECT fence.lease_release('k', {})", token("k")));
+        let next = granted("k", "10 s");
+        assert!(next > fence, "fence {next} granted after {fence}");
+        assert_eq!(current_fence("k"), Some(next));
     }
 
     #[pg_test]
     fn release_frees_the_key_and_the_next_grant_is_higher() {
-        assert_eq!(acquire("k", "10 s"), Some(1));
+        let first = granted("k", "10 s");
         let release = format!("SELECT fence.lease_release('k', {})", token("k"));
         assert_eq!(one::<bool>(&release), Some(true));
         assert_eq!(one::<bool>(&release), Some(false), "a retried release is a no-op");
-        assert_eq!(acquire("k", "10 s"), Some(2));
+        assert_eq!(current_fence("k"), Some(first), "a release changes no fence");
+        let second = granted("k", "10 s");
+        assert!(second > first, "fence {second} granted after {first}");
+        assert_eq!(current_fence("k"), Some(second));
     }
 
     #[pg_test]
     fn a_retried_release_never_touches_the_next_holder() {
-        assert_eq!(acquire("k", "10 s"), Some(1));
+        let first_fence = granted("k", "10 s");
         let first = one::<String>(&format!("SELECT {}::text", token("k"))).unwrap();
         run(&format!("SELECT fence.lease_release('k', {})", token("k")));
-        assert_eq!(acquire("k", "10 s"), Some(2));
+        assert!(granted("k", "10 s") > first_fence);
         let stale = format!("SELECT fence.lease_release('k', '{first}')");
         assert_eq!(one::<bool>(&stale), Some(false));
         assert_eq!(one::<bool>("SELECT live FROM fence.leases WHERE key = 'k'"), Some(true));
@@ -68,13 +106,18 @@ mod tests {
 
     #[pg_test]
     fn different_keys_have_independent_fences() {
-        assert_eq!(acquire("a", "10 s"), Some(1));
-        assert_eq!(acquire("b", "10 s"), Some(1));
+        let a = granted("a", "10 s");
+        let b = granted("b", "10 s");
+        run(&format!("SELECT fence.lease_release('a', {})", token("a")));
+        let a_again = granted("a", "10 s");
+        assert!(a_again > a, "fence {a_again} granted after {a}");
+        assert_eq!(current_fence("a"), Some(a_again));
+        assert_eq!(current_fence("b"), Some(b), "a grant of another key changed this key's fence");
     }
 
     #[pg_test]
     fn renew_moves_expiry_forward_from_now() {
-        assert_eq!(acquire("k", "1 s"), Some(1));
+        granted("k", "1 s");
         let renewed = format!(
             "SELECT fence.lease_renew('k', {}, '1 hour') > clock_timestamp() + interval '59 minutes'",
             token("k")
@@ -88,7 +131,7 @@ mod tests {
 
     #[pg_test(error = "lease on key \"k\" is lost")]
     fn renew_with_a_wrong_token_is_lease_lost() {
-        assert_eq!(acquire("k", "10 s"), Some(1));
+        granted("k", "10 s");
         run("SELECT fence.lease_renew('k', gen_random_uuid(), '10 s')");
     }
 
@@ -99,13 +142,14 @@ mod tests {
 
     #[pg_test]
     fn an_expired_lease_is_free_at_once_and_never_revived() {
-        assert_eq!(acquire("k", "20 ms"), Some(1));
+        let expired = granted("k", "20 ms");
         let old = one::<String>(&format!("SELECT {}::text", token("k"))).unwrap();
         run("SELECT pg_sleep(0.05)");
         assert_eq!(one::<bool>("SELECT live FROM fence.leases WHERE key = 'k'"), Some(false));
         let release = format!("SELECT fence.lease_release('k', '{old}')");
         assert_eq!(one::<bool>(&release), Some(false), "an expired lease cannot be released");
-        assert_eq!(acquire("k", "10 s"), Some(2));
+        let next = granted("k", "10 s");
+        assert!(next > expired, "fence {next} granted after {expired}");
         let acquired_after_expiry =
             "SELECT acquired_at >= clock_timestamp() - interval '1 s' FROM fence.leases";
         assert_eq!(one::<bool>(acquired_after_expiry), Some(true));
@@ -113,7 +157,7 @@ mod tests {
 
     #[pg_test(error = "lease on key \"k\" is lost")]
     fn renew_after_expiry_is_lease_lost_even_when_nobody_took_over() {
-        assert_eq!(acquire("k", "20 ms"), Some(1));
+        granted("k", "20 ms");
         run("SELECT pg_sleep(0.05)");
         run(&format!("SELECT fence.lease_renew('k', {}, '10 s')", token("k")));
     }
@@ -167,7 +211,7 @@ mod tests {
     #[pg_test]
     fn max_ttl_can_be_raised() {
         run("SET LOCAL pg_fence.max_ttl = '2d'");
-        assert_eq!(acquire("k", "36 hours"), Some(1));
+        assert!(acquire("k", "36 hours").is_some());
     }
 
     #[pg_test(error = "ttl 01:00:01 exceeds pg_fence.max_ttl (3600 s)")]
@@ -294,8 +338,8 @@ mod tests {
 
     #[pg_test]
     fn fence_guard_accepts_the_live_fence_and_holds_the_key_for_writers() {
-        assert_eq!(acquire("invoice:42", "10 s"), Some(1));
-        assert_eq!(one::<bool>("SELECT fence.fence_guard('invoice:42', 1)"), Some(true));
+        let fence = granted("invoice:42", "10 s");
+        assert_eq!(one::<bool>(&format!("SELECT fence.fence_guard('invoice:42', {fence})")), Some(true));
         let guard_lock = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 28774
                              AND pid = pg_backend_pid() AND mode = 'RowShareLock'";
         assert_eq!(one::<i64>(guard_lock), Some(1));
@@ -329,25 +373,33 @@ mod tests {
         }
     }
 
-    #[pg_test(error = "fence 2 is stale for key \"invoice:42\"")]
+    #[pg_test]
     fn fence_guard_refuses_another_fence() {
-        acquire("invoice:42", "10 s");
-        run("SELECT fence.fence_guard('invoice:42', 2)");
+        let fence = granted("invoice:42", "10 s");
+        for other in [fence + 1, fence - 1] {
+            assert_eq!(
+                outcome_of(&format!("SELECT fence.fence_guard('invoice:42', {other})")),
+                format!("PF002: fence {other} is stale for key \"invoice:42\"")
+            );
+        }
     }
 
-    #[pg_test(error = "fence 1 is stale for key \"invoice:42\"")]
+    #[pg_test]
     fn fence_guard_refuses_an_expired_lease() {
-        acquire("invoice:42", "20 ms");
+        let fence = granted("invoice:42", "20 ms");
         run("SELECT pg_sleep(0.05)");
-        run("SELECT fence.fence_guard('invoice:42', 1)");
+        assert_eq!(
+            outcome_of(&format!("SELECT fence.fence_guard('invoice:42', {fence})")),
+            format!("PF002: fence {fence} is stale for key \"invoice:42\"")
+        );
     }
 
     #[pg_test]
     fn fenced_update_converts_values_like_jsonb_populate_record() {
         invoices();
-        acquire("invoice:42", "10 s");
-        let updated = "SELECT fence.fenced_update('invoice:42', 1, 'invoices', '{\"status\": \"paid\", \"version\": \"7\"}', '{\"id\": \"42\"}')";
-        assert_eq!(one::<i64>(updated), Some(1));
+        let fence = granted("invoice:42", "10 s");
+        let updated = format!("SELECT fence.fenced_update('invoice:42', {fence}, 'invoices', '{{\"status\": \"paid\", \"version\": \"7\"}}', '{{\"id\": \"42\"}}')");
+        assert_eq!(one::<i64>(&updated), Some(1));
         assert_eq!(one::<String>("SELECT status || version FROM invoices").as_deref(), Some("paid7"));
     }
 
@@ -457,26 +509,44 @@ mod tests {
     #[pg_test(error = "column \"stat us\" of public.invoices does not exist")]
     fn fenced_update_refuses_unknown_columns() {
         invoices();
-        acquire("invoice:42", "10 s");
-        run("SELECT fence.fenced_update('invoice:42', 1, 'invoices', '{\"stat us\": 1}', '{\"id\": 42}')");
+        let fence = granted("invoice:42", "10 s");
+        run(&format!(
+            "SELECT fence.fenced_update('invoice:42', {fence}, 'invoices', '{{\"stat us\": 1}}', '{{\"id\": 42}}')"
+        ));
+    }
+
+    /// Two grants of a key, the second one's fence above the first one's.
+    fn two_grants(key: &str) -> (i64, i64) {
+        let first = granted(key, "10 s");
+        run(&format!("SELECT fence.lease_release('{key}', {})", token(key)));
+        let second = granted(key, "10 s");
+        assert!(second > first, "fence {second} granted after {first}");
+        (first, second)
+    }
+
+    fn fenced_write(fence: i64) -> String {
+        format!("SELECT fence.fenced_write('invoices', 'fence', {fence}, '{{\"status\": \"w{fence}\"}}', '{{\"id\": 42}}')")
     }
 
     #[pg_test]
     fn fenced_write_keeps_the_highest_fence() {
         invoices();
-        let write = |fence: i64| {
-            format!("SELECT fence.fenced_write('invoices', 'fence', {fence}, '{{\"status\": \"w{fence}\"}}', '{{\"id\": 42}}')")
-        };
-        assert_eq!(one::<i64>(&write(3)), Some(1));
-        assert_eq!(one::<i64>(&write(5)), Some(1));
-        assert_eq!(one::<String>("SELECT status || fence FROM invoices").as_deref(), Some("w55"));
+        let (first, second) = two_grants("invoice:42");
+        assert_eq!(one::<i64>(&fenced_write(first)), Some(1));
+        assert_eq!(one::<i64>(&fenced_write(second)), Some(1));
+        assert_eq!(one::<String>("SELECT status || fence FROM invoices"), Some(format!("w{second}{second}")));
     }
 
-    #[pg_test(error = "fence 4 is stale for {\"id\": 42} in public.invoices")]
+    #[pg_test]
     fn fenced_write_refuses_a_lower_fence() {
         invoices();
-        run("SELECT fence.fenced_write('invoices', 'fence', 5, '{\"status\": \"w5\"}', '{\"id\": 42}')");
-        run("SELECT fence.fenced_write('invoices', 'fence', 4, '{\"status\": \"w4\"}', '{\"id\": 42}')");
+        let (first, second) = two_grants("invoice:42");
+        assert_eq!(one::<i64>(&fenced_write(second)), Some(1));
+        assert_eq!(
+            outcome_of(&fenced_write(first)),
+            format!("PF002: fence {first} is stale for {{\"id\": 42}} in public.invoices")
+        );
+        assert_eq!(one::<String>("SELECT status || fence FROM invoices"), Some(format!("w{second}{second}")));
     }
 
     #[pg_test]
@@ -495,14 +565,19 @@ mod tests {
 
     #[pg_test]
     fn revoke_ends_the_live_lease_and_stales_its_fence() {
-        acquire("k", "1 minute");
+        let revoked = granted("k", "1 minute");
         assert_eq!(one::<bool>("SELECT fence.lease_revoke('k')"), Some(true));
         assert_eq!(one::<bool>("SELECT fence.lease_revoke('k')"), Some(false), "nothing left to revoke");
         assert_eq!(
             one::<bool>(&format!("SELECT fence.renew_if_held('k', {}, '1 s') IS NULL", token("k"))),
             Some(true)
         );
-        assert_eq!(acquire("k", "1 minute"), Some(2));
+        assert_eq!(
+            outcome_of(&format!("SELECT fence.fence_guard('k', {revoked})")),
+            format!("PF002: fence {revoked} is stale for key \"k\"")
+        );
+        let next = granted("k", "1 minute");
+        assert!(next > revoked, "fence {next} granted after the revoked {revoked}");
     }
 
     #[pg_test]
