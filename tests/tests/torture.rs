@@ -3,8 +3,11 @@
 //! and kill -9 of the server (2-3 times), then the history checker (src/torture.rs) looks for any
 //! violation of pg_fence's invariants. TORTURE_SECONDS sets the workload's length (default 90);
 //! `pg_test/run-torture` runs it for longer.
-use pg_fence_integration::torture::{self, Workload};
+use pg_fence_integration::torture::{
+    self, check, Acknowledged, History, LeaseChange, LeaseChangeKind, Violation, Workload,
+};
 use pg_fence_integration::Cluster;
+use std::collections::HashMap;
 use std::time::Duration;
 
 fn torture_seconds() -> u64 {
@@ -40,4 +43,40 @@ fn leases_and_fenced_writes_keep_their_invariants_through_faults_and_crashes() {
     assert!(counts.stale_writes >= 1, "no stale write was ever attempted");
     assert!(counts.unknown >= 1, "no call was ever cut short");
     assert!(counts.crashes >= 1, "the server never crashed");
+}
+
+/// The checker judges fences by their order alone, as pg_fence promises them: grants of clock-sized
+/// fences with gaps between them pass, and a grant not above the previous one is caught, whether it
+/// repeats a fence or goes below it. (No server: a history made up here.)
+#[test]
+fn the_checker_orders_fences_without_counting_them() {
+    let history = |fences: &[i64]| {
+        let leases = fences
+            .iter()
+            .zip(0..)
+            .map(|(&fence, i)| {
+                let at = 1_000_000 + i * 1_000;
+                LeaseChange {
+                    key: "key-0".into(),
+                    fence,
+                    kind: LeaseChangeKind::Grant,
+                    acquired_us: at,
+                    expires_us: at + 100,
+                    by: "torture-client-0".into(),
+                    committed_us: at + 1,
+                }
+            })
+            .collect();
+        let last = *fences.iter().max().unwrap();
+        History { leases, writes: Vec::new(), final_fences: HashMap::from([("key-0".to_string(), last)]) }
+    };
+    let fence = 1_796_126_851_580_275;
+    let increasing =
+        check(&history(&[fence, fence + 1, fence + 7_000, fence + 7_001]), &Acknowledged::default());
+    assert_eq!(increasing.total(), 0, "{increasing}");
+    for not_above in [fence + 7_000, fence + 1] {
+        let found = check(&history(&[fence, fence + 7_000, not_above]), &Acknowledged::default());
+        assert_eq!(found.of(Violation::FenceNotIncreasing), 1, "{found}");
+        assert_eq!(found.total(), 1, "{found}");
+    }
 }
