@@ -201,7 +201,8 @@ impl Request<'_> {
             token_hash(token).into(),
             fence_numbers::clock_floor(now).into(),
         ];
-        let first = if fence_numbers::high_water_kept() { GRANT_FIRST } else { GRANT_FIRST_WITHOUT_HIGH_WATER };
+        let first =
+            if fence_numbers::high_water_kept() { GRANT_FIRST } else { GRANT_FIRST_WITHOUT_HIGH_WATER };
         let lease =
             execute_first::<Lease>(GRANT_AGAIN, &args).or_else(|| execute_first::<Lease>(first, &args));
         match &lease {

@@ -86,7 +86,8 @@ fn sweep() -> i64 {
     let now = clock::now();
     let delete_before = fence_numbers::high_water_kept()
         .then(|| clock::timestamp(now.saturating_sub(settings::retain_ended_micros())));
-    let args = [clock::timestamp(now).into(), BATCH.into(), RESUME_AT_PAGE.get().into(), delete_before.into()];
+    let args =
+        [clock::timestamp(now).into(), BATCH.into(), RESUME_AT_PAGE.get().into(), delete_before.into()];
     let rows: Vec<(String, i64, i64, bool)> = execute(SWEEP, &args, |rows| {
         rows.map(|row| {
             (
