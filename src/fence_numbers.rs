@@ -14,8 +14,8 @@
 //! `sweeper`). The sweep then raises the durable high-water mark, table fence.high_water, to the
 //! deleted fences in the same transaction, and the first grant of a key without a row starts above
 //! that mark: so a key granted again gets a fence above its old one even if the clock has stepped
-//! back meanwhile.
-use pgrx::pg_sys;
+//! back meanwhile. (Over the objects of a version before 0.4.0, which has no such table, a first
+//! grant starts at the clock floor alone, and the sweep deletes nothing.)
 
 /// Microseconds from 1970-01-01 (the Unix epoch) to 2000-01-01 (PostgreSQL's).
 const UNIX_TO_POSTGRES_EPOCH: i64 = 946_684_800_000_000;
@@ -23,15 +23,4 @@ const UNIX_TO_POSTGRES_EPOCH: i64 = 946_684_800_000_000;
 /// The lowest fence a grant at clock reading `now` (µs since PostgreSQL's epoch) may get.
 pub fn clock_floor(now: i64) -> i64 {
     now.saturating_add(UNIX_TO_POSTGRES_EPOCH)
-}
-
-/// Whether this database has fence.high_water (from version 0.4.0 on). Before ALTER EXTENSION
-/// UPDATE creates it, a first grant starts at the clock floor alone and the sweep deletes nothing.
-pub fn high_water_kept() -> bool {
-    // SAFETY: catalog lookups by name; a missing schema gives InvalidOid (missing_ok).
-    unsafe {
-        let namespace = pg_sys::get_namespace_oid(c"fence".as_ptr(), true);
-        namespace != pg_sys::InvalidOid
-            && pg_sys::get_relname_relid(c"high_water".as_ptr(), namespace) != pg_sys::InvalidOid
-    }
 }

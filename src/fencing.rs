@@ -9,7 +9,7 @@ use crate::keylock::{self, Mode, Owner};
 use crate::own_errors::{entry_point, palloc_copy, Message, STALE_FENCE};
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
-use crate::{clock, errors, input, key_hash, lease_row, table_facts};
+use crate::{clock, errors, input, installed, key_hash, lease_row, table_facts};
 use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -186,8 +186,14 @@ fn write_unless_stale(
     let fence = input::required(fence, "fence");
     let lock_and_check =
         update.select_sql(&format!("t.{column} OPERATOR(pg_catalog.>) $3"), "") + " FOR NO KEY UPDATE";
-    let check_and_write =
-        update.update_sql(&format!("{column} = $3"), &format!("fence.fence_not_above(t.{column}, $3)"), "1");
+    // Over the objects of a version before 0.4.0 there is no fence_not_above: the write then checks
+    // each row only in the first statement, as those versions did, until ALTER EXTENSION UPDATE.
+    let recheck = if installed::since_0_4_0() {
+        format!("fence.fence_not_above(t.{column}, $3)")
+    } else {
+        String::new()
+    };
+    let check_and_write = update.update_sql(&format!("{column} = $3"), &recheck, "1");
     let args = update.arguments(changes.as_ref(), filter.as_ref(), Some(fence));
     let stale = execute(&lock_and_check, &args, |rows| {
         rows.into_iter().any(|row| row.get::<bool>(1).ok().flatten() == Some(true))

@@ -17,7 +17,7 @@
 use crate::keylock::{self, Mode};
 use crate::notify::{self, Event};
 use crate::spi_plans::{execute, execute_first};
-use crate::{clock, durability, fence_numbers, input, lease_row, sessions, waiting};
+use crate::{clock, durability, fence_numbers, input, installed, lease_row, sessions, waiting};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
@@ -201,8 +201,7 @@ impl Request<'_> {
             token_hash(token).into(),
             fence_numbers::clock_floor(now).into(),
         ];
-        let first =
-            if fence_numbers::high_water_kept() { GRANT_FIRST } else { GRANT_FIRST_WITHOUT_HIGH_WATER };
+        let first = if installed::since_0_4_0() { GRANT_FIRST } else { GRANT_FIRST_WITHOUT_HIGH_WATER };
         let lease =
             execute_first::<Lease>(GRANT_AGAIN, &args).or_else(|| execute_first::<Lease>(first, &args));
         match &lease {

@@ -8,6 +8,7 @@
 //!   advisory locks pg_fence takes); `key_hash`: the secret-keyed hash that names a key's locks.
 //! - `durability`: what a transaction that grants or renews must guarantee at commit.
 //! - `input`: argument checks shared by every function; `errors`: how they fail.
+//! - `installed`: which version's SQL objects the schema holds, for a library newer than them.
 //! - `fencing`: fence_guard, fenced_update, fenced_write: writes that a stale holder cannot make.
 //! - `occ`: versioned_update, optimistic concurrency without locks.
 //! - `row_update`: the UPDATE statements those build from the caller's jsonb.
@@ -36,6 +37,7 @@ mod errors;
 mod fence_numbers;
 mod fencing;
 mod input;
+mod installed;
 mod json_object;
 mod key_hash;
 mod keylock;

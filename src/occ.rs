@@ -3,7 +3,7 @@
 use crate::json_object::JsonArg;
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
-use crate::{errors, input, table_facts};
+use crate::{errors, input, installed, table_facts};
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
@@ -27,16 +27,27 @@ fn update_versioned_row(
     let column = update.counter_column("version_column", version_column);
     let expected = input::required(expected_version, "expected_version");
     let current = update.select_sql(&format!("t.{column}::pg_catalog.int8"), "") + " LIMIT 2 FOR UPDATE";
-    let write = update.update_sql(
-        // The table's OID as a constant: the plan is the table's own anyway, and t.tableoid would
-        // need SELECT on the whole table, where the caller may have it on some columns only.
-        &format!(
-            "{column} = fence.checked_version({}::pg_catalog.oid, t.{column}, $3)",
-            update.relid().to_u32()
-        ),
-        "",
-        &format!("t.{column}::pg_catalog.int8"),
-    );
+    let returning = format!("t.{column}::pg_catalog.int8");
+    let write = if installed::since_0_4_0() {
+        update.update_sql(
+            // The table's OID as a constant: the plan is the table's own anyway, and t.tableoid would
+            // need SELECT on the whole table, where the caller may have it on some columns only.
+            &format!(
+                "{column} = fence.checked_version({}::pg_catalog.oid, t.{column}, $3)",
+                update.relid().to_u32()
+            ),
+            "",
+            &returning,
+        )
+    } else {
+        // Over the objects of a version before 0.4.0, which have no checked_version: the write of
+        // those versions, until ALTER EXTENSION UPDATE.
+        update.update_sql(
+            &format!("{column} = t.{column} OPERATOR(pg_catalog.+) 1"),
+            &format!("t.{column} OPERATOR(pg_catalog.=) $3"),
+            &returning,
+        )
+    };
     let args = update.arguments(changes.as_ref(), filter.as_ref(), Some(expected));
     let found: Vec<Option<i64>> =
         execute(&current, &args, |rows| rows.map(|row| row.get::<i64>(1).unwrap_or_report()).collect());

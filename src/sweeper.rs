@@ -13,7 +13,7 @@
 //! sweep, does nothing): it never waits for a lock while it holds lease rows.
 use crate::notify::{self, Event};
 use crate::spi_plans::execute;
-use crate::{clock, durability, errors, fence_numbers, settings};
+use crate::{clock, durability, errors, installed, settings};
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use std::cell::Cell;
@@ -84,7 +84,7 @@ fn sweep() -> i64 {
         return 0; // another sweep is running
     }
     let now = clock::now();
-    let delete_before = fence_numbers::high_water_kept()
+    let delete_before = installed::since_0_4_0()
         .then(|| clock::timestamp(now.saturating_sub(settings::retain_ended_micros())));
     let args =
         [clock::timestamp(now).into(), BATCH.into(), RESUME_AT_PAGE.get().into(), delete_before.into()];

@@ -16,6 +16,12 @@ fn current_version() -> String {
     line.trim_start_matches("version = ").trim_matches('"').to_string()
 }
 
+/// SQLSTATE and message of a server error, for a panic that must say what failed.
+fn db_message(err: &postgres::Error) -> String {
+    let message = err.as_db_error().map_or_else(|| err.to_string(), |db| db.message().to_string());
+    format!("{} {message}", sqlstate(err))
+}
+
 fn version(client: &mut Client) -> String {
     client.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_fence'", &[]).unwrap().get(0)
 }
@@ -64,11 +70,28 @@ fn every_kept_version_upgrades_to_the_current_one_with_its_state() {
                  INSERT INTO doc VALUES (1, 'draft', 1);
                  SELECT fence.enable_versioning('doc');
                  CREATE TABLE res (id int PRIMARY KEY, value text, fence bigint);
-                 -- As the old fenced_write left it: on this build's library it fails until the update
-                 -- (its core needs fence.fence_not_above, which only 0.4.0 creates).
-                 INSERT INTO res VALUES (1, 'under fence 3', 3);",
+                 INSERT INTO res VALUES (1, 'new', NULL);",
             )
             .unwrap();
+        // The old versions' fenced and versioned writes keep working on this build's library until
+        // the update, without the objects 0.4.0's writes use (fence.fence_not_above and
+        // fence.checked_version).
+        let written: i64 = client
+            .query_one(
+                "SELECT fence.fenced_write('res', 'fence', 3, '{\"value\": \"under fence 3\"}', '{\"id\": 1}')",
+                &[],
+            )
+            .unwrap_or_else(|err| panic!("{old}: fenced_write before the update: {}", db_message(&err)))
+            .get(0);
+        assert_eq!(written, 1);
+        let doc_version: i64 = client
+            .query_one(
+                "SELECT fence.versioned_update('doc', 'version', 1, '{\"body\": \"v2\"}', '{\"id\": 1}')",
+                &[],
+            )
+            .unwrap_or_else(|err| panic!("{old}: versioned_update before the update: {}", db_message(&err)))
+            .get(0);
+        assert_eq!(doc_version, 2);
 
         client.batch_execute("ALTER EXTENSION pg_fence UPDATE").unwrap();
         assert_eq!(version(&mut client), current_version());
