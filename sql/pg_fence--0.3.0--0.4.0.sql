@@ -7,8 +7,9 @@
 --   fence.checked_version), so the rows checked are the rows written. fenced_write's core is no
 --   longer an SQL function of its own: called directly, it could not undo what it wrote.
 -- - Fences are greatest(previous fence + 1, the server clock in microseconds since 1970), so a
---   server rolled onto another history (failover, point-in-time recovery, a restored dump) never
---   issues a fence twice. The first grant after this update is far above the small fences of
+--   server rolled onto another history (failover, point-in-time recovery, a restored dump) issues no
+--   fence twice, as long as its clock is not behind by more than the time between the two
+--   histories' grants (README, "Fences, and the one clock assumption"). The first grant after this update is far above the small fences of
 --   0.3.0's counter, which stay in the table: resources that stored them keep refusing stale holders.
 -- - The sweep deletes rows of leases that ended more than pg_fence.retain_ended ago; fence.high_water
 --   keeps the highest fence it deleted.
@@ -20,7 +21,9 @@
 -- Every call of pg_fence reads fence.lease_state under the key's lock: waiting for the transactions
 -- that did so, and keeping new ones out until this update commits, means no transaction holds a key
 -- lock named by the old hash after it (the guard checks that too, src/fencing.rs).
-LOCK TABLE fence.lease_state IN ACCESS EXCLUSIVE MODE;
+-- fence.sweeper_stats first, in the order a sweep takes the two (it claims its figures, then reads
+-- the leases), or a sweep starting between the two locks would deadlock with this update.
+LOCK TABLE fence.sweeper_stats, fence.lease_state IN ACCESS EXCLUSIVE MODE;
 
 CREATE TABLE fence.lock_secret (
     one    boolean PRIMARY KEY DEFAULT true CHECK (one),

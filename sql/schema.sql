@@ -1,5 +1,5 @@
 -- pg_fence schema objects. CREATE EXTENSION creates schema `fence` (named in pg_fence.control) first,
--- or takes the one that exists. Whoever owns that schema can drop everything in it, the fence counters
+-- or takes the one that exists. Whoever owns that schema can drop everything in it, the leases
 -- included, so it must belong to the role installing the extension.
 DO $$
 BEGIN

@@ -8,8 +8,9 @@
 //! - 42P01 undefined_table, 42703 undefined_column, 42809 wrong_object_type, 42804
 //!   datatype_mismatch: the target of a fenced or versioned write is not what it must be.
 //! - 42883 undefined_function: a filter column's type has no equality operator.
-//! - 40001 serialization_failure: versioned_update found another version, or a guard raced the
-//!   update from 0.3.0 (retry).
+//! - 40001 serialization_failure: versioned_update found another version, a guard raced the
+//!   update from 0.3.0, or a REPEATABLE READ acquire's snapshot predates the deletion of its key's
+//!   row (retry).
 //! - P0002 no_data_found, 21000 cardinality_violation: versioned_update matched no row, or several.
 //! - 25001 active_sql_transaction: fence.sweep() inside a transaction block.
 //! - 55000 object_not_in_prerequisite_state: a table of schema fence is missing or was edited by hand.
@@ -148,6 +149,14 @@ pub fn version_overflow(table: &str) -> ! {
         PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
         format!("the row of {table} is at the highest version its column can hold"),
         "Widen the version column to bigint, or start its versions again from 1.",
+    )
+}
+
+pub fn deleted_since_snapshot() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        "the key's lease row was deleted after this transaction's snapshot was taken".into(),
+        "Retry the transaction, or acquire in READ COMMITTED.",
     )
 }
 

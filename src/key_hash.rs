@@ -13,6 +13,7 @@
 //! reads it again when that table is not the one now in schema fence (DROP and CREATE EXTENSION).
 //! While the table is missing, the public FNV-1a hash of version 0.3.0 stands in: so new and old
 //! builds agree on the locks until ALTER EXTENSION UPDATE creates the secret.
+use crate::one_row;
 use pgrx::pg_sys;
 use siphasher::sip::SipHasher13;
 use std::cell::Cell;
@@ -56,53 +57,26 @@ fn secret() -> Option<[u64; 2]> {
 }
 
 fn secret_table() -> Option<pg_sys::Oid> {
-    // SAFETY: syscache look-ups by name; missing_ok, so a missing schema is InvalidOid, not an error.
-    let table = unsafe {
-        let namespace = pg_sys::get_namespace_oid(c"fence".as_ptr(), true);
-        if namespace == pg_sys::InvalidOid {
-            return None;
-        }
-        pg_sys::get_relname_relid(c"lock_secret".as_ptr(), namespace)
-    };
-    (table != pg_sys::InvalidOid).then_some(table)
+    one_row::table(c"lock_secret")
 }
 
-/// The 16 bytes of fence.lock_secret's `secret` column, read without a statement (and so without
-/// needing privileges on the table): the guard, which runs with the caller's rights, needs it too.
+/// The 16 bytes of fence.lock_secret's `secret` column.
 fn read_secret(table: pg_sys::Oid) -> Option<[u64; 2]> {
-    // SAFETY: the relation stays open and locked for the scan, the snapshot is registered until it
-    // ends, and the tuple is read before it ends; an error on the way aborts the transaction, which
-    // releases all three.
-    unsafe {
-        let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let scan =
-            pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, snapshot, 0, std::ptr::null_mut());
-        let tuple = pg_sys::systable_getnext(scan);
-        let mut secret = None;
-        if !tuple.is_null() {
-            let desc = (*rel).rd_att;
-            let natts = (*desc).natts as usize;
-            let mut values = vec![pg_sys::Datum::from(0); natts];
-            let mut nulls = vec![true; natts];
-            pg_sys::heap_deform_tuple(tuple, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
-            // Column 2 is `secret bytea` (sql/schema.sql); column 1 is the one-row key.
-            if natts >= 2 && !nulls[1] {
-                let bytes = pgrx::varlena::varlena_to_byte_slice(pg_sys::pg_detoast_datum_packed(
-                    values[1].cast_mut_ptr(),
-                ));
-                if bytes.len() >= 16 {
-                    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
-                    secret = Some([word(0), word(8)]);
-                }
-            }
+    let secret = one_row::latest(table, |values, nulls| {
+        // Column 2 is `secret bytea` (sql/schema.sql); column 1 is the one-row key.
+        if values.len() < 2 || nulls[1] {
+            return None;
         }
-        pg_sys::systable_endscan(scan);
-        pg_sys::UnregisterSnapshot(snapshot);
-        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-        if secret.is_none() {
-            crate::errors::state_damaged("table fence.lock_secret holds no secret");
-        }
-        secret
+        // SAFETY: a bytea datum of the row, detoasted (a copy) before it is read.
+        let bytes = unsafe {
+            pgrx::varlena::varlena_to_byte_slice(pg_sys::pg_detoast_datum_packed(values[1].cast_mut_ptr()))
+        };
+        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+        (bytes.len() >= 16).then(|| [word(0), word(8)])
+    })
+    .flatten();
+    if secret.is_none() {
+        crate::errors::state_damaged("table fence.lock_secret holds no secret");
     }
+    secret
 }

@@ -201,16 +201,23 @@ impl Request<'_> {
             token_hash(token).into(),
             fence_numbers::clock_floor(now).into(),
         ];
-        let first = if installed::since_0_4_0() { GRANT_FIRST } else { GRANT_FIRST_WITHOUT_HIGH_WATER };
-        let lease =
-            execute_first::<Lease>(GRANT_AGAIN, &args).or_else(|| execute_first::<Lease>(first, &args));
+        let fence_of =
+            |lease: &Lease| lease.get_by_name::<i64>("fence").unwrap_or_report().unwrap_or_default();
+        let lease = execute_first::<Lease>(GRANT_AGAIN, &args).or_else(|| {
+            let first = if installed::since_0_4_0() { GRANT_FIRST } else { GRANT_FIRST_WITHOUT_HIGH_WATER };
+            let lease = execute_first::<Lease>(first, &args);
+            if let Some(granted) = &lease {
+                fence_numbers::check_first_grant(fence_of(granted));
+            }
+            lease
+        });
         match &lease {
             Some(granted) => {
                 if self.session_bound {
                     sessions::bound(self.key);
                 }
                 durability::require_durable_commit();
-                let fence = granted.get_by_name::<i64>("fence").unwrap_or_report().unwrap_or_default();
+                let fence = fence_of(granted);
                 notify::send(Event::Acquired, self.key, fence);
             }
             None => keylock::unlock(self.key, Mode::Grant),

@@ -45,6 +45,7 @@ mod lease_row;
 mod leases;
 mod notify;
 mod occ;
+mod one_row;
 mod own_errors;
 mod row_update;
 mod sessions;

@@ -6,8 +6,8 @@
 //! calls it every pg_fence.sweep_interval; without the worker, superusers and fence_admin call it
 //! (or pg_cron does).
 //!
-//! A sweep must never make an acquirer wait: it holds the rows it swept until its transaction ends,
-//! and the next grant of such a key would queue behind it. So it runs only in a transaction of its
+//! A sweep must make no acquirer wait longer than its own short transaction: it holds the rows it
+//! swept until its transaction ends, and the next grant of such a key queues behind it. So it runs only in a transaction of its
 //! own (not inside a transaction block), skips every row another transaction has locked, and takes
 //! the one row of its figures first, without waiting (a sweep that finds it taken, by a concurrent
 //! sweep, does nothing): it never waits for a lock while it holds lease rows.
@@ -69,6 +69,11 @@ const RECORD: &str = "
     UPDATE fence.sweeper_stats
        SET last_run_at = $1, last_swept = $2, total_swept = total_swept + $2, total_deleted = total_deleted + $3";
 
+/// The same over the objects of a version before 0.4.0, which keep no count of deletions (and
+/// delete nothing).
+const RECORD_BEFORE_0_4_0: &str = "
+    UPDATE fence.sweeper_stats SET last_run_at = $1, last_swept = $2, total_swept = total_swept + $2";
+
 /// Marks expired leases ended (their fences untouched) and deletes the rows of leases that ended
 /// more than pg_fence.retain_ended ago, 1,000 rows at most; returns how many rows it changed.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -84,8 +89,9 @@ fn sweep() -> i64 {
         return 0; // another sweep is running
     }
     let now = clock::now();
-    let delete_before = installed::since_0_4_0()
-        .then(|| clock::timestamp(now.saturating_sub(settings::retain_ended_micros())));
+    let since_0_4_0 = installed::since_0_4_0();
+    let delete_before =
+        since_0_4_0.then(|| clock::timestamp(now.saturating_sub(settings::retain_ended_micros())));
     let args =
         [clock::timestamp(now).into(), BATCH.into(), RESUME_AT_PAGE.get().into(), delete_before.into()];
     let rows: Vec<(String, i64, i64, bool)> = execute(SWEEP, &args, |rows| {
@@ -112,7 +118,11 @@ fn sweep() -> i64 {
     let last_page = rows.iter().map(|(_, _, page, _)| *page).max().unwrap_or(0);
     RESUME_AT_PAGE.set(if changed == BATCH { last_page } else { 0 });
     let record = [clock::timestamp(now).into(), (ended.len() as i64).into(), (deleted.len() as i64).into()];
-    execute(RECORD, &record, |_| ());
+    if since_0_4_0 {
+        execute(RECORD, &record, |_| ());
+    } else {
+        execute(RECORD_BEFORE_0_4_0, &record[..2], |_| ());
+    }
     // Nothing here needs to survive a crash: a sweep is lost whole, its deletions with the raised
     // high-water mark that covers them, and swept again.
     durability::skip_flush_if_alone(wal_before);

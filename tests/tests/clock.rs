@@ -247,3 +247,45 @@ fn fences_strictly_increase_through_clock_steps_and_deletions() {
     println!("{deleted_regrants} grants of keys whose rows the sweep had deleted");
     assert!(deleted_regrants > 0, "no key was granted again after its row was deleted");
 }
+
+/// A REPEATABLE READ transaction whose snapshot predates both the first grant of a key and the
+/// sweep that deleted the key's row again: its acquire of the key finds no row and reads the
+/// high-water mark of its snapshot, older than the deleted fence. With the clock stepped back
+/// behind that fence, the fence it would get is the deleted one: it must fail with 40001 instead.
+#[test]
+fn a_repeatable_read_acquire_never_reissues_a_fence_deleted_after_its_snapshot() {
+    const KEY: &str = "clock:rr";
+    let clock = FakeClock::new("clock_rr");
+    let cluster = clock.start_cluster("clock_rr", 26954, &["pg_fence.retain_ended=0"]);
+    let (mut client, mut observer) = (cluster.connect(), cluster.connect());
+    let release_and_sweep = |client: &mut Client, key: &str, token: Uuid| {
+        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
+        thread::sleep(Duration::from_millis(5));
+        client.query_one("SELECT fence.sweep()", &[]).unwrap();
+    };
+    // A first high-water mark, from another key, then the clock far behind it.
+    let (mark, token) = acquire(&mut client, "clock:rr:other", "1 hour").unwrap();
+    release_and_sweep(&mut client, "clock:rr:other", token);
+    clock.step(&mut observer, -120);
+
+    let mut old = cluster.connect();
+    old.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").unwrap();
+    let (deleted, token) = acquire(&mut client, KEY, "1 hour").unwrap();
+    assert!(deleted > mark, "a key without a row starts above the high-water mark");
+    release_and_sweep(&mut client, KEY, token);
+    let rows: i64 =
+        client.query_one("SELECT count(*) FROM fence.lease_state WHERE key = $1", &[&KEY]).unwrap().get(0);
+    assert_eq!(rows, 0, "the sweep did not delete the key's row");
+
+    let granted = old.query_one("SELECT (fence.lease_acquire($1, '1 hour')).fence", &[&KEY]);
+    match granted {
+        Ok(row) => {
+            let fence: Option<i64> = row.get(0);
+            panic!("the old snapshot's acquire got fence {fence:?}; {deleted} was deleted after it");
+        }
+        Err(err) => assert_eq!(sqlstate(&err), "40001", "{err}"),
+    }
+    old.batch_execute("ROLLBACK").unwrap();
+    let (fence, _) = acquire(&mut client, KEY, "1 hour").expect("the key is free");
+    assert!(fence > deleted, "retried in READ COMMITTED: fence {fence}, not above {deleted}");
+}
