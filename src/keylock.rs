@@ -29,7 +29,7 @@
 //! only orders waiters, so it belongs to the call's own subtransaction, and an error that ends the
 //! call lets the next waiter in. And fenced_update's guard guards only the write it makes itself,
 //! in the same subtransaction, so its lock belongs to that subtransaction too (src/fencing.rs).
-use crate::{clock, key_hash, settings};
+use crate::{clock, compat, key_hash, settings};
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
@@ -105,7 +105,7 @@ pub fn held_by_me(key: &str) -> bool {
     // SAFETY: reads this backend's own lock table.
     [Mode::Grant, Mode::Change, Mode::Guard]
         .iter()
-        .any(|mode| unsafe { pg_sys::LockHeldByMe(&tag, mode.lockmode()) })
+        .any(|mode| unsafe { compat::lock_held_by_me(&tag, mode.lockmode()) })
 }
 
 /// Gives back one `lock`/`try_lock` of this transaction, for a call that changed nothing: it need

@@ -7,7 +7,7 @@
 //!
 //! Liveness is decided here in Rust, by the same rule as `live_at!` (src/liveness.rs); a
 //! `#[pg_test]` compares the two on every kind of row.
-use crate::sessions;
+use crate::{compat, sessions};
 use pgrx::pg_sys;
 use pgrx::FromDatum;
 use std::ffi::CStr;
@@ -37,7 +37,7 @@ pub fn live(key: &str, now: i64) -> Option<Live> {
         let key_text = pg_sys::cstring_to_text_with_len(key.as_ptr().cast(), key.len() as i32);
         let mut scan_key: pg_sys::ScanKeyData = std::mem::zeroed();
         // The index orders keys by the column's collation, so the search must compare by it too.
-        let collation = (*desc).attrs.as_slice((*desc).natts as usize)[columns.key].attcollation;
+        let collation = compat::attribute(desc, columns.key).attcollation;
         pg_sys::ScanKeyEntryInitialize(
             &mut scan_key,
             0,
@@ -49,7 +49,7 @@ pub fn live(key: &str, now: i64) -> Option<Live> {
             pg_sys::Datum::from(key_text),
         );
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let index = pg_sys::RelationGetPrimaryKeyIndex(rel);
+        let index = compat::primary_key_index(rel);
         if index == pg_sys::InvalidOid {
             crate::errors::state_damaged("table fence.lease_state has lost its primary key");
         }
@@ -77,10 +77,9 @@ struct Columns {
 impl Columns {
     /// SAFETY: `desc` must be fence.lease_state's tuple descriptor.
     unsafe fn of(desc: pg_sys::TupleDesc) -> Self {
-        let attributes = (*desc).attrs.as_slice((*desc).natts as usize);
         let position = |name: &CStr| {
-            attributes
-                .iter()
+            (0..(*desc).natts as usize)
+                .map(|i| compat::attribute(desc, i))
                 .position(|a| !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()) == name)
                 .unwrap_or_else(|| panic!("fence.lease_state has no column {name:?}"))
         };

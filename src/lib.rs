@@ -19,6 +19,7 @@
 //! - `sessions`: session-bound leases, which end with the session that took them.
 //! - `sweeper`: fence.sweep(), which marks expired leases free and deletes long-ended ones;
 //!   `worker`: the background worker that calls it.
+//! - `compat`: what differs between PostgreSQL 15, 17 and 18, in one place.
 //! - `settings`: the `pg_fence.*` GUCs; `spi_plans`: statements prepared once per backend.
 //! - `own_errors`: raising pg_fence's own SQLSTATEs (class PF) from Rust, for the fenced writes.
 //! - `lease_row`: a key's lease row read from its index without a statement, for the guard.
@@ -32,6 +33,7 @@ mod liveness;
 
 mod admin;
 mod clock;
+mod compat;
 mod durability;
 mod errors;
 mod fence_numbers;

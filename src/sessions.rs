@@ -13,7 +13,7 @@
 //! ended leases stay ended. Behind a pooler in transaction mode the "session" is a shared server
 //! connection, which is why session-bound leases need a direct or session-pooled connection.
 use crate::keylock::{self, Owner, SESSION_CLASS};
-use crate::{key_hash, waiting};
+use crate::{compat, key_hash, waiting};
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -39,7 +39,7 @@ pub fn hold_session_lock() -> (i32, i64) {
     // what pg_advisory_lock() does; it may wait an instant for a `holder_alive` probe of the same
     // id (probes never wait), and the lock survives the transaction whatever its outcome.
     unsafe {
-        if !pg_sys::LockHeldByMe(&tag(pid, id), HOLDER_MODE) {
+        if !compat::lock_held_by_me(&tag(pid, id), HOLDER_MODE) {
             GENERATION.set(GENERATION.get().wrapping_add(1));
             id = session_id(GENERATION.get());
             pg_sys::LockAcquire(&tag(pid, id), HOLDER_MODE, true, false);
@@ -75,7 +75,7 @@ pub fn alive(pid: i32, id: i64) -> bool {
     if pid == unsafe { pg_sys::MyProcPid } {
         // Our own lock never conflicts with our probe: ask whether we still hold it.
         // SAFETY: reads this backend's own lock table.
-        return unsafe { pg_sys::LockHeldByMe(&tag, HOLDER_MODE) };
+        return unsafe { compat::lock_held_by_me(&tag, HOLDER_MODE) };
     }
     let orphaned = keylock::acquire(&tag, PROBE_MODE, Owner::Subtransaction, true);
     if orphaned {

@@ -75,7 +75,7 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::UNIT_S,
     );
-    #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+    // SAFETY: reserves the prefix, as an extension's _PG_init does after defining its settings.
     unsafe {
         pgrx::pg_sys::MarkGUCPrefixReserved(c"pg_fence".as_ptr());
     }

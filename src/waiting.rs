@@ -18,7 +18,7 @@
 //! - An acquire without `wait` does not jump the queue: while the room is taken it is refused.
 use crate::keylock::{self, Owner, WAITING_ROOM_CLASS};
 use crate::spi_plans::execute_first;
-use crate::{errors, input, key_hash};
+use crate::{compat, errors, input, key_hash};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{register_xact_callback, PgTryBuilder, PgXactCallbackEvent};
@@ -34,12 +34,6 @@ thread_local! {
     static WAKE_AT_COMMIT: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     /// Whether `wake_after_commit` is registered in this backend (it stays registered).
     static WAKER_REGISTERED: Cell<bool> = const { Cell::new(false) };
-}
-
-unsafe extern "C-unwind" {
-    /// In PostgreSQL since 8.x (storage/sinvaladt.h), though pgrx does not bind it. It raises no
-    /// errors (an array lookup under a shared LWLock), so it needs no pg_guard.
-    fn BackendIdGetProc(backend_id: std::ffi::c_int) -> *mut pg_sys::PGPROC;
 }
 
 /// A waiter must see each change of the key as it commits. Under REPEATABLE READ or SERIALIZABLE it
@@ -139,11 +133,11 @@ unsafe extern "C-unwind" fn wake_after_commit(
 /// looks again and goes back to sleep.
 /// `hash` is the key's `key_hash::of`, taken while the transaction could still read the catalogs.
 pub fn wake(hash: u64) {
-    for backend_id in room_holders(keylock::tag(WAITING_ROOM_CLASS, hash)) {
+    for slot in room_holders(keylock::tag(WAITING_ROOM_CLASS, hash)) {
         // SAFETY: setting another backend's latch is how PostgreSQL itself wakes it; a backend
         // that has exited in the meantime leaves a latch nobody waits on.
         unsafe {
-            let proc = BackendIdGetProc(backend_id);
+            let proc = compat::proc_of(slot);
             if !proc.is_null() {
                 pg_sys::SetLatch(&mut (*proc).procLatch);
             }
@@ -152,15 +146,14 @@ pub fn wake(hash: u64) {
 }
 
 /// The backends (other than this one) holding the key's waiting-room lock.
-fn room_holders(room: pg_sys::LOCKTAG) -> Vec<pg_sys::BackendId> {
+fn room_holders(room: pg_sys::LOCKTAG) -> Vec<compat::ProcSlot> {
     let mut count = 0;
     // SAFETY: GetLockConflicts lists, in a palloc'd array of `count`, the virtual transaction ids
     // of the lock's holders other than this backend (it takes the lock partition's LWLock itself).
     unsafe {
         let holders = pg_sys::GetLockConflicts(&room, ROOM_MODE, &mut count);
         (0..usize::try_from(count).unwrap_or(0))
-            .map(|i| (*holders.add(i)).backendId)
-            .filter(|&backend_id| backend_id != pg_sys::InvalidBackendId) // a prepared transaction
+            .filter_map(|i| compat::holder_slot(&*holders.add(i)))
             .collect()
     }
 }
