@@ -200,18 +200,38 @@ pub fn wait_event(client: &mut Client, pid: i32) -> (Option<String>, Option<Stri
     (row.get(0), row.get(1))
 }
 
+/// The major version the scratch clusters run: $PG_MAJOR, as for pg_test/cluster; 15 by default.
+pub fn pg_major() -> String {
+    std::env::var("PG_MAJOR").unwrap_or_else(|_| "15".into())
+}
+
 /// A PostgreSQL program of the build the scratch clusters run: from $PG_BIN when it is set, as
-/// pg_test/cluster does, so that pg_dump and pg_restore match the server; else the system one.
+/// pg_test/cluster does, so that pg_dump and pg_restore match the server; else that major
+/// version's.
 pub fn pg_bin(program: &str) -> PathBuf {
-    let bin = std::env::var("PG_BIN").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
+    let bin = std::env::var("PG_BIN").unwrap_or_else(|_| format!("/usr/lib/postgresql/{}/bin", pg_major()));
     PathBuf::from(bin).join(program)
 }
 
-/// Runs a PostgreSQL client program (see `pg_bin`) and returns its standard output; panics with its
-/// standard error when it fails.
+/// A command running a PostgreSQL client program (see `pg_bin`): inside the version's chroot
+/// (pg_test/chroot) for 17 and 18, whose programs need its libraries.
+pub fn pg_program(program: &str) -> Command {
+    if pg_major() == "15" {
+        return Command::new(pg_bin(program));
+    }
+    let chroot = Command::new(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../pg_test/chroot"))
+        .args([&pg_major(), "dir"])
+        .output()
+        .expect("run pg_test/chroot");
+    let mut command = Command::new("chroot");
+    command.arg(String::from_utf8_lossy(&chroot.stdout).trim()).arg(pg_bin(program));
+    command
+}
+
+/// Runs a PostgreSQL client program (see `pg_program`) and returns its standard output; panics with
+/// its standard error when it fails.
 pub fn run_pg_program(program: &str, args: &[&str]) -> String {
-    let out =
-        Command::new(pg_bin(program)).args(args).output().unwrap_or_else(|err| panic!("{program}: {err}"));
+    let out = pg_program(program).args(args).output().unwrap_or_else(|err| panic!("{program}: {err}"));
     assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

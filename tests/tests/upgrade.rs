@@ -1,9 +1,8 @@
 //! Versions and upgrades: the oldest kept version can be created, holds state, and upgrades to the
 //! current one with that state intact; and an upgraded installation is exactly a fresh one, so a
 //! schema change without an upgrade script fails here.
-use pg_fence_integration::{backend_pid, comes_to_wait_on, sqlstate, Cluster};
+use pg_fence_integration::{backend_pid, comes_to_wait_on, pg_program, sqlstate, Cluster};
 use postgres::Client;
-use std::process::Command;
 use uuid::Uuid;
 
 /// The versions whose full install scripts are kept in sql/archive, oldest first.
@@ -160,7 +159,7 @@ const OID_LINES: &[&str] =
 /// The extension's objects as pg_dump --binary-upgrade writes them (it lists an extension's member
 /// objects, which a plain dump leaves to CREATE EXTENSION), without the lines that name OIDs.
 fn schema(cluster: &Cluster, db: &str) -> String {
-    let out = Command::new("/usr/lib/postgresql/15/bin/pg_dump")
+    let out = pg_program("pg_dump")
         .args(["--binary-upgrade", "--schema-only", "-h", "127.0.0.1", "-U", "postgres", "-d", db])
         .args(["-p", &cluster.port().to_string()])
         .output()
