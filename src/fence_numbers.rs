@@ -37,7 +37,7 @@ pub fn check_first_grant(fence: i64) {
     if unsafe { pg_sys::XactIsoLevel } < pg_sys::XACT_REPEATABLE_READ as i32 {
         return; // READ COMMITTED: the INSERT's own snapshot is taken after such a sweep committed
     }
-    let Some(table) = crate::one_row::table(c"high_water") else { return };
+    let Some(table) = crate::installed::table(c"high_water") else { return };
     // Column 2 is `fence bigint` (sql/schema.sql).
     // SAFETY: a bigint datum of the row.
     let mark = crate::one_row::latest(table, |values, nulls| unsafe { i64::from_datum(values[1], nulls[1]) });

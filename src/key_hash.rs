@@ -57,7 +57,7 @@ fn secret() -> Option<[u64; 2]> {
 }
 
 fn secret_table() -> Option<pg_sys::Oid> {
-    one_row::table(c"lock_secret")
+    crate::installed::table(c"lock_secret")
 }
 
 /// The 16 bytes of fence.lock_secret's `secret` column.

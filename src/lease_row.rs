@@ -26,11 +26,8 @@ pub fn live(key: &str, now: i64) -> Option<Live> {
     // registered until the scan ends; the tuple is read before the scan ends. An error on the way
     // aborts the transaction, which releases all three.
     unsafe {
-        let namespace = pg_sys::get_namespace_oid(c"fence".as_ptr(), false);
-        let table = pg_sys::get_relname_relid(c"lease_state".as_ptr(), namespace);
-        if table == pg_sys::InvalidOid {
-            crate::errors::state_damaged("table fence.lease_state is missing");
-        }
+        let table = crate::installed::table(c"lease_state")
+            .unwrap_or_else(|| crate::errors::state_damaged("table fence.lease_state is missing"));
         let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let desc = (*rel).rd_att;
         let columns = Columns::of(desc);

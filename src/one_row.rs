@@ -4,19 +4,6 @@
 //! has committed since its snapshot was taken.
 use pgrx::pg_sys;
 
-/// The table `name` of schema fence, if it is there.
-pub fn table(name: &std::ffi::CStr) -> Option<pg_sys::Oid> {
-    // SAFETY: syscache look-ups by name; missing_ok, so a missing schema is InvalidOid, not an error.
-    let table = unsafe {
-        let namespace = pg_sys::get_namespace_oid(c"fence".as_ptr(), true);
-        if namespace == pg_sys::InvalidOid {
-            return None;
-        }
-        pg_sys::get_relname_relid(name.as_ptr(), namespace)
-    };
-    (table != pg_sys::InvalidOid).then_some(table)
-}
-
 /// Hands the columns of `table`'s first row (values, and whether each is NULL) to `read`; None when
 /// the table is empty. `read` must copy out what it needs: the row is freed after it returns.
 pub fn latest<R>(table: pg_sys::Oid, read: impl FnOnce(&[pg_sys::Datum], &[bool]) -> R) -> Option<R> {

@@ -7,10 +7,11 @@
 //! (or pg_cron does).
 //!
 //! A sweep must make no acquirer wait longer than its own short transaction: it holds the rows it
-//! swept until its transaction ends, and the next grant of such a key queues behind it. So it runs only in a transaction of its
-//! own (not inside a transaction block), skips every row another transaction has locked, and takes
-//! the one row of its figures first, without waiting (a sweep that finds it taken, by a concurrent
-//! sweep, does nothing): it never waits for a lock while it holds lease rows.
+//! swept until its transaction ends, and the next grant of such a key queues behind it. So it runs
+//! only in a transaction of its own (not inside a transaction block), skips every row another
+//! transaction has locked, and takes the one row of its figures first, without waiting (a sweep
+//! that finds it taken, by a concurrent sweep, does nothing): it never waits for a lock while it
+//! holds lease rows.
 use crate::notify::{self, Event};
 use crate::spi_plans::execute;
 use crate::{clock, durability, errors, installed, settings};
@@ -52,9 +53,10 @@ const SWEEP: &str = concat!(
         DELETE FROM fence.lease_state s USING candidate c
          WHERE s.ctid = c.ctid AND c.ended
         RETURNING s.key, s.fence, c.ctid)
-    SELECT key, fence, (ctid::pg_catalog.text::pg_catalog.point)[0]::pg_catalog.int8, false FROM marked
-    UNION ALL
-    SELECT key, fence, (ctid::pg_catalog.text::pg_catalog.point)[0]::pg_catalog.int8, true FROM deleted"
+    SELECT key, fence, (ctid::pg_catalog.text::pg_catalog.point)[0]::pg_catalog.int8, gone
+      FROM (SELECT key, fence, ctid, false AS gone FROM marked
+            UNION ALL
+            SELECT key, fence, ctid, true FROM deleted) changed"
 );
 
 /// Raises the high-water mark of deleted fences (see `fence_numbers`) in the deleting transaction.
