@@ -22,10 +22,36 @@ RETURNS timestamptz
 LANGUAGE sql VOLATILE
 AS $$ SELECT coalesce(fence.renew_if_held(key, token, ttl), fence.raise_lease_lost(key)) $$;
 
--- Who holds what, but never the tokens (for fence_user: sql/privileges.sql). `live` is the condition of src/liveness.rs.
-CREATE VIEW fence.leases AS
-SELECT key, owner, fence, acquired_at, expires_at, session_pid,
-       (token_hash IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()
-        AND (session_id IS NULL OR coalesce(fence.holder_alive(session_pid, session_id), false))) AS live
-  FROM fence.lease_state;
+-- Fast leases' rows for the view below, read through a function: PostgreSQL refuses to plan a query
+-- that names an unlogged table during recovery, and a standby has none of their rows anyway.
+CREATE FUNCTION fence.fast_lease_rows()
+RETURNS TABLE (key text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
+               session_pid integer, live boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT l.key, l.owner, l.fence, l.acquired_at, l.expires_at, l.session_pid,
+           (l.token_hash IS NOT NULL AND l.expires_at > pg_catalog.clock_timestamp()
+            AND (l.session_id IS NULL OR coalesce(fence.holder_alive(l.session_pid, l.session_id), false)))
+      FROM fence.fast_lease_state l;
+END
+$$;
 
+-- Who holds what, but never the tokens (for fence_user: sql/privileges.sql): per key, its latest
+-- grant, durable or fast. `live` is the condition of src/liveness.rs.
+CREATE VIEW fence.leases AS
+SELECT DISTINCT ON (key) key, owner, fence, acquired_at, expires_at, session_pid, live, durable
+  FROM (SELECT key, owner, fence, acquired_at, expires_at, session_pid,
+               (token_hash IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()
+                AND (session_id IS NULL OR coalesce(fence.holder_alive(session_pid, session_id), false))) AS live,
+               true AS durable
+          FROM fence.lease_state
+        UNION ALL
+        SELECT key, owner, fence, acquired_at, expires_at, session_pid, live, false
+          FROM fence.fast_lease_rows()) grants
+ ORDER BY key, fence DESC;

@@ -13,6 +13,11 @@
 --   0.3.0's counter, which stay in the table: resources that stored them keep refusing stale holders.
 -- - The sweep deletes rows of leases that ended more than pg_fence.retain_ended ago; fence.high_water
 --   keeps the highest fence it deleted.
+-- - Fast leases: lease_acquire(.., durable => false) grants a lease kept in the unlogged table
+--   fence.fast_lease_state, whose changes wait for no WAL flush, and which a crash or a failover
+--   ends. lease_acquire is dropped and created again with the new argument: objects that depend on
+--   it (a view, or a function with a BEGIN ATOMIC body, that calls it) must be dropped first.
+--   fence.leases gains the column `durable` and shows, per key, its latest grant of either kind.
 -- - Privileges: nothing is for PUBLIC any more. Leases and fencing are for role fence_user, which
 --   this update creates; lease_revoke and fence.sweep() for fence_admin. GRANT fence_user TO your
 --   applications' roles before (or right after) this update.
@@ -59,6 +64,53 @@ CREATE  FUNCTION fence."checked_version"(
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'checked_version_wrapper';
+
+CREATE UNLOGGED TABLE fence.fast_lease_state (LIKE fence.lease_state INCLUDING ALL) WITH (fillfactor = 70);
+REVOKE ALL ON fence.fast_lease_state FROM PUBLIC;
+
+DROP FUNCTION fence.lease_acquire(text, interval, text, interval, boolean);
+CREATE  FUNCTION fence."lease_acquire"(
+	"key" TEXT, /* Option < & str > */
+	"ttl" interval, /* Option < Interval > */
+	"owner" TEXT DEFAULT NULL, /* Option < & str > */
+	"wait" interval DEFAULT '0', /* Option < Interval > */
+	"session_bound" bool DEFAULT false, /* Option < bool > */
+	"durable" bool DEFAULT true /* Option < bool > */
+) RETURNS fence.lease
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'acquire_wrapper';
+
+CREATE FUNCTION fence.fast_lease_rows()
+RETURNS TABLE (key text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
+               session_pid integer, live boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT l.key, l.owner, l.fence, l.acquired_at, l.expires_at, l.session_pid,
+           (l.token_hash IS NOT NULL AND l.expires_at > pg_catalog.clock_timestamp()
+            AND (l.session_id IS NULL OR coalesce(fence.holder_alive(l.session_pid, l.session_id), false)))
+      FROM fence.fast_lease_state l;
+END
+$$;
+
+CREATE OR REPLACE VIEW fence.leases AS
+SELECT DISTINCT ON (key) key, owner, fence, acquired_at, expires_at, session_pid, live, durable
+  FROM (SELECT key, owner, fence, acquired_at, expires_at, session_pid,
+               (token_hash IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()
+                AND (session_id IS NULL OR coalesce(fence.holder_alive(session_pid, session_id), false))) AS live,
+               true AS durable
+          FROM fence.lease_state
+        UNION ALL
+        SELECT key, owner, fence, acquired_at, expires_at, session_pid, live, false
+          FROM fence.fast_lease_rows()) grants
+ ORDER BY key, fence DESC;
 
 DO $$
 BEGIN

@@ -19,7 +19,7 @@ BEGIN
 END
 $$;
 --
--- One row per key in use: release and expiry only clear the token, and the sweep deletes the row once
+-- One row per key in use by durable leases: release and expiry only clear the token, and the sweep deletes the row once
 -- the lease has ended more than pg_fence.retain_ended ago (src/sweeper.rs). Nobody but the
 -- extension's functions touches it.
 CREATE TABLE fence.lease_state (
@@ -46,6 +46,13 @@ REVOKE ALL ON fence.lease_state FROM PUBLIC;
 
 -- pg_dump keeps the rows: the leases and their fences are data like any other.
 SELECT pg_catalog.pg_extension_config_dump('fence.lease_state', '');
+
+-- Fast leases (lease_acquire(.., durable => false), src/lease_kinds.rs): the same columns (a column
+-- added to one table must be added to the other), unlogged, so that their changes write no WAL but
+-- their commit records. PostgreSQL empties the table after a
+-- crash or an immediate shutdown, and a promoted standby starts with it empty; not dumped either.
+CREATE UNLOGGED TABLE fence.fast_lease_state (LIKE fence.lease_state INCLUDING ALL) WITH (fillfactor = 70);
+REVOKE ALL ON fence.fast_lease_state FROM PUBLIC;
 
 -- The highest fence of any row the sweep has deleted, raised in the deleting transaction: a key
 -- without a row is granted above it (src/fence_numbers.rs), even after a step back of the clock.

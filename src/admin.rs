@@ -1,17 +1,23 @@
 //! Administration: lease_revoke, for superusers and members of role fence_admin (sql/privileges.sql
 //! creates the role and grants EXECUTE to it alone).
 use crate::keylock::{self, Mode};
+use crate::lease_kinds::{self, Kind};
 use crate::notify::{self, Event};
-use crate::spi_plans::execute_first;
 use crate::{clock, durability, input, waiting};
 use pgrx::prelude::*;
 
 /// Ends the live lease, whoever holds it; expires_at becomes the moment it ended.
-const REVOKE: &str = concat!(
-    "UPDATE fence.lease_state SET token_hash = NULL, expires_at = $2 WHERE key = $1 AND ",
-    live_at!("$2"),
-    " RETURNING fence"
-);
+macro_rules! revoke {
+    ($table:literal) => {
+        concat!(
+            "UPDATE ",
+            $table,
+            " SET token_hash = NULL, expires_at = $2 WHERE key = $1 AND ",
+            live_at!("$2"),
+            " RETURNING fence"
+        )
+    };
+}
 
 /// Ends the key's live lease now: true when there was one. Its holder's fence becomes stale (fenced
 /// writes refuse it) and its renew and release fail; the next grant gets a higher fence.
@@ -22,11 +28,16 @@ fn lease_revoke(key: Option<&str>) -> bool {
     durability::require_writable("revoke a lease");
     keylock::lock(key, Mode::Change);
     let args = [key.into(), clock::timestamp(clock::now()).into()];
-    let revoked_fence = execute_first::<i64>(REVOKE, &args);
-    match revoked_fence {
-        Some(fence) => {
-            // An administrator acts on what it sees: a revocation must not come back after a crash.
-            durability::require_durable_commit();
+    let statement = lease_kinds::statement(both_kinds!(revoke), durable_only!(revoke));
+    let revoked = lease_kinds::execute_by_kind::<i64>(statement, &args);
+    let revoked_fence = revoked.map(|(fence, _)| fence);
+    match revoked {
+        Some((fence, kind)) => {
+            // An administrator acts on what it sees: a revocation must not come back after a crash
+            // (which ends a fast lease anyway).
+            if kind == Kind::Durable {
+                durability::require_durable_commit();
+            }
             waiting::wake_at_commit(key);
             notify::send(Event::Revoked, key, fence);
         }

@@ -18,7 +18,7 @@ pub fn table(name: &std::ffi::CStr) -> Option<pg_sys::Oid> {
 }
 
 /// Whether the objects of version 0.4.0 are there: table fence.high_water, which its scripts create
-/// together with fence.fence_not_above and fence.checked_version.
+/// together with fence.fast_lease_state, fence.fence_not_above and fence.checked_version.
 pub fn since_0_4_0() -> bool {
     table(c"high_water").is_some()
 }

@@ -1,12 +1,14 @@
-//! One key's row of fence.lease_state, looked up in its primary key index without a statement: the
-//! read behind fence_guard, which every fenced write pays for, and behind a waiting acquire's look
-//! at the lease it waits for. With no statement there is nothing to plan, no privilege to check and
-//! no name to resolve on the caller's search_path, so the guard needs neither SECURITY DEFINER nor a
-//! pinned search_path; saving and restoring that setting on every call was most of what the guard
-//! cost (README, "Targets, and where the time goes").
+//! One key's rows of its lease tables (see `lease_kinds`), looked up in their primary key indexes
+//! without a statement: the read behind fence_guard, which every fenced write pays for, behind a
+//! waiting acquire's look at the lease it waits for, and behind a grant's look at the other kind's
+//! row. With no statement there is nothing to plan, no privilege to check and no name to resolve on
+//! the caller's search_path, so the guard needs neither SECURITY DEFINER nor a pinned search_path;
+//! saving and restoring that setting on every call was most of what the guard cost (README,
+//! "Targets, and where the time goes").
 //!
 //! Liveness is decided here in Rust, by the same rule as `live_at!` (src/liveness.rs); a
 //! `#[pg_test]` compares the two on every kind of row.
+use crate::lease_kinds::Kind;
 use crate::{compat, sessions};
 use pgrx::pg_sys;
 use pgrx::FromDatum;
@@ -19,15 +21,35 @@ pub struct Live {
     pub expires_at: i64,
 }
 
-/// `key`'s lease if it is live at `now` (microseconds, as clock::now()), in the latest committed
-/// state of the table (a fresh snapshot, not the transaction's).
+/// What a key's row of one kind says at `now`: its last fence, and its lease if that is live.
+pub struct Found {
+    pub fence: i64,
+    pub live: Option<Live>,
+}
+
+/// `key`'s lease, of either kind, if it is live at `now` (microseconds, as clock::now()), in the
+/// latest committed state of the tables (a fresh snapshot, not the transaction's).
 pub fn live(key: &str, now: i64) -> Option<Live> {
+    [Kind::Durable, Kind::Fast]
+        .into_iter()
+        .filter(|kind| kind.readable())
+        .find_map(|kind| find(kind, key, now).and_then(|found| found.live))
+}
+
+/// `key`'s row of this kind, in the latest committed state; None when it has none (or, for fast
+/// leases, where they cannot be read: see `Kind::readable`).
+pub fn find(kind: Kind, key: &str, now: i64) -> Option<Found> {
+    if !kind.readable() {
+        return None;
+    }
+    let name = kind.table_name();
     // SAFETY: the relation stays open (and locked, as a SELECT would) for the scan; the snapshot is
     // registered until the scan ends; the tuple is read before the scan ends. An error on the way
     // aborts the transaction, which releases all three.
     unsafe {
-        let table = crate::installed::table(c"lease_state")
-            .unwrap_or_else(|| crate::errors::state_damaged("table fence.lease_state is missing"));
+        let table = crate::installed::table(name).unwrap_or_else(|| {
+            crate::errors::state_damaged(&format!("table fence.{} is missing", name.to_string_lossy()))
+        });
         let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let desc = (*rel).rd_att;
         let columns = Columns::of(desc);
@@ -48,15 +70,16 @@ pub fn live(key: &str, now: i64) -> Option<Live> {
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let index = compat::primary_key_index(rel);
         if index == pg_sys::InvalidOid {
-            crate::errors::state_damaged("table fence.lease_state has lost its primary key");
+            let table = name.to_string_lossy();
+            crate::errors::state_damaged(&format!("table fence.{table} has lost its primary key"));
         }
         let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut scan_key);
         let tuple = pg_sys::systable_getnext(scan);
-        let lease = if tuple.is_null() { None } else { columns.live(tuple, desc, now) };
+        let found = if tuple.is_null() { None } else { Some(columns.read(tuple, desc, now)) };
         pg_sys::systable_endscan(scan);
         pg_sys::UnregisterSnapshot(snapshot);
         pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
-        lease
+        found
     }
 }
 
@@ -72,13 +95,13 @@ struct Columns {
 }
 
 impl Columns {
-    /// SAFETY: `desc` must be fence.lease_state's tuple descriptor.
+    /// SAFETY: `desc` must be the tuple descriptor of a lease table.
     unsafe fn of(desc: pg_sys::TupleDesc) -> Self {
         let position = |name: &CStr| {
             (0..(*desc).natts as usize)
                 .map(|i| compat::attribute(desc, i))
                 .position(|a| !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()) == name)
-                .unwrap_or_else(|| panic!("fence.lease_state has no column {name:?}"))
+                .unwrap_or_else(|| panic!("a lease table has no column {name:?}"))
         };
         Columns {
             key: position(c"key"),
@@ -90,29 +113,32 @@ impl Columns {
         }
     }
 
-    /// `live_at!` in Rust: not released, not expired at `now`, and a session-bound lease's session
-    /// still there. As there, a row with a session id but no pid is dead, and one with a pid but no
-    /// session id is a plain lease.
+    /// The row's fence, and its lease if that is live: `live_at!` in Rust. Not released, not
+    /// expired at `now`, and a session-bound lease's session still there. As there, a row with a
+    /// session id but no pid is dead, and one with a pid but no session id is a plain lease.
     ///
     /// SAFETY: `tuple` must be a row of the table `desc` describes.
-    unsafe fn live(&self, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc, now: i64) -> Option<Live> {
+    unsafe fn read(&self, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc, now: i64) -> Found {
         let natts = (*desc).natts as usize;
         let mut values = vec![pg_sys::Datum::from(0); natts];
         let mut nulls = vec![true; natts];
         pg_sys::heap_deform_tuple(tuple, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
         let get = |i: usize| (!nulls[i]).then_some(values[i]);
-        let released = get(self.token_hash).is_none();
-        let expires_at = get(self.expires_at).and_then(|d| i64::from_datum(d, false))?;
-        if released || expires_at <= now {
-            return None;
-        }
-        if let Some(id) = get(self.session_id).and_then(|d| i64::from_datum(d, false)) {
-            let pid = get(self.session_pid).and_then(|d| i32::from_datum(d, false))?;
-            if !sessions::alive(pid, id) {
+        let fence = get(self.fence).and_then(|d| i64::from_datum(d, false)).unwrap_or_default();
+        let live = || {
+            let released = get(self.token_hash).is_none();
+            let expires_at = get(self.expires_at).and_then(|d| i64::from_datum(d, false))?;
+            if released || expires_at <= now {
                 return None;
             }
-        }
-        let fence = get(self.fence).and_then(|d| i64::from_datum(d, false))?;
-        Some(Live { fence, expires_at })
+            if let Some(id) = get(self.session_id).and_then(|d| i64::from_datum(d, false)) {
+                let pid = get(self.session_pid).and_then(|d| i32::from_datum(d, false))?;
+                if !sessions::alive(pid, id) {
+                    return None;
+                }
+            }
+            Some(Live { fence, expires_at })
+        };
+        Found { fence, live: live() }
     }
 }

@@ -15,8 +15,9 @@
 //! Tokens are stored only as their SHA-256: a token is shown once, to the caller of lease_acquire,
 //! and not even a superuser reading the table (or a backup of it) can use it afterwards.
 use crate::keylock::{self, Mode};
+use crate::lease_kinds::{self, Kind};
 use crate::notify::{self, Event};
-use crate::spi_plans::{execute, execute_first};
+use crate::spi_plans::execute;
 use crate::{clock, durability, fence_numbers, input, installed, lease_row, sessions, waiting};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
@@ -24,64 +25,90 @@ use pgrx::prelude::*;
 use pgrx::Uuid;
 use std::time::Instant;
 
-/// A grant of a key granted before: a new fence (see `fence_numbers`), but only when the lease there
-/// is dead at $3. A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would also WAL-log a row
-/// lock: the key lock already keeps every other writer of this key out. $5: the new token, $8: its
-/// hash (see `token_hash`); $6, $7: the session of a session-bound lease, or NULL; $9: the clock
-/// floor.
-const GRANT_AGAIN: &str = concat!(
-    "UPDATE fence.lease_state
-        SET fence = greatest(fence + 1, $9), owner = $2, token_hash = $8,
-            acquired_at = $3, expires_at = $4, session_pid = $6, session_id = $7
-      WHERE key = $1 AND ",
-    live_at!("$3"),
-    " IS NOT TRUE RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
-);
-
-/// The first grant of a key that has no row: never granted, or its row deleted by the sweep after
-/// its lease ended. Above the clock floor and the fences of every deleted row. When the row exists,
-/// GRANT_AGAIN found its lease live: held.
-macro_rules! grant_first {
-    ($fence:literal) => {
+/// A grant, in one statement: when the key has a row in `$table`, an UPDATE that gives it a new fence
+/// (see `fence_numbers`), but only when the lease there is dead at $3; when it has none (never
+/// granted, or its row deleted by the sweep after its lease ended), an INSERT of its first grant,
+/// with the fence `$first`. Returns the lease and whether it was a first grant; no row when the
+/// lease there is live. A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would also
+/// WAL-log a row lock: the key lock already keeps every other writer of this key out. $5: the new
+/// token, $8: its hash (see `token_hash`); $6, $7: the session of a session-bound lease, or NULL;
+/// $9: the lowest fence it may get (the clock floor, and above the other kind's fence).
+macro_rules! grant {
+    ($table:literal, $first:literal) => {
         concat!(
-            "INSERT INTO fence.lease_state
-                 (key, fence, owner, token_hash, acquired_at, expires_at, session_pid, session_id)
-             VALUES ($1, ",
-            $fence,
-            ", $2, $8, $3, $4, $6, $7)
-             ON CONFLICT (key) DO NOTHING
-             RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
+            "WITH again AS (
+                UPDATE ",
+            $table,
+            "
+                   SET fence = greatest(fence + 1, $9), owner = $2, token_hash = $8,
+                       acquired_at = $3, expires_at = $4, session_pid = $6, session_id = $7
+                 WHERE key = $1 AND ",
+            live_at!("$3"),
+            " IS NOT TRUE
+                RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease AS lease),
+             first AS (
+                INSERT INTO ",
+            $table,
+            "
+                       (key, fence, owner, token_hash, acquired_at, expires_at, session_pid, session_id)
+                SELECT $1, ",
+            $first,
+            ", $2, $8, $3, $4, $6, $7
+                 WHERE NOT EXISTS (SELECT FROM ",
+            $table,
+            " WHERE key = $1)
+                    ON CONFLICT (key) DO NOTHING
+                RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease AS lease)
+             SELECT lease, false FROM again UNION ALL SELECT lease, true FROM first"
         )
     };
 }
-const GRANT_FIRST: &str = grant_first!("greatest($9, (SELECT h.fence + 1 FROM fence.high_water h))");
+/// A first grant starts above the fences of every deleted row, too.
+const GRANT_DURABLE: &str =
+    grant!("fence.lease_state", "greatest($9, (SELECT h.fence + 1 FROM fence.high_water h))");
+const GRANT_FAST: &str =
+    grant!("fence.fast_lease_state", "greatest($9, (SELECT h.fence + 1 FROM fence.high_water h))");
 /// The same before ALTER EXTENSION UPDATE has created fence.high_water (nothing was deleted yet).
-const GRANT_FIRST_WITHOUT_HIGH_WATER: &str = grant_first!("$9");
+const GRANT_DURABLE_BEFORE_0_4_0: &str = grant!("fence.lease_state", "$9");
 
 /// Extends a live lease held with this token ($2: its hash); a lease that has ended stays ended.
-const RENEW: &str = concat!(
-    "UPDATE fence.lease_state SET expires_at = $4
-      WHERE key = $1 AND token_hash = $2 AND ",
-    live_at!("$3"),
-    " RETURNING expires_at"
-);
+macro_rules! renew {
+    ($table:literal) => {
+        concat!(
+            "UPDATE ",
+            $table,
+            " SET expires_at = $4 WHERE key = $1 AND token_hash = $2 AND ",
+            live_at!("$3"),
+            " RETURNING expires_at"
+        )
+    };
+}
 
 /// Ends a live lease held with this token; expires_at becomes the moment it ended.
-const RELEASE: &str = concat!(
-    "UPDATE fence.lease_state SET token_hash = NULL, expires_at = $3
-      WHERE key = $1 AND token_hash = $2 AND ",
-    live_at!("$3"),
-    " RETURNING fence"
-);
+macro_rules! release {
+    ($table:literal) => {
+        concat!(
+            "UPDATE ",
+            $table,
+            " SET token_hash = NULL, expires_at = $3 WHERE key = $1 AND token_hash = $2 AND ",
+            live_at!("$3"),
+            " RETURNING fence"
+        )
+    };
+}
 
 /// Before waiting for the key's lock: does this token hold the live lease, as last committed?
-const TOKEN_HOLDS: &str = concat!(
-    "SELECT 1 FROM fence.lease_state
-      WHERE key = $1 AND token_hash = $2 AND ",
-    live_at!("$3")
-);
+macro_rules! token_holds {
+    ($table:literal) => {
+        concat!("SELECT 1 FROM ", $table, " WHERE key = $1 AND token_hash = $2 AND ", live_at!("$3"))
+    };
+}
 
-const CURRENT_FENCE: &str = "SELECT fence FROM fence.lease_state WHERE key = $1";
+macro_rules! fence_of {
+    ($table:literal) => {
+        concat!("SELECT fence FROM ", $table, " WHERE key = $1")
+    };
+}
 
 /// A waiter is woken when the lease ends, but a few ends come without a wake-up: a session-bound
 /// lease whose session dropped its advisory locks, a release committed with COMMIT PREPARED, a
@@ -94,35 +121,36 @@ type Lease = pgrx::composite_type!('static, "lease");
 
 /// Grants the key for `ttl` and returns the lease. When another live lease holds the key: NULL at
 /// once, or with `wait`, after waiting up to `wait` for the key to become free (NULL if it did not).
-/// A `session_bound` lease also ends when this session ends.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+/// A `session_bound` lease also ends when this session ends; a lease that is not `durable` lives in
+/// unlogged state (see `lease_kinds`).
+#[pg_extern(name = "lease_acquire", volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn lease_acquire(
+fn acquire(
     key: Option<&str>,
     ttl: Option<Interval>,
     owner: default!(Option<&str>, "NULL"),
     wait: default!(Option<Interval>, "'0'"),
     session_bound: default!(Option<bool>, "false"),
+    durable: default!(Option<bool>, "true"),
 ) -> Option<pgrx::composite_type!('static, "lease")> {
     let (key, ttl, owner) = (input::key(key), input::ttl(ttl), input::owner(owner));
     let wait = input::wait(wait);
-    let request = Request { key, ttl, owner, session_bound: input::required(session_bound, "session_bound") };
+    let session_bound = input::required(session_bound, "session_bound");
+    let kind = Kind::of(input::required(durable, "durable"));
     durability::require_writable("acquire a lease");
-    if wait > 0 {
-        waiting::require_read_committed();
-    }
-    let wal_before = durability::wal_position();
-    // A transaction that already holds the key's lock (it changed or guarded the key) would wait
-    // for itself, or deadlock with the waiter it queues behind: it does not wait.
-    let lease = if wait == 0 || keylock::held_by_me(key) {
-        request.grant_unless_held()
-    } else {
-        request.grant_within(clock::deadline_after(wait))
-    };
-    if lease.is_none() {
-        durability::skip_flush_if_alone(wal_before);
-    }
-    lease
+    Request { key, ttl, owner, session_bound, kind }.acquire(wait)
+}
+
+/// lease_acquire as the SQL objects of versions before 0.4.0 declare it, without `durable`.
+#[pg_extern(sql = false)]
+fn lease_acquire(
+    key: Option<&str>,
+    ttl: Option<Interval>,
+    owner: Option<&str>,
+    wait: Option<Interval>,
+    session_bound: Option<bool>,
+) -> Option<pgrx::composite_type!('static, "lease")> {
+    acquire(key, ttl, owner, wait, session_bound, Some(true))
 }
 
 struct Request<'a> {
@@ -130,9 +158,30 @@ struct Request<'a> {
     ttl: i64,
     owner: String,
     session_bound: bool,
+    kind: Kind,
 }
 
 impl Request<'_> {
+    fn acquire(&self, wait: i64) -> Option<Lease> {
+        if wait > 0 {
+            waiting::require_read_committed();
+        }
+        let wal_before = durability::wal_position();
+        // A transaction that already holds the key's lock (it changed or guarded the key) would wait
+        // for itself, or deadlock with the waiter it queues behind: it does not wait.
+        let lease = if wait == 0 || keylock::held_by_me(self.key) {
+            self.grant_unless_held()
+        } else {
+            self.grant_within(clock::deadline_after(wait))
+        };
+        if lease.is_none() || self.kind == Kind::Fast {
+            // A fast grant writes no WAL of its own; reading the lease tables may (pruning a page,
+            // or a hint bit under data checksums), which must not make its commit wait either.
+            durability::skip_flush_if_alone(wal_before);
+        }
+        lease
+    }
+
     /// Grants the key if it is free and nobody waits for it; never waits. A key that another
     /// transaction is changing (granting, renewing, releasing, revoking: committed or not, it is
     /// not free yet) or writing under (a guard: the new grant would have to wait for those writes)
@@ -185,9 +234,17 @@ impl Request<'_> {
         lease
     }
 
-    /// With the key lock held: grants the key if its lease is dead now, else gives the lock back.
+    /// With the key lock held: grants the key if its lease, of either kind, is dead now, else gives
+    /// the lock back. The fence starts above the other kind's last one.
     fn grant_locked(&self) -> Option<Lease> {
         let now = clock::now();
+        let other = lease_row::find(self.kind.other(), self.key, now);
+        if other.as_ref().is_some_and(|found| found.live.is_some()) {
+            keylock::unlock(self.key, Mode::Grant);
+            return None;
+        }
+        let floor =
+            fence_numbers::clock_floor(now).max(other.map_or(0, |found| found.fence.saturating_add(1)));
         let token = Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes());
         let session = self.session_bound.then(sessions::hold_session_lock);
         let args = [
@@ -199,30 +256,37 @@ impl Request<'_> {
             session.map(|(pid, _)| pid).into(),
             session.map(|(_, id)| id).into(),
             token_hash(token).into(),
-            fence_numbers::clock_floor(now).into(),
+            floor.into(),
         ];
-        let fence_of =
-            |lease: &Lease| lease.get_by_name::<i64>("fence").unwrap_or_report().unwrap_or_default();
-        let lease = execute_first::<Lease>(GRANT_AGAIN, &args).or_else(|| {
-            let first = if installed::since_0_4_0() { GRANT_FIRST } else { GRANT_FIRST_WITHOUT_HIGH_WATER };
-            let lease = execute_first::<Lease>(first, &args);
-            if let Some(granted) = &lease {
-                fence_numbers::check_first_grant(fence_of(granted));
+        let statement = match self.kind {
+            Kind::Fast => GRANT_FAST,
+            Kind::Durable if installed::since_0_4_0() => GRANT_DURABLE,
+            Kind::Durable => GRANT_DURABLE_BEFORE_0_4_0,
+        };
+        let granted = execute(statement, &args, |rows| {
+            if rows.is_empty() {
+                return None;
             }
-            lease
+            let row = rows.first();
+            let lease = row.get::<Lease>(1).unwrap_or_report()?;
+            Some((lease, row.get::<bool>(2).unwrap_or_report().unwrap_or_default()))
         });
-        match &lease {
-            Some(granted) => {
-                if self.session_bound {
-                    sessions::bound(self.key);
-                }
-                durability::require_durable_commit();
-                let fence = fence_of(granted);
-                notify::send(Event::Acquired, self.key, fence);
-            }
-            None => keylock::unlock(self.key, Mode::Grant),
+        let Some((lease, first)) = granted else {
+            keylock::unlock(self.key, Mode::Grant);
+            return None;
+        };
+        let fence = lease.get_by_name::<i64>("fence").unwrap_or_report().unwrap_or_default();
+        if first {
+            fence_numbers::check_first_grant(fence);
         }
-        lease
+        if self.session_bound {
+            sessions::bound(self.key);
+        }
+        if self.kind == Kind::Durable {
+            durability::require_durable_commit();
+        }
+        notify::send(Event::Acquired, self.key, fence);
+        Some(lease)
     }
 }
 
@@ -244,6 +308,7 @@ fn renew_if_held(
     let token = input::required(token, "token");
     let ttl = input::ttl(ttl);
     durability::require_writable("renew a lease");
+    let wal_before = durability::wal_position();
     if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
         return None;
     }
@@ -254,15 +319,17 @@ fn renew_if_held(
         clock::timestamp(now).into(),
         clock::timestamp(now + ttl).into(),
     ];
-    let renewed = execute_first::<TimestampWithTimeZone>(RENEW, &args);
+    let statement = lease_kinds::statement(both_kinds!(renew), durable_only!(renew));
+    let renewed = lease_kinds::execute_by_kind::<TimestampWithTimeZone>(statement, &args);
     match renewed {
-        Some(_) => {
-            durability::require_durable_commit();
-            waiting::wake_at_commit(key); // the lease may now end sooner than its waiter planned
-        }
+        Some((_, Kind::Durable)) => durability::require_durable_commit(),
+        Some((_, Kind::Fast)) => durability::skip_flush_if_alone(wal_before),
         None => keylock::unlock(key, Mode::Change),
     }
-    renewed
+    if renewed.is_some() {
+        waiting::wake_at_commit(key); // the lease may now end sooner than its waiter planned
+    }
+    renewed.map(|(expires_at, _)| expires_at)
 }
 
 /// Ends the lease held with `token`: true when this call ended it, false when that token no longer
@@ -279,7 +346,8 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     }
     let now = clock::now();
     let args = [key.into(), token_hash(token).into(), clock::timestamp(now).into()];
-    let ended_fence = execute_first::<i64>(RELEASE, &args);
+    let statement = lease_kinds::statement(both_kinds!(release), durable_only!(release));
+    let ended_fence = lease_kinds::execute_by_kind::<i64>(statement, &args).map(|(fence, _)| fence);
     match ended_fence {
         Some(fence) => {
             sessions::unbound(key);
@@ -298,7 +366,10 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
 #[search_path(pg_catalog, pg_temp)]
 fn current_fence(key: Option<&str>) -> Option<i64> {
     let key = input::key(key);
-    execute_first::<i64>(CURRENT_FENCE, &[key.into()])
+    let statement = lease_kinds::statement(both_kinds!(fence_of), durable_only!(fence_of));
+    execute(statement, &[key.into()], |rows| {
+        rows.filter_map(|row| row.get::<i64>(1).unwrap_or_report()).max()
+    })
 }
 
 /// Takes the key's lock and returns true; or returns false, taking nothing, when the key is busy
@@ -321,7 +392,8 @@ fn lock_key_unless_futile(key: &str, mode: Mode, worth_waiting: impl FnOnce(i64)
 
 fn token_holds(key: &str, token: Uuid, now: i64) -> bool {
     let args = [key.into(), token_hash(token).into(), clock::timestamp(now).into()];
-    execute(TOKEN_HOLDS, &args, |rows| !rows.is_empty())
+    let statement = lease_kinds::statement(both_kinds!(token_holds), durable_only!(token_holds));
+    execute(statement, &args, |rows| !rows.is_empty())
 }
 
 /// What the table keeps of a token: SHA-256 of its 16 bytes, the same value as SQL's

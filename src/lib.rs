@@ -1,7 +1,8 @@
 //! pg_fence: leases with fencing tokens, kept and enforced inside PostgreSQL.
 //!
 //! Where to look:
-//! - `leases`: lease_acquire / lease_renew / lease_release / current_fence, the heart of it.
+//! - `leases`: lease_acquire / lease_renew / lease_release / current_fence, the heart of it;
+//!   `lease_kinds`: durable leases and fast (unlogged) ones, and what they share.
 //! - `fence_numbers`: how a grant's fence is chosen, so that no fence is ever issued twice on any
 //!   history the server is rolled onto.
 //! - `keylock`: the per-key advisory lock that serializes every change to one key (and the other
@@ -30,6 +31,8 @@ use pgrx::prelude::*;
 
 #[macro_use]
 mod liveness;
+#[macro_use]
+mod lease_kinds;
 
 mod admin;
 mod clock;

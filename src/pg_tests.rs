@@ -117,14 +117,14 @@ mod tests {
 
     #[pg_test]
     fn renew_moves_expiry_forward_from_now() {
-        granted("k", "1 s");
+        granted("renewed", "1 s");
         let renewed = format!(
-            "SELECT fence.lease_renew('k', {}, '1 hour') > clock_timestamp() + interval '59 minutes'",
-            token("k")
+            "SELECT fence.lease_renew('renewed', {}, '1 hour') > clock_timestamp() + interval '59 minutes'",
+            token("renewed")
         );
         assert_eq!(one::<bool>(&renewed), Some(true));
         assert_eq!(
-            one::<bool>("SELECT expires_at > clock_timestamp() + interval '59 minutes' FROM fence.leases"),
+            one::<bool>("SELECT expires_at > clock_timestamp() + interval '59 minutes' FROM fence.leases WHERE key = 'renewed'"),
             Some(true)
         );
     }
@@ -187,7 +187,7 @@ mod tests {
                         WHERE attrelid = 'fence.leases'::regclass AND attnum > 0";
         assert_eq!(
             one::<String>(columns).as_deref(),
-            Some("key,owner,fence,acquired_at,expires_at,session_pid,live")
+            Some("key,owner,fence,acquired_at,expires_at,session_pid,live,durable")
         );
     }
 
@@ -601,5 +601,84 @@ mod tests {
     #[pg_test(error = "fence.sweep() cannot run inside a transaction block")]
     fn sweep_refuses_a_transaction_block() {
         run("SELECT fence.sweep()");
+    }
+
+    // Fast leases (durable => false): one key namespace and one fence sequence with durable ones.
+
+    /// Acquires `key` as a fast lease, remembering its token as `acquire` does.
+    fn acquire_fast(key: &str, ttl: &str) -> Option<i64> {
+        let sql = format!(
+            "SELECT (l).fence FROM (SELECT fence.lease_acquire('{key}', '{ttl}', durable => false) AS l) a,
+                    LATERAL (SELECT set_config('{}', (l).token::text, true)) t",
+            token_variable(key)
+        );
+        one::<i64>(&sql)
+    }
+
+    fn release(key: &str) -> bool {
+        one::<bool>(&format!("SELECT fence.lease_release('{key}', {})", token(key))).unwrap()
+    }
+
+    #[pg_test]
+    fn a_key_has_one_live_lease_of_either_kind_and_one_fence_sequence() {
+        let fast = acquire_fast("fast", "10 s").expect("fast grant");
+        let refused = |durable: bool| {
+            let sql = format!("SELECT fence.lease_acquire('fast', '10 s', durable => {durable}) IS NULL");
+            one::<bool>(&sql) == Some(true)
+        };
+        assert!(refused(true), "a durable grant over a live fast lease");
+        assert!(refused(false), "a fast grant over a live fast lease");
+        assert!(release("fast"));
+        let durable = granted("fast", "10 s");
+        assert!(durable > fast, "durable fence {durable} after fast fence {fast}");
+        assert!(refused(false), "a fast grant over a live durable lease");
+        assert!(release("fast"));
+        let fast_again = acquire_fast("fast", "10 s").expect("fast grant");
+        assert!(fast_again > durable, "fast fence {fast_again} after durable fence {durable}");
+        assert_eq!(current_fence("fast"), Some(fast_again));
+    }
+
+    #[pg_test]
+    fn a_fast_lease_renews_guards_shows_and_releases_like_a_durable_one() {
+        let fence = acquire_fast("fast", "1 s").unwrap();
+        let renewed = format!(
+            "SELECT fence.lease_renew('fast', {}, '1 hour') > clock_timestamp() + interval '59 minutes'",
+            token("fast")
+        );
+        assert_eq!(one::<bool>(&renewed), Some(true));
+        assert_eq!(one::<bool>(&format!("SELECT fence.fence_guard('fast', {fence})")), Some(true));
+        let shown =
+            "SELECT (live AND NOT durable)::text || ' ' || fence FROM fence.leases WHERE key = 'fast'";
+        assert_eq!(one::<String>(shown), Some(format!("true {fence}")));
+        assert_eq!(one::<i64>("SELECT count(*) FROM fence.lease_state WHERE key = 'fast'"), Some(0));
+        assert!(release("fast"));
+        assert!(!release("fast"), "a retried release is a no-op");
+        let stale = format!("PF002: fence {fence} is stale for key \"fast\"");
+        assert_eq!(outcome_of(&format!("SELECT fence.fence_guard('fast', {fence})")), stale);
+        assert_eq!(one::<bool>("SELECT live FROM fence.leases WHERE key = 'fast'"), Some(false));
+    }
+
+    #[pg_test]
+    fn revoke_ends_a_fast_lease() {
+        let fence = acquire_fast("fast", "1 hour").unwrap();
+        assert_eq!(one::<bool>("SELECT fence.lease_revoke('fast')"), Some(true));
+        let stale = format!("PF002: fence {fence} is stale for key \"fast\"");
+        assert_eq!(outcome_of(&format!("SELECT fence.fence_guard('fast', {fence})")), stale);
+        assert!(acquire("fast", "1 s").unwrap() > fence);
+    }
+
+    #[pg_test]
+    fn the_fast_lease_table_is_unlogged_and_closed_to_public() {
+        let unlogged =
+            "SELECT relpersistence = 'u' FROM pg_class WHERE oid = 'fence.fast_lease_state'::regclass";
+        assert_eq!(one::<bool>(unlogged), Some(true));
+        let grants = "SELECT has_table_privilege('public', 'fence.fast_lease_state', 'SELECT')
+                          OR has_table_privilege('public', 'fence.fast_lease_state', 'UPDATE')";
+        assert_eq!(one::<bool>(grants), Some(false));
+    }
+
+    #[pg_test(error = "durable must not be NULL")]
+    fn acquire_null_durable() {
+        run("SELECT fence.lease_acquire('fast', '10 s', durable => NULL)");
     }
 }

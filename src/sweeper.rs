@@ -12,9 +12,11 @@
 //! transaction has locked, and takes the one row of its figures first, without waiting (a sweep
 //! that finds it taken, by a concurrent sweep, does nothing): it never waits for a lock while it
 //! holds lease rows.
+use crate::lease_kinds::Kind;
 use crate::notify::{self, Event};
 use crate::spi_plans::execute;
 use crate::{clock, durability, errors, installed, settings};
+use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use std::cell::Cell;
@@ -26,38 +28,49 @@ use std::cell::Cell;
 pub const BATCH: i64 = 1_000;
 
 thread_local! {
-    /// The table page where this backend's next sweep starts: each call goes on where the last one
-    /// stopped (a TID range scan) instead of reading again past the rows it has just swept.
-    static RESUME_AT_PAGE: Cell<i64> = const { Cell::new(0) };
+    /// The page of each lease table (durable, fast) where this backend's next sweep starts: each
+    /// call goes on where the last one stopped (a TID range scan) instead of reading again past the
+    /// rows it has just swept.
+    static RESUME_AT_PAGE: [Cell<i64>; 2] = const { [Cell::new(0), Cell::new(0)] };
 }
 
-/// From page $3 on, up to $2 rows to tidy, skipping rows another transaction has locked: leases
+/// In one lease table, from page $3 on, up to $2 rows to tidy, skipping rows another transaction has locked: leases
 /// that have ended by $1 without being released (expired, or session-bound ones whose session has
 /// ended), which it marks ended (ended at $1 at the latest); and rows of leases that ended before
 /// $4 (pg_fence.retain_ended ago; NULL: keep them all), which it deletes. Returns each row's key,
 /// fence, page, and whether it was deleted.
-const SWEEP: &str = concat!(
-    "WITH candidate AS (
-        SELECT ctid, token_hash IS NULL AS ended FROM fence.lease_state
+macro_rules! sweep {
+    ($table:literal) => {
+        concat!(
+            "WITH candidate AS (
+        SELECT ctid, token_hash IS NULL AS ended FROM ",
+            $table,
+            "
          WHERE ctid >= pg_catalog.format('(%s,0)', $3)::pg_catalog.tid
            AND ((token_hash IS NOT NULL AND NOT ",
-    live_at!("$1"),
-    ") OR (token_hash IS NULL AND expires_at < $4))
+            live_at!("$1"),
+            ") OR (token_hash IS NULL AND expires_at < $4))
          LIMIT $2 FOR UPDATE SKIP LOCKED),
     marked AS (
-        UPDATE fence.lease_state s SET token_hash = NULL, expires_at = least(s.expires_at, $1)
+        UPDATE ",
+            $table,
+            " s SET token_hash = NULL, expires_at = least(s.expires_at, $1)
           FROM candidate c
          WHERE s.ctid = c.ctid AND NOT c.ended
         RETURNING s.key, s.fence, c.ctid),
     deleted AS (
-        DELETE FROM fence.lease_state s USING candidate c
+        DELETE FROM ",
+            $table,
+            " s USING candidate c
          WHERE s.ctid = c.ctid AND c.ended
         RETURNING s.key, s.fence, c.ctid)
     SELECT key, fence, (ctid::pg_catalog.text::pg_catalog.point)[0]::pg_catalog.int8, gone
       FROM (SELECT key, fence, ctid, false AS gone FROM marked
             UNION ALL
             SELECT key, fence, ctid, true FROM deleted) changed"
-);
+        )
+    };
+}
 
 /// Raises the high-water mark of deleted fences (see `fence_numbers`) in the deleting transaction.
 const RAISE_HIGH_WATER: &str = "
@@ -94,31 +107,18 @@ fn sweep() -> i64 {
     let since_0_4_0 = installed::since_0_4_0();
     let delete_before =
         since_0_4_0.then(|| clock::timestamp(now.saturating_sub(settings::retain_ended_micros())));
-    let args =
-        [clock::timestamp(now).into(), BATCH.into(), RESUME_AT_PAGE.get().into(), delete_before.into()];
-    let rows: Vec<(String, i64, i64, bool)> = execute(SWEEP, &args, |rows| {
-        rows.map(|row| {
-            (
-                row.get(1).unwrap_or_report().unwrap_or_default(),
-                row.get(2).unwrap_or_report().unwrap_or_default(),
-                row.get(3).unwrap_or_report().unwrap_or_default(),
-                row.get(4).unwrap_or_report().unwrap_or_default(),
-            )
-        })
-        .collect()
-    });
-    let (deleted, ended): (Vec<_>, Vec<_>) = rows.iter().partition(|(_, _, _, deleted)| *deleted);
-    for (key, fence, _, _) in &ended {
+    let mut rows = sweep_table(Kind::Durable, now, BATCH, delete_before);
+    if since_0_4_0 {
+        rows.extend(sweep_table(Kind::Fast, now, BATCH - rows.len() as i64, delete_before));
+    }
+    let (deleted, ended): (Vec<_>, Vec<_>) = rows.iter().partition(|(_, _, deleted)| *deleted);
+    for (key, fence, _) in &ended {
         notify::send(Event::Expired, key, *fence);
     }
-    if let Some(highest) = deleted.iter().map(|(_, fence, _, _)| *fence).max() {
+    if let Some(highest) = deleted.iter().map(|(_, fence, _)| *fence).max() {
         execute(RAISE_HIGH_WATER, &[highest.into()], |_| ());
     }
     let changed = rows.len() as i64;
-    // A full batch: go on from its last page next time. Fewer: the end of the table was reached;
-    // start again from the beginning.
-    let last_page = rows.iter().map(|(_, _, page, _)| *page).max().unwrap_or(0);
-    RESUME_AT_PAGE.set(if changed == BATCH { last_page } else { 0 });
     let record = [clock::timestamp(now).into(), (ended.len() as i64).into(), (deleted.len() as i64).into()];
     if since_0_4_0 {
         execute(RECORD, &record, |_| ());
@@ -129,4 +129,39 @@ fn sweep() -> i64 {
     // high-water mark that covers them, and swept again.
     durability::skip_flush_if_alone(wal_before);
     changed
+}
+
+/// Sweeps up to `limit` rows of one lease table: (key, fence, deleted) of each row changed.
+fn sweep_table(
+    kind: Kind,
+    now: i64,
+    limit: i64,
+    delete_before: Option<TimestampWithTimeZone>,
+) -> Vec<(String, i64, bool)> {
+    if limit <= 0 {
+        return Vec::new();
+    }
+    let resume = RESUME_AT_PAGE.with(|pages| pages[kind as usize].get());
+    let args = [clock::timestamp(now).into(), limit.into(), resume.into(), delete_before.into()];
+    let statement = match kind {
+        Kind::Durable => sweep!("fence.lease_state"),
+        Kind::Fast => sweep!("fence.fast_lease_state"),
+    };
+    let rows: Vec<(String, i64, i64, bool)> = execute(statement, &args, |rows| {
+        rows.map(|row| {
+            (
+                row.get(1).unwrap_or_report().unwrap_or_default(),
+                row.get(2).unwrap_or_report().unwrap_or_default(),
+                row.get(3).unwrap_or_report().unwrap_or_default(),
+                row.get(4).unwrap_or_report().unwrap_or_default(),
+            )
+        })
+        .collect()
+    });
+    // A full batch: go on from its last page next time. Fewer: the end of the table was reached;
+    // start again from the beginning.
+    let last_page = rows.iter().map(|(_, _, page, _)| *page).max().unwrap_or(0);
+    let next = if rows.len() as i64 == limit { last_page } else { 0 };
+    RESUME_AT_PAGE.with(|pages| pages[kind as usize].set(next));
+    rows.into_iter().map(|(key, fence, _, deleted)| (key, fence, deleted)).collect()
 }

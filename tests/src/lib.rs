@@ -391,3 +391,23 @@ pub fn next_history(client: &mut Client, issued: &[(String, i64)]) -> NextHistor
     }
     NextHistory { forgotten, reissued, stale_guards_accepted }
 }
+
+/// Whether the WAL is flushed up to where the last record ended: right after a commit returns,
+/// whether that commit waited for its flush. When that record ended exactly at a page boundary, the
+/// insert position already points past the next page's header (24 bytes, or 40 at the start of a
+/// segment), which nobody needs to flush.
+pub fn wal_flushed(client: &mut Client) -> bool {
+    client
+        .query_one(
+            "SELECT pg_wal_lsn_diff(insert, flush) <= CASE WHEN offset_in_page IN (24, 40) THEN offset_in_page ELSE 0 END
+               FROM (SELECT pg_current_wal_insert_lsn() AS insert, pg_current_wal_flush_lsn() AS flush,
+                            (pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0') % 8192)::int AS offset_in_page) w",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
+pub fn wal_insert_position(client: &mut Client) -> String {
+    client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).unwrap().get(0)
+}

@@ -6,30 +6,11 @@
 //! inserted. (The check runs right after each commit: a later flushed commit would hide an earlier
 //! unflushed one.) The cluster's WAL writer is made lazy (and autovacuum is off) so that a commit that
 //! skipped the flush stays visibly unflushed.
-use pg_fence_integration::Cluster;
+use pg_fence_integration::{wal_flushed as flushed, wal_insert_position, Cluster};
 use postgres::Client;
 use uuid::Uuid;
 
 const TRIALS: usize = 20;
-
-/// Whether the WAL is flushed up to where the last record ended. When that record ended exactly at
-/// a page boundary, the insert position already points past the next page's header (24 bytes, or 40
-/// at the start of a segment), which nobody needs to flush.
-fn flushed(client: &mut Client) -> bool {
-    client
-        .query_one(
-            "SELECT pg_wal_lsn_diff(insert, flush) <= CASE WHEN offset_in_page IN (24, 40) THEN offset_in_page ELSE 0 END
-               FROM (SELECT pg_current_wal_insert_lsn() AS insert, pg_current_wal_flush_lsn() AS flush,
-                            (pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0') % 8192)::int AS offset_in_page) w",
-            &[],
-        )
-        .unwrap()
-        .get(0)
-}
-
-fn wal_insert_position(client: &mut Client) -> String {
-    client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).unwrap().get(0)
-}
 
 fn acquire(client: &mut Client, key: &str) -> Uuid {
     client

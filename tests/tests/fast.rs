@@ -1,0 +1,301 @@
+//! Fast leases (`durable => false`) through the faults that end them: kill -9 of the server and a
+//! failover to a standby. Afterwards their holders' renewals fail with PF001 and their guarded
+//! writes with PF002, no grant of either kind gets a fence that any client was told before, and
+//! durable leases held across the fault survive. And what a fast lease costs at commit: no WAL
+//! flush, and no WAL but the commit record.
+use pg_fence_integration::{eventually, next_history, sqlstate, wal_flushed, wal_insert_position, Cluster};
+use postgres::Client;
+use rand::Rng;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// The WAL writer flushes rarely, so that a commit that skipped its flush stays visibly unflushed,
+/// and an acknowledged fast grant is most likely lost in the crash.
+const LAZY_WAL_WRITER: &[&str] = &["wal_writer_delay=10s", "wal_writer_flush_after=1GB", "autovacuum=off"];
+
+const CHURN_KEYS: usize = 8;
+
+struct Held {
+    key: String,
+    fence: i64,
+    token: Uuid,
+}
+
+fn acquire(
+    client: &mut Client,
+    key: &str,
+    durable: bool,
+    ttl: &str,
+) -> Result<Option<Held>, postgres::Error> {
+    let row = client.query_one(
+        "SELECT (l).fence, (l).token FROM fence.lease_acquire($1, $2::text::interval, durable => $3) l",
+        &[&key, &ttl, &durable],
+    )?;
+    let (fence, token): (Option<i64>, Option<Uuid>) = (row.get(0), row.get(1));
+    Ok(fence.zip(token).map(|(fence, token)| Held { key: key.to_string(), fence, token }))
+}
+
+fn renew(client: &mut Client, lease: &Held) -> Result<(), postgres::Error> {
+    client.query_one("SELECT fence.lease_renew($1, $2, '1 hour')", &[&lease.key, &lease.token]).map(|_| ())
+}
+
+/// A write to the resource `target`, fenced by the lease.
+fn guarded_write(client: &mut Client, lease: &Held) -> Result<(), postgres::Error> {
+    client
+        .query_one(
+            "SELECT fence.fenced_update($1, $2, 'target', jsonb_build_object('fence', $2::bigint), '{\"id\": 1}')",
+            &[&lease.key, &lease.fence],
+        )
+        .map(|_| ())
+}
+
+fn setup(client: &mut Client) {
+    client
+        .batch_execute(
+            "CREATE TABLE target (id int PRIMARY KEY, fence bigint); INSERT INTO target VALUES (1, 0)",
+        )
+        .unwrap();
+}
+
+/// Leases held across the fault: one fast and one durable per index, all with a long TTL.
+fn hold(client: &mut Client, count: usize) -> (Vec<Held>, Vec<Held>) {
+    let mut grant = |name: &str, i: usize, durable: bool| {
+        acquire(client, &format!("{name}-{i}"), durable, "1 hour").unwrap().expect("a free key")
+    };
+    let fast = (0..count).map(|i| grant("held-fast", i, false)).collect();
+    let durable = (0..count).map(|i| grant("held-durable", i, true)).collect();
+    (fast, durable)
+}
+
+/// Clients granting keys of CHURN_KEYS, each grant fast or durable at random and released at once
+/// or left to expire, until `stop`: every fence a client was told, with its key. A grant is told
+/// when its statement returns (in autocommit, its commit has returned too).
+fn churn(
+    cluster: &Cluster,
+    clients: usize,
+    stop: Arc<AtomicBool>,
+) -> Vec<thread::JoinHandle<Vec<(String, i64)>>> {
+    (0..clients)
+        .map(|_| {
+            let mut client = cluster.connect();
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let mut told = Vec::new();
+                let mut rng = rand::thread_rng();
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("churn-{}", rng.gen_range(0..CHURN_KEYS));
+                    match acquire(&mut client, &key, rng.gen_bool(0.7), "150 milliseconds") {
+                        Ok(Some(lease)) => {
+                            told.push((key, lease.fence));
+                            if rng.gen_bool(0.5)
+                                && client
+                                    .query_one(
+                                        "SELECT fence.lease_release($1, $2)",
+                                        &[&lease.key, &lease.token],
+                                    )
+                                    .is_err()
+                            {
+                                break;
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(_) => break, // the server is gone
+                    }
+                }
+                told
+            })
+        })
+        .collect()
+}
+
+/// On the server after the fault: fast holders are told their lease is lost and their writes are
+/// refused; durable holders keep theirs; nothing shows a fast lease any more.
+fn assert_fast_leases_ended(client: &mut Client, fast: &[Held], durable: &[Held], when: &str) {
+    for lease in fast {
+        let renewed = renew(client, lease).map_err(|err| sqlstate(&err));
+        assert_eq!(renewed, Err("PF001".to_string()), "{when}: renewal of fast lease {}", lease.key);
+        let written = guarded_write(client, lease).map_err(|err| sqlstate(&err));
+        assert_eq!(written, Err("PF002".to_string()), "{when}: guarded write of fast lease {}", lease.key);
+    }
+    for lease in durable {
+        renew(client, lease).unwrap_or_else(|err| panic!("{when}: durable lease {} lost: {err}", lease.key));
+        guarded_write(client, lease)
+            .unwrap_or_else(|err| panic!("{when}: durable lease {} refused: {err}", lease.key));
+    }
+    let shown: i64 =
+        client.query_one("SELECT count(*) FROM fence.leases WHERE NOT durable", &[]).unwrap().get(0);
+    assert_eq!(shown, 0, "{when}: fast leases still shown");
+}
+
+/// Every key granted again, fast this time, after `next_history` granted it durably: above both.
+fn assert_fast_grants_above(client: &mut Client, told: &[(String, i64)], when: &str) {
+    let mut keys: Vec<&String> = told.iter().map(|(key, _)| key).collect();
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        let highest = told.iter().filter(|(k, _)| k == key).map(|(_, fence)| *fence).max().unwrap();
+        let current: i64 = client.query_one("SELECT fence.current_fence($1)", &[key]).unwrap().get(0);
+        assert!(current > highest, "{when}: {key} granted {current}, but {highest} was told before");
+        // next_history's grant is live for a minute: take it over by revoking it.
+        client.query_one("SELECT fence.lease_revoke($1)", &[key]).unwrap();
+        let fast = acquire(client, key, false, "1 minute").unwrap().expect("revoked key is free");
+        assert!(fast.fence > current, "{when}: fast grant {} of {key} after {current}", fast.fence);
+    }
+}
+
+#[test]
+fn a_crash_ends_fast_leases_and_no_fence_comes_back() {
+    let cluster = Cluster::start("fast_crash", 27401, LAZY_WAL_WRITER);
+    setup(&mut cluster.connect());
+    let mut forgotten = 0;
+    for round in 0..3 {
+        let when = format!("round {round}");
+        let mut holder = cluster.connect();
+        let (fast, durable) = hold(&mut holder, 3);
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers = churn(&cluster, 3, stop.clone());
+        thread::sleep(Duration::from_millis(1_000));
+        cluster.crash();
+        stop.store(true, Ordering::Relaxed);
+        let mut told: Vec<(String, i64)> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+        assert!(told.len() > 10, "{when}: only {} grants before the crash", told.len());
+        told.extend(fast.iter().chain(&durable).map(|lease| (lease.key.clone(), lease.fence)));
+        cluster.restart();
+        let mut client = cluster.connect();
+        assert_fast_leases_ended(&mut client, &fast, &durable, &when);
+        for lease in &durable {
+            client.query_one("SELECT fence.lease_release($1, $2)", &[&lease.key, &lease.token]).unwrap();
+        }
+        let outcome = next_history(&mut client, &told);
+        assert_eq!((outcome.reissued, outcome.stale_guards_accepted), (0, 0), "{when}: {outcome:?}");
+        forgotten += outcome.forgotten;
+        assert_fast_grants_above(&mut client, &told, &when);
+        for (key, _) in &told {
+            client.query_one("SELECT fence.lease_revoke($1)", &[key]).unwrap();
+        }
+    }
+    // The crashes did forget fences (the fast leases' at least), or this test would prove nothing.
+    assert!(forgotten > 0, "no crash forgot a fence");
+}
+
+#[test]
+fn a_failover_ends_fast_leases_and_no_fence_comes_back() {
+    let primary = Cluster::start("fast_primary", 27402, &[]);
+    setup(&mut primary.connect());
+    let standby = Cluster::start_standby("fast_standby", &primary, 27403, &[]);
+    standby.walreceiver_pid();
+    let mut client = primary.connect();
+    let (fast, durable) = hold(&mut client, 3);
+    let mut told: Vec<(String, i64)> =
+        fast.iter().chain(&durable).map(|l| (l.key.clone(), l.fence)).collect();
+    // Fast grants and releases of the same keys, some released: their fences reach no standby.
+    for i in 0..20 {
+        let lease =
+            acquire(&mut client, &format!("churn-{}", i % 4), i % 3 != 0, "1 minute").unwrap().unwrap();
+        told.push((lease.key.clone(), lease.fence));
+        client.query_one("SELECT fence.lease_release($1, $2)", &[&lease.key, &lease.token]).unwrap();
+    }
+    let mut on_standby = standby.connect();
+    let primary_lsn: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).unwrap().get(0);
+    let replayed = eventually(Duration::from_secs(30), || {
+        on_standby
+            .query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&primary_lsn])
+            .unwrap()
+            .get(0)
+    });
+    assert!(replayed, "the standby never caught up");
+
+    // The standby reads the leases it has (durable ones) and refuses fast grants like any change.
+    let shown: Vec<(String, bool)> = on_standby
+        .query("SELECT key, durable FROM fence.leases WHERE live ORDER BY key", &[])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let expected: Vec<(String, bool)> = durable.iter().map(|l| (l.key.clone(), true)).collect();
+    assert_eq!(shown, expected);
+    let refused =
+        acquire(&mut on_standby, "on-standby", false, "1 minute").map(|_| ()).map_err(|e| sqlstate(&e));
+    assert_eq!(refused, Err("25006".to_string()));
+
+    standby.promote();
+    let mut promoted = standby.connect();
+    assert_fast_leases_ended(&mut promoted, &fast, &durable, "promoted");
+    for lease in &durable {
+        promoted.query_one("SELECT fence.lease_release($1, $2)", &[&lease.key, &lease.token]).unwrap();
+    }
+    let outcome = next_history(&mut promoted, &told);
+    assert_eq!((outcome.reissued, outcome.stale_guards_accepted), (0, 0), "{outcome:?}");
+    assert!(outcome.forgotten > 0, "the promoted standby forgot no fence: {outcome:?}");
+    assert_fast_grants_above(&mut promoted, &told, "promoted");
+}
+
+/// The WAL records written from `start` to `end` (pg_walinspect), as "resource manager/record type".
+/// pg_walinspect reads only flushed WAL: a write that waits for its flush comes first.
+fn records_between(client: &mut Client, start: &str, end: &str) -> Vec<String> {
+    client.batch_execute("UPDATE flush_marker SET n = n + 1").unwrap();
+    client
+        .query(
+            "SELECT resource_manager || '/' || record_type FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)",
+            &[&start, &end],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+#[test]
+fn fast_grants_renewals_and_releases_wait_for_no_flush_and_write_only_their_commit() {
+    let cluster = Cluster::start("fast_wal", 27404, LAZY_WAL_WRITER);
+    let mut client = cluster.connect();
+    client
+        .batch_execute("CREATE EXTENSION pg_walinspect; CREATE TABLE flush_marker AS SELECT 0 AS n")
+        .unwrap();
+    // CREATE EXTENSION leaves dead catalog rows that the next statements would prune, writing WAL.
+    client.batch_execute("VACUUM").unwrap();
+    let mut unexpected = Vec::new();
+    let mut flushed_commits = 0;
+    let mut check = |client: &mut Client, what: &str, call: &dyn Fn(&mut Client)| {
+        let start = wal_insert_position(client);
+        call(client);
+        let end = wal_insert_position(client);
+        flushed_commits += usize::from(wal_flushed(client));
+        let records = records_between(client, &start, &end);
+        if records != ["Transaction/COMMIT"] {
+            unexpected.push(format!("{what}: {records:?}"));
+        }
+    };
+    for trial in 0..10 {
+        let key = format!("fast-{trial}");
+        let lease = acquire(&mut client, &key, false, "1 minute").unwrap().unwrap();
+        let (key2, token) = (key.clone(), lease.token);
+        check(&mut client, "renew", &move |c| {
+            c.query_one("SELECT fence.lease_renew($1, $2, '1 hour')", &[&key2, &token]).unwrap();
+        });
+        check(&mut client, "release", &move |c| {
+            c.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
+        });
+        let key = format!("fast-{trial}");
+        check(&mut client, "grant again", &move |c| {
+            acquire(c, &key, false, "1 minute").unwrap().unwrap();
+        });
+        let key = format!("fast-new-{trial}");
+        check(&mut client, "first grant", &move |c| {
+            acquire(c, &key, false, "1 minute").unwrap().unwrap();
+        });
+    }
+    assert_eq!(unexpected, Vec::<String>::new(), "fast calls that wrote more than their commit record");
+    assert_eq!(flushed_commits, 0, "fast calls whose commit was flushed when it returned");
+
+    // The check can fail: a durable grant writes its row and waits for the flush.
+    let start = wal_insert_position(&mut client);
+    acquire(&mut client, "durable", true, "1 minute").unwrap().unwrap();
+    let end = wal_insert_position(&mut client);
+    assert!(wal_flushed(&mut client), "a durable grant's commit was not flushed");
+    let records = records_between(&mut client, &start, &end);
+    assert!(records.len() > 1, "a durable grant wrote only {records:?}");
+}
