@@ -67,6 +67,9 @@ pub struct Workload {
     pub duration: Duration,
     /// TTLs of grants and renewals, in milliseconds.
     pub ttl_ms: Range<u64>,
+    /// The share of grants that are fast leases (`durable => false`), on the same keys as the
+    /// durable ones.
+    pub fast_share: f64,
     /// The faults the chaos thread throws.
     pub faults: Vec<Fault>,
     /// Mean time between two client faults (pause, kill, terminate: one of those selected).
@@ -76,13 +79,15 @@ pub struct Workload {
 }
 
 impl Default for Workload {
-    /// The CI run: 8 clients on 4 keys for 90 s, every fault, a server crash about every 30 s.
+    /// The CI run: 8 clients on 4 keys for 90 s, 30 % of the grants fast, every fault, a server
+    /// crash about every 30 s.
     fn default() -> Workload {
         Workload {
             clients: 8,
             keys: 4,
             duration: Duration::from_secs(90),
             ttl_ms: 20..300,
+            fast_share: 0.3,
             faults: vec![Fault::Pause, Fault::KillClient, Fault::TerminateBackend, Fault::ServerCrash],
             client_fault_every: Duration::from_millis(250),
             server_fault_every: Duration::from_secs(30),
@@ -96,6 +101,8 @@ impl Default for Workload {
 pub struct Counts {
     /// Acknowledged grants.
     pub grants: u64,
+    /// Of those, fast leases (`durable => false`).
+    pub fast_grants: u64,
     /// Acquires that returned NULL (the key was held, or the wait ran out).
     pub refused_acquires: u64,
     /// Acknowledged renewals.
@@ -129,6 +136,7 @@ pub struct Counts {
 impl Counts {
     fn add(&mut self, other: &Counts) {
         self.grants += other.grants;
+        self.fast_grants += other.fast_grants;
         self.refused_acquires += other.refused_acquires;
         self.renewals += other.renewals;
         self.lost_renewals += other.lost_renewals;
@@ -160,7 +168,11 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.counts;
         writeln!(f, "torture run:")?;
-        writeln!(f, "  grants {}, refused acquires {}", c.grants, c.refused_acquires)?;
+        writeln!(
+            f,
+            "  grants {} ({} fast), refused acquires {}",
+            c.grants, c.fast_grants, c.refused_acquires
+        )?;
         writeln!(f, "  renewals {}, renewals refused as lease lost (PF001) {}", c.renewals, c.lost_renewals)?;
         writeln!(
             f,

@@ -7,7 +7,6 @@ use pg_fence_integration::torture::{
     self, check, Acknowledged, History, LeaseChange, LeaseChangeKind, Violation, Workload,
 };
 use pg_fence_integration::Cluster;
-use std::collections::HashMap;
 use std::time::Duration;
 
 fn torture_seconds() -> u64 {
@@ -43,6 +42,7 @@ fn leases_and_fenced_writes_keep_their_invariants_through_faults_and_crashes() {
     assert!(counts.stale_writes >= 1, "no stale write was ever attempted");
     assert!(counts.unknown >= 1, "no call was ever cut short");
     assert!(counts.crashes >= 1, "the server never crashed");
+    assert!(counts.fast_grants >= 100, "too few fast leases");
 }
 
 /// The checker judges fences by their order alone, as pg_fence promises them: grants of clock-sized
@@ -64,11 +64,13 @@ fn the_checker_orders_fences_without_counting_them() {
                     expires_us: at + 100,
                     by: "torture-client-0".into(),
                     committed_us: at + 1,
+                    durable: true,
+                    server_start_us: 0,
                 }
             })
             .collect();
         let last = *fences.iter().max().unwrap();
-        History { leases, writes: Vec::new(), final_fences: HashMap::from([("key-0".to_string(), last)]) }
+        History { leases, writes: Vec::new(), final_fences: vec![("key-0".to_string(), last)] }
     };
     let fence = 1_796_126_851_580_275;
     let increasing =
@@ -79,4 +81,30 @@ fn the_checker_orders_fences_without_counting_them() {
         assert_eq!(found.of(Violation::FenceNotIncreasing), 1, "{found}");
         assert_eq!(found.total(), 1, "{found}");
     }
+}
+
+/// A crash ends a fast lease before its expiry: a grant on the restarted server may come before
+/// that expiry, on the same server it may not, and a durable lease survives the restart.
+#[test]
+fn the_checker_lets_a_restart_end_a_fast_lease_and_nothing_else() {
+    let overlaps = |first_durable: bool, second_on_server: i64| {
+        let change = |fence: i64, acquired_us: i64, durable: bool, server_start_us: i64| LeaseChange {
+            key: "key-0".into(),
+            fence,
+            kind: LeaseChangeKind::Grant,
+            acquired_us,
+            expires_us: acquired_us + 60_000_000,
+            by: "torture-client-0".into(),
+            committed_us: acquired_us + 1,
+            durable,
+            server_start_us,
+        };
+        let leases =
+            vec![change(10, 1_000_000, first_durable, 1), change(20, 2_000_000, true, second_on_server)];
+        let history = History { leases, writes: Vec::new(), final_fences: vec![("key-0".to_string(), 20)] };
+        check(&history, &Acknowledged::default()).of(Violation::OverlappingLeases)
+    };
+    assert_eq!(overlaps(false, 2), 0, "a fast lease ended by a restart");
+    assert_eq!(overlaps(false, 1), 1, "a fast lease on the same server");
+    assert_eq!(overlaps(true, 2), 1, "a durable lease across a restart");
 }

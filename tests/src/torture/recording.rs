@@ -3,7 +3,6 @@
 //! history row is inserted by the transaction that makes the change, so it commits with the change
 //! or vanishes with it, crashes included; its commit timestamp orders it among all the others.
 use postgres::Client;
-use std::collections::HashMap;
 
 /// The objects, created once (it is safe to run this again). Names outside schema `fence` are
 /// schema-qualified because the trigger on `fence.lease_state` runs inside pg_fence's functions,
@@ -38,7 +37,10 @@ const SCHEMA: &str = r#"
         held        boolean     NOT NULL,  -- token_hash IS NOT NULL
         acquired_at timestamptz NOT NULL,
         expires_at  timestamptz NOT NULL,
-        by          text        NOT NULL   -- application_name of the session
+        by          text        NOT NULL,  -- application_name of the session
+        durable     boolean     NOT NULL,  -- false: a fast lease's row (fence.fast_lease_state)
+        -- when the server that made the change started: a fast lease ends when the server does
+        server_start timestamptz NOT NULL DEFAULT pg_catalog.pg_postmaster_start_time()
     );
     CREATE OR REPLACE FUNCTION public.torture_record_lease() RETURNS trigger LANGUAGE plpgsql AS $$
     DECLARE
@@ -46,9 +48,11 @@ const SCHEMA: &str = r#"
                           WHEN NEW.token_hash IS NULL THEN 'end'
                           ELSE 'renew' END;
     BEGIN
-        INSERT INTO public.torture_leases
+        -- A fast lease's change gets its record written (and so its commit flushed) like a durable
+        -- one's: what the crash loses of it is the lease, not the record that it was granted.
+        INSERT INTO public.torture_leases (key, fence, kind, held, acquired_at, expires_at, by, durable)
         VALUES (NEW.key, NEW.fence, kind, NEW.token_hash IS NOT NULL, NEW.acquired_at, NEW.expires_at,
-                current_setting('application_name'));
+                current_setting('application_name'), TG_TABLE_NAME = 'lease_state');
         -- pg_fence commits a release without a WAL flush when the release is all its transaction
         -- writes. This insert is a second write, which would make the release's commit flush; keep
         -- the documented behaviour (an acknowledged release can be lost in a crash) under test.
@@ -58,6 +62,8 @@ const SCHEMA: &str = r#"
         RETURN NULL;
     END $$;
     CREATE OR REPLACE TRIGGER torture_record_lease AFTER INSERT OR UPDATE ON fence.lease_state
+        FOR EACH ROW EXECUTE FUNCTION public.torture_record_lease();
+    CREATE OR REPLACE TRIGGER torture_record_lease AFTER INSERT OR UPDATE ON fence.fast_lease_state
         FOR EACH ROW EXECUTE FUNCTION public.torture_record_lease();
 "#;
 
@@ -94,6 +100,10 @@ pub struct LeaseChange {
     /// application_name of the session that made the change.
     pub by: String,
     pub committed_us: i64,
+    /// false for a fast lease (ended by a restart of the server).
+    pub durable: bool,
+    /// When the server that made the change started (µs).
+    pub server_start_us: i64,
 }
 
 /// One recorded accepted write.
@@ -110,8 +120,9 @@ pub struct RecordedWrite {
 pub struct History {
     pub leases: Vec<LeaseChange>,
     pub writes: Vec<RecordedWrite>,
-    /// The fence in `fence.lease_state` per key, to check that no grant escaped the recording.
-    pub final_fences: HashMap<String, i64>,
+    /// The fences in the lease tables (both kinds) per key, to check that no grant escaped the
+    /// recording.
+    pub final_fences: Vec<(String, i64)>,
 }
 
 /// A timestamptz as microseconds since the epoch, exactly (extract gives a numeric).
@@ -128,6 +139,8 @@ const LEASES: &str = concat!(
     micros!("expires_at"),
     ", by, ",
     micros!("pg_xact_commit_timestamp(xmin)"),
+    ", durable, ",
+    micros!("server_start"),
     " FROM public.torture_leases"
 );
 
@@ -152,7 +165,7 @@ pub fn load_history(client: &mut Client) -> Result<History, postgres::Error> {
         })
         .collect();
     let final_fences = snapshot
-        .query("SELECT key, fence FROM fence.lease_state", &[])?
+        .query("SELECT key, fence FROM fence.lease_state UNION ALL SELECT key, fence FROM fence.fast_lease_state", &[])?
         .iter()
         .map(|row| (row.get(0), row.get(1)))
         .collect();
@@ -174,5 +187,7 @@ fn lease_change(row: &postgres::Row) -> LeaseChange {
         expires_us: row.get(4),
         by: row.get(5),
         committed_us: row.get(6),
+        durable: row.get(7),
+        server_start_us: row.get(8),
     }
 }

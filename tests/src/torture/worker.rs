@@ -19,7 +19,7 @@ use uuid::Uuid;
 /// Times are fetched as microseconds since the epoch, to compare exactly with the history.
 const ACQUIRE: &str = "
     SELECT (l).fence, (l).token, (extract(epoch FROM (l).acquired_at) * 1000000)::bigint
-      FROM fence.lease_acquire($1, $2::text::interval, wait => $3::text::interval) l";
+      FROM fence.lease_acquire($1, $2::text::interval, wait => $3::text::interval, durable => $4) l";
 const RENEW: &str =
     "SELECT (extract(epoch FROM fence.lease_renew($1, $2, $3::text::interval)) * 1000000)::bigint";
 const RELEASE: &str = "SELECT fence.lease_release($1, $2)";
@@ -129,14 +129,17 @@ impl<'s> Worker<'s> {
         let key = key_name(self.rng.gen_range(0..self.shared.workload.keys));
         let ttl_ms = self.ttl_ms();
         let wait = if self.rng.gen_bool(0.5) { WAIT } else { "0" };
+        let durable = !self.rng.gen_bool(self.shared.workload.fast_share);
         self.arm_kill();
-        let result = self.client().query_one(ACQUIRE, &[&key, &format!("{ttl_ms} milliseconds"), &wait]);
+        let result =
+            self.client().query_one(ACQUIRE, &[&key, &format!("{ttl_ms} milliseconds"), &wait, &durable]);
         let row = self.settle(result, "")?;
         let (Some(fence), Some(token), Some(acquired_us)) = (row.get(0), row.get(1), row.get(2)) else {
             self.log.counts.refused_acquires += 1;
             return Ok(None);
         };
         self.log.counts.grants += 1;
+        self.log.counts.fast_grants += u64::from(!durable);
         self.log.acked.grants.push(AckedGrant { key: key.clone(), fence, acquired_us });
         Ok(Some(Lease { key, fence, token, ttl_ms }))
     }
