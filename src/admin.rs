@@ -1,9 +1,10 @@
 //! Administration: lease_revoke, for superusers and members of role fence_admin (sql/privileges.sql
 //! creates the role and grants EXECUTE to it alone).
 use crate::keylock::{self, Mode};
-use crate::lease_kinds::{self, Kind};
+use crate::lease_kinds::Kind;
 use crate::notify::{self, Event};
-use crate::{clock, durability, input, waiting};
+use crate::spi_plans::execute_first;
+use crate::{clock, durability, input, lease_row, waiting};
 use pgrx::prelude::*;
 
 /// Ends the live lease, whoever holds it; expires_at becomes the moment it ended.
@@ -28,8 +29,9 @@ fn lease_revoke(key: Option<&str>) -> bool {
     durability::require_writable("revoke a lease");
     keylock::lock(key, Mode::Change);
     let args = [key.into(), clock::timestamp(clock::now()).into()];
-    let statement = lease_kinds::statement(both_kinds!(revoke), durable_only!(revoke));
-    let revoked = lease_kinds::execute_by_kind::<i64>(statement, &args);
+    let live = lease_row::live(key, clock::now());
+    let revoked =
+        live.and_then(|lease| Some((execute_first::<i64>(by_kind!(lease.kind, revoke), &args)?, lease.kind)));
     let revoked_fence = revoked.map(|(fence, _)| fence);
     match revoked {
         Some((fence, kind)) => {

@@ -7,10 +7,7 @@
 //! PostgreSQL empties an unlogged table after a crash, and a standby has none of its rows, so a
 //! crash, an immediate shutdown or a failover ends every fast lease. Nothing remembers their
 //! fences then: the clock floor (see `fence_numbers`) puts every later grant above them.
-use crate::spi_plans::execute;
-use pgrx::datum::{DatumWithOid, FromDatum, IntoDatum};
 use pgrx::pg_sys;
-use pgrx::pg_sys::panic::ErrorReportable;
 use std::ffi::CStr;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -51,50 +48,12 @@ impl Kind {
     }
 }
 
-/// `both_kinds!(statement)`: the statement macro `statement!(table)`, which returns one column, run
-/// over both tables in one statement; each row comes with a second column, true for a durable lease.
-/// At most one of the two matches a key's live lease.
-macro_rules! both_kinds {
-    ($statement:ident) => {
-        concat!(
-            "WITH durable AS (",
-            $statement!("fence.lease_state"),
-            "), fast AS (",
-            $statement!("fence.fast_lease_state"),
-            ") SELECT *, true FROM durable UNION ALL SELECT *, false FROM fast"
-        )
-    };
-}
-
-/// `durable_only!(statement)`: the same over fence.lease_state alone, for the objects of a version
-/// before 0.4.0 (and for standbys, where the statements that use it are refused anyway).
-macro_rules! durable_only {
-    ($statement:ident) => {
-        concat!("WITH durable AS (", $statement!("fence.lease_state"), ") SELECT *, true FROM durable")
-    };
-}
-
-/// The statement over both kinds where fast leases may be read, else the one over durable leases.
-pub fn statement(both: &'static str, durable_only: &'static str) -> &'static str {
-    if Kind::Fast.readable() {
-        both
-    } else {
-        durable_only
-    }
-}
-
-/// Runs a `both_kinds!` (or `durable_only!`) statement: its first row's value, and the kind of the
-/// lease it came from.
-pub fn execute_by_kind<T: IntoDatum + FromDatum>(
-    statement: &str,
-    args: &[DatumWithOid],
-) -> Option<(T, Kind)> {
-    execute(statement, args, |rows| {
-        if rows.is_empty() {
-            return None;
+/// `by_kind!(kind, statement)`: the statement macro `statement!(table)` over that kind's table.
+macro_rules! by_kind {
+    ($kind:expr, $statement:ident) => {
+        match $kind {
+            $crate::lease_kinds::Kind::Durable => $statement!("fence.lease_state"),
+            $crate::lease_kinds::Kind::Fast => $statement!("fence.fast_lease_state"),
         }
-        let row = rows.first();
-        let value = row.get::<T>(1).unwrap_or_report()?;
-        Some((value, Kind::of(row.get::<bool>(2).unwrap_or_report().unwrap_or(true))))
-    })
+    };
 }

@@ -16,9 +16,12 @@ use std::ffi::CStr;
 
 /// A live lease, as `live` finds it.
 pub struct Live {
+    pub kind: Kind,
     pub fence: i64,
     /// When it expires (microseconds, as clock::now()).
     pub expires_at: i64,
+    /// SHA-256 of its holder's token.
+    pub token_hash: Vec<u8>,
 }
 
 /// What a key's row of one kind says at `now`: its last fence, and its lease if that is live.
@@ -30,10 +33,12 @@ pub struct Found {
 /// `key`'s lease, of either kind, if it is live at `now` (microseconds, as clock::now()), in the
 /// latest committed state of the tables (a fresh snapshot, not the transaction's).
 pub fn live(key: &str, now: i64) -> Option<Live> {
-    [Kind::Durable, Kind::Fast]
-        .into_iter()
-        .filter(|kind| kind.readable())
-        .find_map(|kind| find(kind, key, now).and_then(|found| found.live))
+    [Kind::Durable, Kind::Fast].into_iter().find_map(|kind| find(kind, key, now).and_then(|found| found.live))
+}
+
+/// `key`'s live lease if the token with this hash holds it.
+pub fn held_with(key: &str, token_hash: &[u8], now: i64) -> Option<Live> {
+    live(key, now).filter(|lease| lease.token_hash == token_hash)
 }
 
 /// `key`'s row of this kind, in the latest committed state; None when it has none (or, for fast
@@ -52,7 +57,7 @@ pub fn find(kind: Kind, key: &str, now: i64) -> Option<Found> {
         });
         let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let desc = (*rel).rd_att;
-        let columns = Columns::of(desc);
+        let columns = Columns::of(desc, kind);
         let key_text = pg_sys::cstring_to_text_with_len(key.as_ptr().cast(), key.len() as i32);
         let mut scan_key: pg_sys::ScanKeyData = std::mem::zeroed();
         // The index orders keys by the column's collation, so the search must compare by it too.
@@ -86,6 +91,7 @@ pub fn find(kind: Kind, key: &str, now: i64) -> Option<Found> {
 /// Positions (from 0) of the columns liveness reads, found by name so that a column added by a
 /// later version cannot shift them.
 struct Columns {
+    kind: Kind,
     key: usize,
     fence: usize,
     token_hash: usize,
@@ -96,7 +102,7 @@ struct Columns {
 
 impl Columns {
     /// SAFETY: `desc` must be the tuple descriptor of a lease table.
-    unsafe fn of(desc: pg_sys::TupleDesc) -> Self {
+    unsafe fn of(desc: pg_sys::TupleDesc, kind: Kind) -> Self {
         let position = |name: &CStr| {
             (0..(*desc).natts as usize)
                 .map(|i| compat::attribute(desc, i))
@@ -104,6 +110,7 @@ impl Columns {
                 .unwrap_or_else(|| panic!("a lease table has no column {name:?}"))
         };
         Columns {
+            kind,
             key: position(c"key"),
             fence: position(c"fence"),
             token_hash: position(c"token_hash"),
@@ -126,9 +133,9 @@ impl Columns {
         let get = |i: usize| (!nulls[i]).then_some(values[i]);
         let fence = get(self.fence).and_then(|d| i64::from_datum(d, false)).unwrap_or_default();
         let live = || {
-            let released = get(self.token_hash).is_none();
+            let token_hash = get(self.token_hash).and_then(|d| Vec::<u8>::from_datum(d, false))?;
             let expires_at = get(self.expires_at).and_then(|d| i64::from_datum(d, false))?;
-            if released || expires_at <= now {
+            if expires_at <= now {
                 return None;
             }
             if let Some(id) = get(self.session_id).and_then(|d| i64::from_datum(d, false)) {
@@ -137,7 +144,7 @@ impl Columns {
                     return None;
                 }
             }
-            Some(Live { fence, expires_at })
+            Some(Live { kind: self.kind, fence, expires_at, token_hash })
         };
         Found { fence, live: live() }
     }

@@ -15,9 +15,9 @@
 //! Tokens are stored only as their SHA-256: a token is shown once, to the caller of lease_acquire,
 //! and not even a superuser reading the table (or a backup of it) can use it afterwards.
 use crate::keylock::{self, Mode};
-use crate::lease_kinds::{self, Kind};
+use crate::lease_kinds::Kind;
 use crate::notify::{self, Event};
-use crate::spi_plans::execute;
+use crate::spi_plans::execute_first;
 use crate::{clock, durability, fence_numbers, input, installed, lease_row, sessions, waiting};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
@@ -25,51 +25,46 @@ use pgrx::prelude::*;
 use pgrx::Uuid;
 use std::time::Instant;
 
-/// A grant, in one statement: when the key has a row in `$table`, an UPDATE that gives it a new fence
-/// (see `fence_numbers`), but only when the lease there is dead at $3; when it has none (never
-/// granted, or its row deleted by the sweep after its lease ended), an INSERT of its first grant,
-/// with the fence `$first`. Returns the lease and whether it was a first grant; no row when the
-/// lease there is live. A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would also
-/// WAL-log a row lock: the key lock already keeps every other writer of this key out. $5: the new
-/// token, $8: its hash (see `token_hash`); $6, $7: the session of a session-bound lease, or NULL;
-/// $9: the lowest fence it may get (the clock floor, and above the other kind's fence).
-macro_rules! grant {
-    ($table:literal, $first:literal) => {
+/// A grant of a key whose row in `$table` exists: a new fence (see `fence_numbers`), but only when
+/// the lease there is dead at $3. A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would
+/// also WAL-log a row lock: the key lock already keeps every other writer of this key out. $5: the
+/// new token, $8: its hash (see `token_hash`); $6, $7: the session of a session-bound lease, or
+/// NULL; $9: the lowest fence it may get (the clock floor, and above the other kind's fence).
+macro_rules! grant_again {
+    ($table:literal) => {
         concat!(
-            "WITH again AS (
-                UPDATE ",
+            "UPDATE ",
             $table,
             "
-                   SET fence = greatest(fence + 1, $9), owner = $2, token_hash = $8,
-                       acquired_at = $3, expires_at = $4, session_pid = $6, session_id = $7
-                 WHERE key = $1 AND ",
+                SET fence = greatest(fence + 1, $9), owner = $2, token_hash = $8,
+                    acquired_at = $3, expires_at = $4, session_pid = $6, session_id = $7
+              WHERE key = $1 AND ",
             live_at!("$3"),
-            " IS NOT TRUE
-                RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease AS lease),
-             first AS (
-                INSERT INTO ",
-            $table,
-            "
-                       (key, fence, owner, token_hash, acquired_at, expires_at, session_pid, session_id)
-                SELECT $1, ",
-            $first,
-            ", $2, $8, $3, $4, $6, $7
-                 WHERE NOT EXISTS (SELECT FROM ",
-            $table,
-            " WHERE key = $1)
-                    ON CONFLICT (key) DO NOTHING
-                RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease AS lease)
-             SELECT lease, false FROM again UNION ALL SELECT lease, true FROM first"
+            " IS NOT TRUE RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
         )
     };
 }
+
+/// The first grant of a key that has no row in `$table`: never granted, or its row deleted by the
+/// sweep after its lease ended. Its fence is `$first`.
+macro_rules! grant_first {
+    ($table:literal, $($first:tt)+) => {
+        concat!(
+            "INSERT INTO ", $table, "
+                 (key, fence, owner, token_hash, acquired_at, expires_at, session_pid, session_id)
+             VALUES ($1, ", $($first)+, ", $2, $8, $3, $4, $6, $7)
+             ON CONFLICT (key) DO NOTHING
+             RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
+        )
+    };
+}
+
 /// A first grant starts above the fences of every deleted row, too.
-const GRANT_DURABLE: &str =
-    grant!("fence.lease_state", "greatest($9, (SELECT h.fence + 1 FROM fence.high_water h))");
-const GRANT_FAST: &str =
-    grant!("fence.fast_lease_state", "greatest($9, (SELECT h.fence + 1 FROM fence.high_water h))");
-/// The same before ALTER EXTENSION UPDATE has created fence.high_water (nothing was deleted yet).
-const GRANT_DURABLE_BEFORE_0_4_0: &str = grant!("fence.lease_state", "$9");
+macro_rules! above_deleted {
+    () => {
+        "greatest($9, (SELECT h.fence + 1 FROM fence.high_water h))"
+    };
+}
 
 /// Extends a live lease held with this token ($2: its hash); a lease that has ended stays ended.
 macro_rules! renew {
@@ -97,18 +92,11 @@ macro_rules! release {
     };
 }
 
-/// Before waiting for the key's lock: does this token hold the live lease, as last committed?
-macro_rules! token_holds {
-    ($table:literal) => {
-        concat!("SELECT 1 FROM ", $table, " WHERE key = $1 AND token_hash = $2 AND ", live_at!("$3"))
-    };
-}
-
-macro_rules! fence_of {
-    ($table:literal) => {
-        concat!("SELECT fence FROM ", $table, " WHERE key = $1")
-    };
-}
+/// The key's last fence: of the durable row, or of both kinds' where fast leases can be read (see
+/// `Kind::readable`).
+const CURRENT_FENCE: &str = "SELECT fence FROM fence.lease_state WHERE key = $1";
+const CURRENT_FENCE_OF_BOTH: &str = "SELECT greatest((SELECT fence FROM fence.lease_state WHERE key = $1),
+                                                 (SELECT fence FROM fence.fast_lease_state WHERE key = $1))";
 
 /// A waiter is woken when the lease ends, but a few ends come without a wake-up: a session-bound
 /// lease whose session dropped its advisory locks, a release committed with COMMIT PREPARED, a
@@ -238,8 +226,9 @@ impl Request<'_> {
     /// the lock back. The fence starts above the other kind's last one.
     fn grant_locked(&self) -> Option<Lease> {
         let now = clock::now();
+        let own = lease_row::find(self.kind, self.key, now);
         let other = lease_row::find(self.kind.other(), self.key, now);
-        if other.as_ref().is_some_and(|found| found.live.is_some()) {
+        if own.iter().chain(&other).any(|found| found.live.is_some()) {
             keylock::unlock(self.key, Mode::Grant);
             return None;
         }
@@ -258,20 +247,26 @@ impl Request<'_> {
             token_hash(token).into(),
             floor.into(),
         ];
-        let statement = match self.kind {
-            Kind::Fast => GRANT_FAST,
-            Kind::Durable if installed::since_0_4_0() => GRANT_DURABLE,
-            Kind::Durable => GRANT_DURABLE_BEFORE_0_4_0,
-        };
-        let granted = execute(statement, &args, |rows| {
-            if rows.is_empty() {
-                return None;
+        let (again, first) = match self.kind {
+            Kind::Fast => (
+                grant_again!("fence.fast_lease_state"),
+                grant_first!("fence.fast_lease_state", above_deleted!()),
+            ),
+            Kind::Durable if installed::since_0_4_0() => {
+                (grant_again!("fence.lease_state"), grant_first!("fence.lease_state", above_deleted!()))
             }
-            let row = rows.first();
-            let lease = row.get::<Lease>(1).unwrap_or_report()?;
-            Some((lease, row.get::<bool>(2).unwrap_or_report().unwrap_or_default()))
-        });
-        let Some((lease, first)) = granted else {
+            // Before ALTER EXTENSION UPDATE has created fence.high_water, nothing was deleted yet.
+            Kind::Durable => (grant_again!("fence.lease_state"), grant_first!("fence.lease_state", "$9")),
+        };
+        // The row found above tells which statement grants the key. Under REPEATABLE READ or
+        // SERIALIZABLE, the UPDATE may not see a row committed after the snapshot: then the INSERT
+        // runs into it and fails with 40001, as a write conflict under those levels does.
+        let granted_again = if own.is_some() { execute_first::<Lease>(again, &args) } else { None };
+        let (lease, first) = match granted_again {
+            Some(lease) => (Some(lease), false),
+            None => (execute_first::<Lease>(first, &args), true),
+        };
+        let Some(lease) = lease else {
             keylock::unlock(self.key, Mode::Grant);
             return None;
         };
@@ -313,23 +308,22 @@ fn renew_if_held(
         return None;
     }
     let now = clock::now();
-    let args = [
-        key.into(),
-        token_hash(token).into(),
-        clock::timestamp(now).into(),
-        clock::timestamp(now + ttl).into(),
-    ];
-    let statement = lease_kinds::statement(both_kinds!(renew), durable_only!(renew));
-    let renewed = lease_kinds::execute_by_kind::<TimestampWithTimeZone>(statement, &args);
-    match renewed {
-        Some((_, Kind::Durable)) => durability::require_durable_commit(),
-        Some((_, Kind::Fast)) => durability::skip_flush_if_alone(wal_before),
-        None => keylock::unlock(key, Mode::Change),
+    let hash = token_hash(token);
+    let Some(held) = lease_row::held_with(key, &hash, now) else {
+        keylock::unlock(key, Mode::Change);
+        return None;
+    };
+    let args = [key.into(), hash.into(), clock::timestamp(now).into(), clock::timestamp(now + ttl).into()];
+    let renewed = execute_first::<TimestampWithTimeZone>(by_kind!(held.kind, renew), &args);
+    match (renewed.is_some(), held.kind) {
+        (true, Kind::Durable) => durability::require_durable_commit(),
+        (true, Kind::Fast) => durability::skip_flush_if_alone(wal_before),
+        (false, _) => keylock::unlock(key, Mode::Change),
     }
     if renewed.is_some() {
         waiting::wake_at_commit(key); // the lease may now end sooner than its waiter planned
     }
-    renewed.map(|(expires_at, _)| expires_at)
+    renewed
 }
 
 /// Ends the lease held with `token`: true when this call ended it, false when that token no longer
@@ -345,9 +339,10 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
         return false;
     }
     let now = clock::now();
-    let args = [key.into(), token_hash(token).into(), clock::timestamp(now).into()];
-    let statement = lease_kinds::statement(both_kinds!(release), durable_only!(release));
-    let ended_fence = lease_kinds::execute_by_kind::<i64>(statement, &args).map(|(fence, _)| fence);
+    let hash = token_hash(token);
+    let held = lease_row::held_with(key, &hash, now);
+    let args = [key.into(), hash.into(), clock::timestamp(now).into()];
+    let ended_fence = held.and_then(|held| execute_first::<i64>(by_kind!(held.kind, release), &args));
     match ended_fence {
         Some(fence) => {
             sessions::unbound(key);
@@ -366,10 +361,8 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
 #[search_path(pg_catalog, pg_temp)]
 fn current_fence(key: Option<&str>) -> Option<i64> {
     let key = input::key(key);
-    let statement = lease_kinds::statement(both_kinds!(fence_of), durable_only!(fence_of));
-    execute(statement, &[key.into()], |rows| {
-        rows.filter_map(|row| row.get::<i64>(1).unwrap_or_report()).max()
-    })
+    let statement = if Kind::Fast.readable() { CURRENT_FENCE_OF_BOTH } else { CURRENT_FENCE };
+    execute_first::<i64>(statement, &[key.into()])
 }
 
 /// Takes the key's lock and returns true; or returns false, taking nothing, when the key is busy
@@ -390,10 +383,9 @@ fn lock_key_unless_futile(key: &str, mode: Mode, worth_waiting: impl FnOnce(i64)
     true
 }
 
+/// Whether this token holds the key's live lease, as last committed.
 fn token_holds(key: &str, token: Uuid, now: i64) -> bool {
-    let args = [key.into(), token_hash(token).into(), clock::timestamp(now).into()];
-    let statement = lease_kinds::statement(both_kinds!(token_holds), durable_only!(token_holds));
-    execute(statement, &args, |rows| !rows.is_empty())
+    lease_row::held_with(key, &token_hash(token), now).is_some()
 }
 
 /// What the table keeps of a token: SHA-256 of its 16 bytes, the same value as SQL's

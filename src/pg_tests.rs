@@ -658,6 +658,23 @@ mod tests {
         assert_eq!(one::<bool>("SELECT live FROM fence.leases WHERE key = 'fast'"), Some(false));
     }
 
+    /// A fence can run ahead of the clock (after a step back, or many grants in one microsecond):
+    /// the next grant of the other kind still starts above it.
+    #[pg_test]
+    fn a_grant_starts_above_the_other_kinds_fence_ahead_of_the_clock() {
+        let ahead = clock_us() + 3_600_000_000;
+        run(&format!(
+            "INSERT INTO fence.fast_lease_state (key, fence, owner, acquired_at, expires_at)
+             VALUES ('ahead', {ahead}, 'x', now(), now())"
+        ));
+        assert_eq!(granted("ahead", "10 s"), ahead + 1);
+        run(&format!(
+            "INSERT INTO fence.lease_state (key, fence, owner, acquired_at, expires_at)
+             VALUES ('ahead-durable', {ahead}, 'x', now(), now())"
+        ));
+        assert_eq!(acquire_fast("ahead-durable", "10 s"), Some(ahead + 1));
+    }
+
     #[pg_test]
     fn revoke_ends_a_fast_lease() {
         let fence = acquire_fast("fast", "1 hour").unwrap();

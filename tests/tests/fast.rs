@@ -217,6 +217,11 @@ fn a_failover_ends_fast_leases_and_no_fence_comes_back() {
         .collect();
     let expected: Vec<(String, bool)> = durable.iter().map(|l| (l.key.clone(), true)).collect();
     assert_eq!(shown, expected);
+    let current = |client: &mut Client, key: &str| -> Option<i64> {
+        client.query_one("SELECT fence.current_fence($1)", &[&key]).unwrap().get(0)
+    };
+    assert_eq!(current(&mut on_standby, &durable[0].key), Some(durable[0].fence));
+    assert_eq!(current(&mut on_standby, &fast[0].key), None, "a fast lease's fence on the standby");
     let refused =
         acquire(&mut on_standby, "on-standby", false, "1 minute").map(|_| ()).map_err(|e| sqlstate(&e));
     assert_eq!(refused, Err("25006".to_string()));

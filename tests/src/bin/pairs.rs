@@ -4,11 +4,14 @@
 //!
 //!   pairs SYSTEM CLIENTS SECONDS KEYS PORT
 //!
-//! SYSTEM: fence (pg_fence), sql_lease (the same fenced lease by hand in SQL), sql_lease_1flush
+//! SYSTEM: fence (pg_fence), fence_fast (pg_fence's fast leases, `durable => false`), sql_lease (the same fenced lease by hand in SQL), sql_lease_1flush
 //! (the same, its release committed without waiting for a flush: one flush per pair, as pg_fence
-//! spends, but none of pg_fence's code), advisory (pg_advisory_lock/unlock), redis (SET NX PX +
+//! spends, but none of pg_fence's code), sql_lease_unlogged (the same lease in an unlogged table:
+//! the floor under fast leases, no WAL but commit records), advisory (pg_advisory_lock/unlock), redis (SET NX PX +
 //! compare-and-delete script). PORT is PostgreSQL's,
-//! or Redis's for redis; PAIRS_DATABASE names the database (default postgres). Keys are k1..kKEYS.
+//! or Redis's for redis; PAIRS_DATABASE names the database (default postgres). KEYS: a number N,
+//! for random keys of k1..kN; `reused`, for 100 keys per client, each client its own (client c:
+//! k(100c+1)..k(100c+100)); or `new`, for a key never used before at every pair.
 //! Output: "SYSTEM CLIENTS pairs/s p50_ms p99_ms refused".
 use postgres::{Client, NoTls};
 use rand::Rng;
@@ -52,8 +55,10 @@ enum Session {
 #[derive(Clone, Copy, PartialEq)]
 enum System {
     Fence,
+    FenceFast,
     SqlLease,
     SqlLeaseOneFlush,
+    SqlLeaseUnlogged,
     Advisory,
 }
 
@@ -68,7 +73,18 @@ impl Session {
                     "SELECT token FROM fence.lease_acquire($1, '30 seconds')",
                     "SELECT fence.lease_release($1, $2)",
                 ],
+                System::FenceFast => [
+                    "SELECT token FROM fence.lease_acquire($1, '30 seconds', durable => false)",
+                    "SELECT fence.lease_release($1, $2)",
+                ],
                 System::SqlLease => [SQL_ACQUIRE, SQL_RELEASE],
+                System::SqlLeaseUnlogged => {
+                    let unlogged = |sql: &str| sql.replace("bench_lease", "bench_lease_unlogged");
+                    let statements = [unlogged(SQL_ACQUIRE), unlogged(SQL_RELEASE)];
+                    let prepared =
+                        [client.prepare(&statements[0]).unwrap(), client.prepare(&statements[1]).unwrap()];
+                    return Session::Postgres(Box::new(client), system, prepared);
+                }
                 System::SqlLeaseOneFlush => [SQL_ACQUIRE, SQL_RELEASE_UNFLUSHED],
                 System::Advisory => ["SELECT pg_advisory_lock($1)", "SELECT pg_advisory_unlock($1)"],
             };
@@ -77,8 +93,10 @@ impl Session {
         };
         match system {
             "fence" => pg(System::Fence),
+            "fence_fast" => pg(System::FenceFast),
             "sql_lease" => pg(System::SqlLease),
             "sql_lease_1flush" => pg(System::SqlLeaseOneFlush),
+            "sql_lease_unlogged" => pg(System::SqlLeaseUnlogged),
             "advisory" => pg(System::Advisory),
             "redis" => {
                 let mut resp = Resp::connect(port);
@@ -89,17 +107,24 @@ impl Session {
         }
     }
 
-    fn pair(&mut self, key: u32) -> bool {
-        let key = format!("k{key}");
+    fn pair(&mut self, key: Key) -> bool {
+        let (key, id) = match key {
+            Key::Numbered(n) => (format!("k{n}"), i64::from(n)),
+            Key::New(client, n) => (format!("new-{client}-{n}"), ((client as i64) << 40) | n as i64),
+        };
         match self {
-            Session::Postgres(client, System::Fence, [acquire, release]) => {
+            Session::Postgres(client, System::Fence | System::FenceFast, [acquire, release]) => {
                 let token: Option<Uuid> = client.query_one(&*acquire, &[&key]).unwrap().get(0);
                 if let Some(token) = token {
                     client.query_one(&*release, &[&key, &token]).unwrap();
                 }
                 token.is_some()
             }
-            Session::Postgres(client, System::SqlLease | System::SqlLeaseOneFlush, [acquire, release]) => {
+            Session::Postgres(
+                client,
+                System::SqlLease | System::SqlLeaseOneFlush | System::SqlLeaseUnlogged,
+                [acquire, release],
+            ) => {
                 let token = Uuid::from_u128(rand::random());
                 let granted = client.query_opt(&*acquire, &[&key, &token]).unwrap().is_some();
                 if granted {
@@ -108,7 +133,6 @@ impl Session {
                 granted
             }
             Session::Postgres(client, System::Advisory, [lock, unlock]) => {
-                let id = i64::from(key[1..].parse::<u32>().unwrap());
                 client.query_one(&*lock, &[&id]).unwrap();
                 client.query_one(&*unlock, &[&id]).unwrap();
                 true
@@ -121,6 +145,45 @@ impl Session {
                 }
                 granted
             }
+        }
+    }
+}
+
+/// The key of one pair.
+#[derive(Clone, Copy)]
+enum Key {
+    /// k1, k2, ...
+    Numbered(u32),
+    /// The nth key of a client, never used before (in this run: `new` keys carry the run's start
+    /// time, so that runs one after another do not meet their predecessors' keys either).
+    New(usize, u64),
+}
+
+/// Which keys a client's pairs use (the KEYS argument).
+enum Keys {
+    Random(u32),
+    Reused,
+    New(u64),
+}
+
+impl Keys {
+    fn parse(arg: &str) -> Keys {
+        match arg {
+            "reused" => Keys::Reused,
+            "new" => Keys::New(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros()
+                    as u64
+                    * 1_000_000,
+            ),
+            n => Keys::Random(n.parse().expect("KEYS: a number, reused or new")),
+        }
+    }
+
+    fn pick(&self, client: usize, pair: u64, rng: &mut impl Rng) -> Key {
+        match *self {
+            Keys::Random(n) => Key::Numbered(rng.gen_range(1..=n)),
+            Keys::Reused => Key::Numbered(client as u32 * 100 + rng.gen_range(1..=100)),
+            Keys::New(start) => Key::New(client, start + pair),
         }
     }
 }
@@ -166,21 +229,24 @@ fn main() {
     let [_, system, clients, seconds, keys, port] = &args[..] else {
         panic!("usage: pairs SYSTEM CLIENTS SECONDS KEYS PORT");
     };
-    let (clients, keys): (usize, u32) = (clients.parse().unwrap(), keys.parse().unwrap());
+    let clients: usize = clients.parse().unwrap();
+    let keys = Arc::new(Keys::parse(keys));
     let duration = Duration::from_secs_f64(seconds.parse().unwrap());
     let port: u16 = port.parse().unwrap();
     let refused = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..clients)
-        .map(|_| {
-            let (system, refused) = (system.clone(), refused.clone());
+        .map(|client| {
+            let (system, refused, keys) = (system.clone(), refused.clone(), keys.clone());
             thread::spawn(move || {
                 let mut session = Session::connect(&system, port);
                 let mut rng = rand::thread_rng();
                 let mut latencies_us = Vec::new();
                 let end = Instant::now() + duration;
+                let mut pair = 0;
                 while Instant::now() < end {
                     let start = Instant::now();
-                    if !session.pair(rng.gen_range(1..=keys)) {
+                    pair += 1;
+                    if !session.pair(keys.pick(client, pair, &mut rng)) {
                         refused.fetch_add(1, Ordering::Relaxed);
                     }
                     latencies_us.push(start.elapsed().as_micros() as u64);
