@@ -43,7 +43,9 @@ END
 $$;
 
 -- Who holds what, but never the tokens (for fence_user: sql/privileges.sql): per key, its latest
--- grant, durable or fast. `live` is the condition of src/liveness.rs.
+-- grant, durable or fast (a fast grant whose fence ran ahead of the clock also keeps that fence in
+-- the key's durable row, src/leases.rs: the fast row is the one shown). `live` is the condition of
+-- src/liveness.rs.
 CREATE VIEW fence.leases AS
 SELECT DISTINCT ON (key) key, owner, fence, acquired_at, expires_at, session_pid, live, durable
   FROM (SELECT key, owner, fence, acquired_at, expires_at, session_pid,
@@ -54,4 +56,4 @@ SELECT DISTINCT ON (key) key, owner, fence, acquired_at, expires_at, session_pid
         UNION ALL
         SELECT key, owner, fence, acquired_at, expires_at, session_pid, live, false
           FROM fence.fast_lease_rows()) grants
- ORDER BY key, fence DESC;
+ ORDER BY key, fence DESC, durable;

@@ -110,7 +110,7 @@ SELECT DISTINCT ON (key) key, owner, fence, acquired_at, expires_at, session_pid
         UNION ALL
         SELECT key, owner, fence, acquired_at, expires_at, session_pid, live, false
           FROM fence.fast_lease_rows()) grants
- ORDER BY key, fence DESC;
+ ORDER BY key, fence DESC, durable;
 
 DO $$
 BEGIN

@@ -28,6 +28,8 @@ pub struct Live {
 pub struct Found {
     pub fence: i64,
     pub live: Option<Live>,
+    /// Whether it still holds a token: live, or ended by expiry or its session without a release.
+    pub unreleased: bool,
 }
 
 /// `key`'s lease, of either kind, if it is live at `now` (microseconds, as clock::now()), in the
@@ -146,6 +148,6 @@ impl Columns {
             }
             Some(Live { kind: self.kind, fence, expires_at, token_hash })
         };
-        Found { fence, live: live() }
+        Found { fence, live: live(), unreleased: get(self.token_hash).is_some() }
     }
 }

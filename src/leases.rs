@@ -17,7 +17,7 @@
 use crate::keylock::{self, Mode};
 use crate::lease_kinds::Kind;
 use crate::notify::{self, Event};
-use crate::spi_plans::execute_first;
+use crate::spi_plans::{execute, execute_first};
 use crate::{clock, durability, fence_numbers, input, installed, lease_row, sessions, waiting};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
@@ -65,6 +65,31 @@ macro_rules! above_deleted {
         "greatest($9, (SELECT h.fence + 1 FROM fence.high_water h))"
     };
 }
+
+/// After a grant, the other kind's row of the key if its lease ended without a release (it expired,
+/// or its session ended): ended for good, so that a step back of the clock cannot make it live
+/// again beside the new lease. (A grant of the same kind overwrites the row.)
+macro_rules! end_unreleased {
+    ($table:literal) => {
+        concat!(
+            "UPDATE ",
+            $table,
+            " SET token_hash = NULL, expires_at = least(expires_at, $2)
+              WHERE key = $1 AND token_hash IS NOT NULL"
+        )
+    };
+}
+
+/// A fast grant whose fence is ahead of the clock keeps that fence in the key's durable row (ended,
+/// or made for it): a crash forgets the fast row, and the clock, being behind, would not put the
+/// next grant above it. A key's fences run ahead of the clock after a step back, each the previous
+/// one + 1 until the clock catches up.
+const KEEP_FENCE_DURABLY: &str = "
+    INSERT INTO fence.lease_state AS s (key, fence, owner, acquired_at, expires_at)
+    VALUES ($1, $3, $4, $2, $2)
+    ON CONFLICT (key) DO UPDATE
+       SET fence = greatest(s.fence, excluded.fence), token_hash = NULL,
+           expires_at = least(s.expires_at, excluded.expires_at)";
 
 /// Extends a live lease held with this token ($2: its hash); a lease that has ended stays ended.
 macro_rules! renew {
@@ -232,8 +257,8 @@ impl Request<'_> {
             keylock::unlock(self.key, Mode::Grant);
             return None;
         }
-        let floor =
-            fence_numbers::clock_floor(now).max(other.map_or(0, |found| found.fence.saturating_add(1)));
+        let floor = fence_numbers::clock_floor(now)
+            .max(other.as_ref().map_or(0, |found| found.fence.saturating_add(1)));
         let token = Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes());
         let session = self.session_bound.then(sessions::hold_session_lock);
         let args = [
@@ -274,6 +299,7 @@ impl Request<'_> {
         if first {
             fence_numbers::check_first_grant(fence);
         }
+        self.settle_other_kind(other.as_ref(), fence, now);
         if self.session_bound {
             sessions::bound(self.key);
         }
@@ -282,6 +308,20 @@ impl Request<'_> {
         }
         notify::send(Event::Acquired, self.key, fence);
         Some(lease)
+    }
+
+    /// What a grant of `fence` at `now` must change in the key's row of the other kind (see
+    /// `end_unreleased!` and KEEP_FENCE_DURABLY); nearly always nothing.
+    fn settle_other_kind(&self, other: Option<&lease_row::Found>, fence: i64, now: i64) {
+        if self.kind == Kind::Fast && fence > fence_numbers::clock_floor(now) {
+            let args =
+                [self.key.into(), clock::timestamp(now).into(), fence.into(), self.owner.as_str().into()];
+            execute(KEEP_FENCE_DURABLY, &args, |_| ());
+            durability::require_durable_commit();
+        } else if other.is_some_and(|found| found.unreleased) {
+            let args = [self.key.into(), clock::timestamp(now).into()];
+            execute(by_kind!(self.kind.other(), end_unreleased), &args, |_| ());
+        }
     }
 }
 

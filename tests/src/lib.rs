@@ -35,6 +35,20 @@ fn create(name: &str, port: u16, settings: &[&str]) -> String {
     name
 }
 
+/// `pg_test/cluster start NAME` with extra environment variables. Run by bash itself, not through
+/// the script's `#!/usr/bin/env bash`: the first process libfaketime is loaded into creates its
+/// objects in /dev/shm and removes them when it exits, which `env` never does (it execs bash), so
+/// they would be left behind.
+fn start_script_with_env(name: &str, env: &[(&str, &str)]) {
+    let status = Command::new("bash")
+        .arg(cluster_script())
+        .args(["start", name])
+        .envs(env.iter().copied())
+        .status()
+        .expect("run pg_test/cluster");
+    assert!(status.success(), "pg_test/cluster start {name} with {env:?} failed");
+}
+
 impl Cluster {
     /// Creates and starts a cluster. Each test uses its own `name` and `port` so tests can run in
     /// parallel. `settings` are postgresql.conf lines such as "wal_writer_delay=10s".
@@ -47,16 +61,7 @@ impl Cluster {
     /// them on to the postmaster and so to every backend; a later `restart` does not set them.
     pub fn start_with_env(name: &str, port: u16, settings: &[&str], env: &[(&str, &str)]) -> Cluster {
         let name = create(name, port, settings);
-        // Run by bash itself, not through the script's `#!/usr/bin/env bash`: the first process
-        // libfaketime is loaded into creates its objects in /dev/shm and removes them when it exits,
-        // which `env` never does (it execs bash), so they would be left behind.
-        let status = Command::new("bash")
-            .arg(cluster_script())
-            .args(["start", &name])
-            .envs(env.iter().copied())
-            .status()
-            .expect("run pg_test/cluster");
-        assert!(status.success(), "pg_test/cluster start {name} with {env:?} failed");
+        start_script_with_env(&name, env);
         let cluster = Cluster { name, port };
         cluster.connect().batch_execute("CREATE EXTENSION pg_fence").unwrap();
         cluster
@@ -144,6 +149,11 @@ impl Cluster {
     /// Starts again after `crash` (PostgreSQL runs crash recovery).
     pub fn restart(&self) {
         run_script(&["start", &self.name]);
+    }
+
+    /// The same, with extra environment variables for the server, as `start_with_env` sets them.
+    pub fn restart_with_env(&self, env: &[(&str, &str)]) {
+        start_script_with_env(&self.name, env);
     }
 }
 

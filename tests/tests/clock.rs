@@ -49,23 +49,27 @@ impl FakeClock {
 
     /// A scratch cluster whose every process reads its wall clock through this offset.
     fn start_cluster(&self, name: &str, port: u16, settings: &[&str]) -> Cluster {
-        let path = self.path.to_str().unwrap();
-        Cluster::start_with_env(
-            name,
-            port,
-            settings,
-            &[
-                ("LD_PRELOAD", LIBFAKETIME),
-                ("FAKETIME_TIMESTAMP_FILE", path),
-                // The file is otherwise read again only every 10 s: a step must take effect at once.
-                ("FAKETIME_NO_CACHE", "1"),
-                // A real step leaves the monotonic clock alone, and that is what the waits rely on.
-                ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-                // Nor does it shift the timestamps of files already written, which libfaketime
-                // would otherwise do in stat().
-                ("NO_FAKE_STAT", "1"),
-            ],
-        )
+        Cluster::start_with_env(name, port, settings, &self.server_env())
+    }
+
+    /// Starts `cluster` again after a crash, its clock still read through this offset.
+    fn restart(&self, cluster: &Cluster) {
+        cluster.restart_with_env(&self.server_env());
+        cluster.wait_until_ready();
+    }
+
+    fn server_env(&self) -> [(&'static str, &str); 5] {
+        [
+            ("LD_PRELOAD", LIBFAKETIME),
+            ("FAKETIME_TIMESTAMP_FILE", self.path.to_str().unwrap()),
+            // The file is otherwise read again only every 10 s: a step must take effect at once.
+            ("FAKETIME_NO_CACHE", "1"),
+            // A real step leaves the monotonic clock alone, and that is what the waits rely on.
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            // Nor does it shift the timestamps of files already written, which libfaketime
+            // would otherwise do in stat().
+            ("NO_FAKE_STAT", "1"),
+        ]
     }
 
     /// Sets the offset to `seconds` (libfaketime's relative format: a sign, then seconds).
@@ -288,4 +292,69 @@ fn a_repeatable_read_acquire_never_reissues_a_fence_deleted_after_its_snapshot()
     old.batch_execute("ROLLBACK").unwrap();
     let (fence, _) = acquire(&mut client, KEY, "1 hour").expect("the key is free");
     assert!(fence > deleted, "retried in READ COMMITTED: fence {fence}, not above {deleted}");
+}
+
+/// Acquires `key` fast or durably for `ttl`: (fence, token), or None when it is held.
+fn acquire_kind(client: &mut Client, key: &str, ttl: &str, durable: bool) -> Option<(i64, Uuid)> {
+    let row = client
+        .query_one(
+            "SELECT fence, token FROM fence.lease_acquire($1, $2::text::interval, durable => $3)",
+            &[&key, &ttl, &durable],
+        )
+        .unwrap();
+    row.get::<_, Option<i64>>(0).map(|fence| (fence, row.get(1)))
+}
+
+/// A lease that expired unreleased stays ended once the other kind has granted the key: a step
+/// back of the clock to before its expiry does not make it live beside the new lease.
+#[test]
+fn a_step_back_revives_no_lease_the_other_kind_took_over() {
+    let clock = FakeClock::new("clock_kinds");
+    let cluster = clock.start_cluster("clock_kinds", 26955, &[]);
+    let mut client = cluster.connect();
+    for (first_durable, key) in [(true, "durable-then-fast"), (false, "fast-then-durable")] {
+        let (old_fence, old_token) = acquire_kind(&mut client, key, "1 second", first_durable).unwrap();
+        thread::sleep(Duration::from_millis(1_200));
+        let (fence, token) = acquire_kind(&mut client, key, "1 hour", !first_durable).expect("expired");
+        clock.step(&mut client, -30);
+        assert_eq!(renew(&mut client, key, old_token), Err("PF001".into()), "{key}: the expired lease");
+        assert_eq!(guard(&mut client, key, old_fence), Err("PF002".into()), "{key}: the expired lease");
+        assert_eq!(renew(&mut client, key, token), Ok(()), "{key}: the new lease");
+        assert_eq!(guard(&mut client, key, fence), Ok(()), "{key}: the new lease");
+        clock.step(&mut client, 0);
+    }
+}
+
+/// After a step back, a key's fences run ahead of the clock (each the previous + 1); a crash then
+/// forgets the fast leases, and the clock alone would put the next grant below their fences.
+#[test]
+fn a_crash_after_a_step_back_hands_out_no_fast_fence_again() {
+    let clock = FakeClock::new("clock_fast_crash");
+    let cluster = clock.start_cluster("clock_fast_crash", 26956, &[]);
+    let mut client = cluster.connect();
+    // "only-fast" has only ever been granted fast; "mixed" also has a durable row, of a lower fence.
+    let (_, token) = acquire_kind(&mut client, "mixed", "1 hour", true).unwrap();
+    client.query_one("SELECT fence.lease_release('mixed', $1)", &[&token]).unwrap();
+    let mut told = Vec::new();
+    for key in ["only-fast", "mixed"] {
+        let (fence, token) = acquire_kind(&mut client, key, "1 hour", false).unwrap();
+        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
+        told.push((key, fence));
+    }
+    clock.step(&mut client, -3600);
+    for key in ["only-fast", "mixed"] {
+        let (fence, _) = acquire_kind(&mut client, key, "1 hour", false).unwrap();
+        told.push((key, fence));
+    }
+    cluster.crash();
+    clock.restart(&cluster);
+    let mut client = cluster.connect();
+    assert!(server_offset(&mut client) < -3000.0, "the restarted server's clock is not stepped back");
+    for (key, durable) in [("only-fast", true), ("mixed", true), ("only-fast", false), ("mixed", false)] {
+        let (fence, token) = acquire_kind(&mut client, key, "1 hour", durable).expect("the crash ended it");
+        let highest = told.iter().filter(|(k, _)| *k == key).map(|(_, f)| *f).max().unwrap();
+        assert!(fence > highest, "{key}: granted {fence} (durable: {durable}) after {highest} was told");
+        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
+        told.push((key, fence));
+    }
 }
