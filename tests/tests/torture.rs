@@ -108,3 +108,32 @@ fn the_checker_lets_a_restart_end_a_fast_lease_and_nothing_else() {
     assert_eq!(overlaps(false, 1), 1, "a fast lease on the same server");
     assert_eq!(overlaps(true, 2), 1, "a durable lease across a restart");
 }
+
+/// A grant that marks the other kind's expired lease ended, in its own transaction, changes no
+/// holder's lease; a client's end that moves the current lease's end earlier does.
+#[test]
+fn the_checker_lets_a_grant_end_an_expired_lease_of_the_other_kind() {
+    let change =
+        |fence: i64, kind: LeaseChangeKind, expires_us: i64, by: &str, committed_us: i64| LeaseChange {
+            key: "key-0".into(),
+            fence,
+            kind,
+            acquired_us: 1_000_000,
+            expires_us,
+            by: by.into(),
+            committed_us,
+            durable: true,
+            server_start_us: 1,
+        };
+    let foreign_changes = |end_at: i64| {
+        let leases = vec![
+            change(10, LeaseChangeKind::Grant, 1_500_000, "torture-client-0", 1_000_001),
+            change(10, LeaseChangeKind::End, end_at, "torture-client-1", 2_000_000),
+            change(20, LeaseChangeKind::Grant, 9_000_000, "torture-client-1", 2_000_000),
+        ];
+        let history = History { leases, writes: Vec::new(), final_fences: vec![("key-0".to_string(), 20)] };
+        check(&history, &Acknowledged::default()).of(Violation::ForeignChange)
+    };
+    assert_eq!(foreign_changes(1_500_000), 0, "the expired lease's end left where it was");
+    assert_eq!(foreign_changes(1_200_000), 1, "another client moved the lease's end");
+}
