@@ -199,7 +199,10 @@ fn a_failover_ends_fast_leases_and_no_fence_comes_back() {
         client.query_one("SELECT fence.lease_release($1, $2)", &[&lease.key, &lease.token]).unwrap();
     }
     let mut on_standby = standby.connect();
-    let primary_lsn: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).unwrap().get(0);
+    // The insert position, not the write position: the releases commit without a flush, and reach
+    // the standby once the WAL writer has flushed them.
+    let primary_lsn: String =
+        client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).unwrap().get(0);
     let replayed = eventually(Duration::from_secs(30), || {
         on_standby
             .query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&primary_lsn])
