@@ -48,8 +48,6 @@ const SCHEMA: &str = r#"
                           WHEN NEW.token_hash IS NULL THEN 'end'
                           ELSE 'renew' END;
     BEGIN
-        -- A fast lease's change gets its record written (and so its commit flushed) like a durable
-        -- one's: what the crash loses of it is the lease, not the record that it was granted.
         INSERT INTO public.torture_leases (key, fence, kind, held, acquired_at, expires_at, by, durable)
         VALUES (NEW.key, NEW.fence, kind, NEW.token_hash IS NOT NULL, NEW.acquired_at, NEW.expires_at,
                 current_setting('application_name'), TG_TABLE_NAME = 'lease_state');
@@ -58,6 +56,12 @@ const SCHEMA: &str = r#"
         -- the documented behaviour (an acknowledged release can be lost in a crash) under test.
         IF kind = 'end' THEN
             PERFORM set_config('synchronous_commit', 'off', true);
+        -- A fast lease's grant and renewal commit without a flush when they are all their
+        -- transaction wrote, this record included (it is written during the call). remote_apply,
+        -- which pg_fence never lowers, keeps the record of what a client was told: what the crash
+        -- is to lose is the lease, not the record that it was granted.
+        ELSIF TG_TABLE_NAME = 'fast_lease_state' THEN
+            PERFORM set_config('synchronous_commit', 'remote_apply', true);
         END IF;
         RETURN NULL;
     END $$;
