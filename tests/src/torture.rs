@@ -120,6 +120,8 @@ pub struct Counts {
     /// Acknowledged releases whose lease row change the server no longer has: lost in a crash
     /// before being flushed, as documented (the lease then ran out its TTL). Not a violation.
     pub releases_lost_in_crashes: u64,
+    /// Acknowledged fast grants whose record a crash took with the lease (allowed).
+    pub fast_grants_lost_in_crashes: u64,
     /// Calls whose outcome the client cannot know: the connection died, or COMMIT failed.
     pub unknown: u64,
     /// New connections after a lost one.
@@ -181,6 +183,11 @@ impl fmt::Display for Report {
         )?;
         writeln!(f, "  releases {}, stale releases (false) {}", c.releases, c.stale_releases)?;
         writeln!(f, "  acknowledged releases lost in crashes (allowed) {}", c.releases_lost_in_crashes)?;
+        writeln!(
+            f,
+            "  acknowledged fast grants lost in crashes (allowed) {}",
+            c.fast_grants_lost_in_crashes
+        )?;
         writeln!(f, "  unknown outcomes {}, reconnects {}", c.unknown, c.reconnects)?;
         writeln!(
             f,
@@ -252,6 +259,7 @@ pub fn run(workload: &Workload, connect: &Connect<'_>, server_fault: Option<&Ser
     wait_for_clients_to_leave(&mut client);
     let history = load_history(&mut client).expect("read the recorded history");
     counts.releases_lost_in_crashes = checker::releases_missing(&history, &acked);
+    counts.fast_grants_lost_in_crashes = checker::fast_grants_missing(&history, &acked);
     let violations = check(&history, &acked);
     unexpected_errors.truncate(10);
     let report = Report { counts, violations, unexpected_errors };

@@ -4,7 +4,7 @@
 //! violation of pg_fence's invariants. TORTURE_SECONDS sets the workload's length (default 90);
 //! `pg_test/run-torture` runs it for longer.
 use pg_fence_integration::torture::{
-    self, check, Acknowledged, History, LeaseChange, LeaseChangeKind, Violation, Workload,
+    self, check, AckedGrant, Acknowledged, History, LeaseChange, LeaseChangeKind, Violation, Workload,
 };
 use pg_fence_integration::Cluster;
 use std::time::Duration;
@@ -136,4 +136,40 @@ fn the_checker_lets_a_grant_end_an_expired_lease_of_the_other_kind() {
     };
     assert_eq!(foreign_changes(1_500_000), 0, "the expired lease's end left where it was");
     assert_eq!(foreign_changes(1_200_000), 1, "another client moved the lease's end");
+}
+
+/// A fast grant the client was told about may vanish with its record in a crash; no later grant
+/// may then get a fence at or below it.
+#[test]
+fn the_checker_lets_a_crash_take_a_fast_grant_but_not_its_fence() {
+    let violations = |later_fence: i64| {
+        let later = LeaseChange {
+            key: "key-0".into(),
+            fence: later_fence,
+            kind: LeaseChangeKind::Grant,
+            acquired_us: 5_000_000,
+            expires_us: 6_000_000,
+            by: "torture-client-1".into(),
+            committed_us: 5_000_001,
+            durable: true,
+            server_start_us: 2,
+        };
+        let history = History {
+            leases: vec![later],
+            writes: Vec::new(),
+            final_fences: vec![("key-0".to_string(), later_fence)],
+        };
+        let mut acked = Acknowledged::default();
+        acked.grants.push(AckedGrant {
+            key: "key-0".into(),
+            fence: 100,
+            acquired_us: 1_000_000,
+            durable: false,
+        });
+        let found = check(&history, &acked);
+        (found.of(Violation::AcknowledgedLeaseLost), found.of(Violation::FenceNotIncreasing))
+    };
+    assert_eq!(violations(200), (0, 0), "a fast grant lost in a crash, its fence not reissued");
+    assert_eq!(violations(50), (0, 1), "a lower fence granted after it");
+    assert_eq!(violations(100), (1, 0), "its fence handed out again (to another acquired_at)");
 }

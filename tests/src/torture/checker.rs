@@ -31,6 +31,8 @@ pub struct AckedGrant {
     pub key: String,
     pub fence: i64,
     pub acquired_us: i64,
+    /// false for a fast lease, which a crash may take with its record.
+    pub durable: bool,
 }
 
 /// A renewal the client saw committed, with the new expires_at it returned.
@@ -314,6 +316,10 @@ fn check_acknowledged_grants(history: &History, acked: &Acknowledged, violations
         .collect();
     for grant in &acked.grants {
         let problem = match recorded.get(&(grant.key.as_str(), grant.fence)) {
+            None if !grant.durable => {
+                check_lost_fast_grant(history, grant, violations);
+                continue;
+            }
             None => "is not in the history",
             Some(&acquired_us) if acquired_us != grant.acquired_us => "was granted again to someone else",
             Some(_) => continue,
@@ -323,7 +329,40 @@ fn check_acknowledged_grants(history: &History, acked: &Acknowledged, violations
     }
 }
 
-/// Renewals are flushed before they are acknowledged, so each must be recorded.
+/// A fast grant commits without a flush when it is all its transaction writes (its record, written
+/// by a trigger during the call, included), so a crash may take it and its record: allowed, as
+/// long as no grant recorded after it has a fence at or below its own (invariant 1 for what the
+/// client was told).
+fn check_lost_fast_grant(history: &History, grant: &AckedGrant, violations: &mut Violations) {
+    let reissued = history.leases.iter().find(|change| {
+        change.kind == LeaseChangeKind::Grant
+            && change.key == grant.key
+            && change.acquired_us > grant.acquired_us
+            && change.fence <= grant.fence
+    });
+    if let Some(change) = reissued {
+        let detail = format!(
+            "{}: fence {} granted after the acknowledged fast grant of fence {} lost in a crash",
+            grant.key, change.fence, grant.fence
+        );
+        violations.add(Violation::FenceNotIncreasing, detail);
+    }
+}
+
+/// Acknowledged fast grants whose record a crash took (allowed, see `check_lost_fast_grant`).
+pub fn fast_grants_missing(history: &History, acked: &Acknowledged) -> u64 {
+    let recorded: HashSet<(&str, i64)> = history
+        .leases
+        .iter()
+        .filter(|change| change.kind == LeaseChangeKind::Grant)
+        .map(|change| (change.key.as_str(), change.fence))
+        .collect();
+    acked.grants.iter().filter(|g| !g.durable && !recorded.contains(&(g.key.as_str(), g.fence))).count()
+        as u64
+}
+
+/// Renewals are flushed before they are acknowledged, so each must be recorded; but for a fast
+/// lease's, which a crash may take as it takes the lease.
 fn check_acknowledged_renewals(history: &History, acked: &Acknowledged, violations: &mut Violations) {
     let recorded: HashSet<(&str, i64, i64)> = history
         .leases
@@ -331,8 +370,11 @@ fn check_acknowledged_renewals(history: &History, acked: &Acknowledged, violatio
         .filter(|change| change.kind == LeaseChangeKind::Renew)
         .map(|change| (change.key.as_str(), change.fence, change.expires_us))
         .collect();
+    let fast: HashSet<(&str, i64)> =
+        acked.grants.iter().filter(|g| !g.durable).map(|g| (g.key.as_str(), g.fence)).collect();
     for renewal in &acked.renewals {
-        if !recorded.contains(&(renewal.key.as_str(), renewal.fence, renewal.expires_us)) {
+        let key = (renewal.key.as_str(), renewal.fence);
+        if !recorded.contains(&(key.0, key.1, renewal.expires_us)) && !fast.contains(&key) {
             let detail = format!(
                 "{}: acknowledged renewal of fence {} is not in the history",
                 renewal.key, renewal.fence

@@ -56,12 +56,6 @@ const SCHEMA: &str = r#"
         -- the documented behaviour (an acknowledged release can be lost in a crash) under test.
         IF kind = 'end' THEN
             PERFORM set_config('synchronous_commit', 'off', true);
-        -- A fast lease's grant and renewal commit without a flush when they are all their
-        -- transaction wrote, this record included (it is written during the call). remote_apply,
-        -- which pg_fence never lowers, keeps the record of what a client was told: what the crash
-        -- is to lose is the lease, not the record that it was granted.
-        ELSIF TG_TABLE_NAME = 'fast_lease_state' THEN
-            PERFORM set_config('synchronous_commit', 'remote_apply', true);
         END IF;
         RETURN NULL;
     END $$;

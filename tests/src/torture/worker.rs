@@ -140,7 +140,7 @@ impl<'s> Worker<'s> {
         };
         self.log.counts.grants += 1;
         self.log.counts.fast_grants += u64::from(!durable);
-        self.log.acked.grants.push(AckedGrant { key: key.clone(), fence, acquired_us });
+        self.log.acked.grants.push(AckedGrant { key: key.clone(), fence, acquired_us, durable });
         Ok(Some(Lease { key, fence, token, ttl_ms }))
     }
 
