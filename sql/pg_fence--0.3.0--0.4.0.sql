@@ -18,6 +18,8 @@
 --   ends. lease_acquire is dropped and created again with the new argument: objects that depend on
 --   it (a view, or a function with a BEGIN ATOMIC body, that calls it) must be dropped first.
 --   fence.leases gains the column `durable` and shows, per key, its latest grant of either kind.
+--   lease_acquire also takes the caller's own `token`: a retried acquire with the same token
+--   returns the lease it granted.
 -- - Privileges: nothing is for PUBLIC any more. Leases and fencing are for role fence_user, which
 --   this update creates; lease_revoke and fence.sweep() for fence_admin. GRANT fence_user TO your
 --   applications' roles before (or right after) this update.
@@ -75,7 +77,8 @@ CREATE  FUNCTION fence."lease_acquire"(
 	"owner" TEXT DEFAULT NULL, /* Option < & str > */
 	"wait" interval DEFAULT '0', /* Option < Interval > */
 	"session_bound" bool DEFAULT false, /* Option < bool > */
-	"durable" bool DEFAULT true /* Option < bool > */
+	"durable" bool DEFAULT true, /* Option < bool > */
+	"token" uuid DEFAULT NULL /* Option < Uuid > */
 ) RETURNS fence.lease
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp

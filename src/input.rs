@@ -100,3 +100,14 @@ fn default_owner() -> String {
         _ => format!("pid:{}", unsafe { pgrx::pg_sys::MyProcPid }),
     }
 }
+
+/// A caller's own token for lease_acquire: any uuid but the nil one, which is no secret.
+pub fn token(token: pgrx::Uuid) -> pgrx::Uuid {
+    if token.as_bytes().iter().all(|&b| b == 0) {
+        errors::invalid_argument(
+            "token must not be the nil uuid".into(),
+            "Pass a random uuid, such as gen_random_uuid() or uuid.uuid4(), and the same one when you retry.",
+        );
+    }
+    token
+}

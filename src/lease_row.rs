@@ -22,6 +22,9 @@ pub struct Live {
     pub expires_at: i64,
     /// SHA-256 of its holder's token.
     pub token_hash: Vec<u8>,
+    pub owner: String,
+    /// When it was granted (microseconds, as clock::now()).
+    pub acquired_at: i64,
 }
 
 /// What a key's row of one kind says at `now`: its last fence, and its lease if that is live.
@@ -96,6 +99,8 @@ struct Columns {
     kind: Kind,
     key: usize,
     fence: usize,
+    owner: usize,
+    acquired_at: usize,
     token_hash: usize,
     expires_at: usize,
     session_pid: usize,
@@ -115,6 +120,8 @@ impl Columns {
             kind,
             key: position(c"key"),
             fence: position(c"fence"),
+            owner: position(c"owner"),
+            acquired_at: position(c"acquired_at"),
             token_hash: position(c"token_hash"),
             expires_at: position(c"expires_at"),
             session_pid: position(c"session_pid"),
@@ -146,7 +153,10 @@ impl Columns {
                     return None;
                 }
             }
-            Some(Live { kind: self.kind, fence, expires_at, token_hash })
+            let owner = get(self.owner).and_then(|d| String::from_datum(d, false)).unwrap_or_default();
+            let acquired_at =
+                get(self.acquired_at).and_then(|d| i64::from_datum(d, false)).unwrap_or_default();
+            Some(Live { kind: self.kind, fence, expires_at, token_hash, owner, acquired_at })
         };
         Found { fence, live: live(), unreleased: get(self.token_hash).is_some() }
     }

@@ -145,13 +145,36 @@ fn acquire(
     wait: default!(Option<Interval>, "'0'"),
     session_bound: default!(Option<bool>, "false"),
     durable: default!(Option<bool>, "true"),
+    token: default!(Option<Uuid>, "NULL"),
 ) -> Option<pgrx::composite_type!('static, "lease")> {
     let (key, ttl, owner) = (input::key(key), input::ttl(ttl), input::owner(owner));
     let wait = input::wait(wait);
     let session_bound = input::required(session_bound, "session_bound");
     let kind = Kind::of(input::required(durable, "durable"));
+    let token = token.map(input::token);
     durability::require_writable("acquire a lease");
-    Request { key, ttl, owner, session_bound, kind }.acquire(wait)
+    // A retry of an acquire whose reply was lost: the lease it granted, as it was granted.
+    let wal_before = durability::wal_position();
+    if let Some(lease) = token.and_then(|token| lease_held_with(key, token)) {
+        durability::skip_flush_if_alone(wal_before);
+        return Some(lease);
+    }
+    Request { key, ttl, owner, session_bound, kind, token }.acquire(wait)
+}
+
+/// The key's live lease, as last committed, if `token` holds it: (key, owner, fence, token,
+/// acquired_at, expires_at), unchanged.
+fn lease_held_with(key: &str, token: Uuid) -> Option<Lease> {
+    let held = lease_row::held_with(key, &token_hash(token), clock::now())?;
+    let args = [
+        key.into(),
+        held.owner.as_str().into(),
+        held.fence.into(),
+        token.into(),
+        clock::timestamp(held.acquired_at).into(),
+        clock::timestamp(held.expires_at).into(),
+    ];
+    execute_first::<Lease>("SELECT ROW($1, $2, $3, $4, $5, $6)::fence.lease", &args)
 }
 
 /// lease_acquire as the SQL objects of versions before 0.4.0 declare it, without `durable`.
@@ -163,7 +186,7 @@ fn lease_acquire(
     wait: Option<Interval>,
     session_bound: Option<bool>,
 ) -> Option<pgrx::composite_type!('static, "lease")> {
-    acquire(key, ttl, owner, wait, session_bound, Some(true))
+    acquire(key, ttl, owner, wait, session_bound, Some(true), None)
 }
 
 struct Request<'a> {
@@ -172,6 +195,8 @@ struct Request<'a> {
     owner: String,
     session_bound: bool,
     kind: Kind,
+    /// The token the caller chose, or None for a fresh random one.
+    token: Option<Uuid>,
 }
 
 impl Request<'_> {
@@ -259,7 +284,7 @@ impl Request<'_> {
         }
         let floor = fence_numbers::clock_floor(now)
             .max(other.as_ref().map_or(0, |found| found.fence.saturating_add(1)));
-        let token = Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes());
+        let token = self.token.unwrap_or_else(|| Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes()));
         let session = self.session_bound.then(sessions::hold_session_lock);
         let args = [
             self.key.into(),

@@ -698,4 +698,32 @@ mod tests {
     fn acquire_null_durable() {
         run("SELECT fence.lease_acquire('fast', '10 s', durable => NULL)");
     }
+
+    // The caller's own token: a retried acquire returns the lease it granted.
+
+    fn acquire_with_token(key: &str, token: &str, ttl: &str) -> Option<String> {
+        one::<String>(&format!(
+            "SELECT (SELECT l::text FROM fence.lease_acquire('{key}', '{ttl}', token => '{token}') l
+                      WHERE l.fence IS NOT NULL)"
+        ))
+    }
+
+    #[pg_test]
+    fn a_retried_acquire_with_its_token_returns_the_same_lease() {
+        let token = "6f0c7d1e-2b1a-4c3d-9e8f-0a1b2c3d4e5f";
+        let first = acquire_with_token("idem", token, "1 hour").expect("granted");
+        assert!(first.contains(token), "the lease holds the caller's token: {first}");
+        assert_eq!(acquire_with_token("idem", token, "5 seconds"), Some(first.clone()), "expiry unchanged");
+        let other = "0b8e6a52-7f0e-4d8c-8a8e-3c1d2e4f5a6b";
+        assert_eq!(acquire_with_token("idem", other, "1 hour"), None, "another token is refused");
+        let renew = format!("SELECT fence.lease_release('idem', '{token}')");
+        assert_eq!(one::<bool>(&renew), Some(true), "the caller's token releases it");
+        let again = acquire_with_token("idem", token, "1 hour").expect("granted again");
+        assert_ne!(again, first, "a new grant with the same token is a new lease");
+    }
+
+    #[pg_test(error = "token must not be the nil uuid")]
+    fn acquire_nil_token() {
+        run("SELECT fence.lease_acquire('k', '10 s', token => '00000000-0000-0000-0000-000000000000')");
+    }
 }
