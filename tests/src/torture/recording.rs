@@ -54,7 +54,14 @@ const SCHEMA: &str = r#"
         -- pg_fence commits a release without a WAL flush when the release is all its transaction
         -- writes. This insert is a second write, which would make the release's commit flush; keep
         -- the documented behaviour (an acknowledged release can be lost in a crash) under test.
-        IF kind = 'end' THEN
+        IF TG_TABLE_NAME = 'fast_lease_state' AND kind <> 'end' THEN
+            -- A fast lease's grant and renewal commit without a flush when they are all their
+            -- transaction wrote, this record included (it is written during the call).
+            -- remote_apply, which pg_fence never lowers, keeps the record of what a client was
+            -- told; the checker would still allow its loss (see `check_lost_fast_grant`).
+            PERFORM set_config('synchronous_commit', 'remote_apply', true);
+        ELSIF kind = 'end' AND current_setting('synchronous_commit') <> 'remote_apply' THEN
+            -- Not when a fast grant ends the durable row's expired lease in the same transaction.
             PERFORM set_config('synchronous_commit', 'off', true);
         END IF;
         RETURN NULL;
