@@ -28,8 +28,9 @@ fn lease_revoke(key: Option<&str>) -> bool {
     let key = input::key(key);
     durability::require_writable("revoke a lease");
     keylock::lock(key, Mode::Change);
-    let args = [key.into(), clock::timestamp(clock::now()).into()];
-    let live = lease_row::live(key, clock::now());
+    let now = clock::now();
+    let args = [key.into(), clock::timestamp(now).into()];
+    let live = lease_row::live(key, now);
     let revoked =
         live.and_then(|lease| Some((execute_first::<i64>(by_kind!(lease.kind, revoke), &args)?, lease.kind)));
     let revoked_fence = revoked.map(|(fence, _)| fence);

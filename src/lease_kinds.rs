@@ -39,12 +39,20 @@ impl Kind {
         }
     }
 
-    /// Whether this kind's table may be read here. A standby has no rows of fast leases, and
+    /// This kind's table, if it may be read here. A standby has no rows of fast leases, and
     /// PostgreSQL refuses to open an unlogged table during recovery; and before ALTER EXTENSION
-    /// UPDATE to 0.4.0 there is no such table.
-    pub fn readable(self) -> bool {
+    /// UPDATE to 0.4.0 there is no such table. A table missing otherwise is damaged state.
+    pub fn table(self) -> Option<pg_sys::Oid> {
         // SAFETY: reads shared recovery state.
-        self == Kind::Durable || (crate::installed::since_0_4_0() && unsafe { !pg_sys::RecoveryInProgress() })
+        if self == Kind::Fast && unsafe { pg_sys::RecoveryInProgress() } {
+            return None;
+        }
+        let table = crate::installed::table(self.table_name());
+        if table.is_none() && (self == Kind::Durable || crate::installed::since_0_4_0()) {
+            let name = self.table_name().to_string_lossy();
+            crate::errors::state_damaged(&format!("table fence.{name} is missing"));
+        }
+        table
     }
 }
 

@@ -47,19 +47,14 @@ pub fn held_with(key: &str, token_hash: &[u8], now: i64) -> Option<Live> {
 }
 
 /// `key`'s row of this kind, in the latest committed state; None when it has none (or, for fast
-/// leases, where they cannot be read: see `Kind::readable`).
+/// leases, where they cannot be read: see `Kind::table`).
 pub fn find(kind: Kind, key: &str, now: i64) -> Option<Found> {
-    if !kind.readable() {
-        return None;
-    }
+    let table = kind.table()?;
     let name = kind.table_name();
     // SAFETY: the relation stays open (and locked, as a SELECT would) for the scan; the snapshot is
     // registered until the scan ends; the tuple is read before the scan ends. An error on the way
     // aborts the transaction, which releases all three.
     unsafe {
-        let table = crate::installed::table(name).unwrap_or_else(|| {
-            crate::errors::state_damaged(&format!("table fence.{} is missing", name.to_string_lossy()))
-        });
         let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let desc = (*rel).rd_att;
         let columns = Columns::of(desc, kind);

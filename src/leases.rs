@@ -118,7 +118,7 @@ macro_rules! release {
 }
 
 /// The key's last fence: of the durable row, or of both kinds' where fast leases can be read (see
-/// `Kind::readable`).
+/// `Kind::table`).
 const CURRENT_FENCE: &str = "SELECT fence FROM fence.lease_state WHERE key = $1";
 const CURRENT_FENCE_OF_BOTH: &str = "SELECT greatest((SELECT fence FROM fence.lease_state WHERE key = $1),
                                                  (SELECT fence FROM fence.fast_lease_state WHERE key = $1))";
@@ -426,7 +426,7 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
 #[search_path(pg_catalog, pg_temp)]
 fn current_fence(key: Option<&str>) -> Option<i64> {
     let key = input::key(key);
-    let statement = if Kind::Fast.readable() { CURRENT_FENCE_OF_BOTH } else { CURRENT_FENCE };
+    let statement = if Kind::Fast.table().is_some() { CURRENT_FENCE_OF_BOTH } else { CURRENT_FENCE };
     execute_first::<i64>(statement, &[key.into()])
 }
 

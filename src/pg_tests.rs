@@ -16,8 +16,13 @@ mod tests {
 
     /// Acquires `key` and remembers the token in a session variable (see `token`).
     fn acquire(key: &str, ttl: &str) -> Option<i64> {
+        acquire_kind(key, ttl, true)
+    }
+
+    /// The same, durable or fast.
+    fn acquire_kind(key: &str, ttl: &str, durable: bool) -> Option<i64> {
         let sql = format!(
-            "SELECT (l).fence FROM (SELECT fence.lease_acquire('{key}', '{ttl}') AS l) a,
+            "SELECT (l).fence FROM (SELECT fence.lease_acquire('{key}', '{ttl}', durable => {durable}) AS l) a,
                     LATERAL (SELECT set_config('{}', (l).token::text, true)) t",
             token_variable(key)
         );
@@ -605,14 +610,8 @@ mod tests {
 
     // Fast leases (durable => false): one key namespace and one fence sequence with durable ones.
 
-    /// Acquires `key` as a fast lease, remembering its token as `acquire` does.
     fn acquire_fast(key: &str, ttl: &str) -> Option<i64> {
-        let sql = format!(
-            "SELECT (l).fence FROM (SELECT fence.lease_acquire('{key}', '{ttl}', durable => false) AS l) a,
-                    LATERAL (SELECT set_config('{}', (l).token::text, true)) t",
-            token_variable(key)
-        );
-        one::<i64>(&sql)
+        acquire_kind(key, ttl, false)
     }
 
     fn release(key: &str) -> bool {

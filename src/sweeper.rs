@@ -143,10 +143,7 @@ fn sweep_table(
     }
     let resume = RESUME_AT_PAGE.with(|pages| pages[kind as usize].get());
     let args = [clock::timestamp(now).into(), limit.into(), resume.into(), delete_before.into()];
-    let statement = match kind {
-        Kind::Durable => sweep!("fence.lease_state"),
-        Kind::Fast => sweep!("fence.fast_lease_state"),
-    };
+    let statement = by_kind!(kind, sweep);
     let rows: Vec<(String, i64, i64, bool)> = execute(statement, &args, |rows| {
         rows.map(|row| {
             (

@@ -152,14 +152,19 @@ pub fn check(history: &History, acked: &Acknowledged) -> Violations {
     violations
 }
 
-/// Acknowledged releases with no recorded end of their lease: lost in a crash (allowed).
-pub fn releases_missing(history: &History, acked: &Acknowledged) -> u64 {
-    let ended: HashSet<(&str, i64)> = history
+/// The (key, fence) of every recorded lease change of this kind.
+fn recorded(history: &History, kind: LeaseChangeKind) -> HashSet<(&str, i64)> {
+    history
         .leases
         .iter()
-        .filter(|change| change.kind == LeaseChangeKind::End)
+        .filter(|change| change.kind == kind)
         .map(|change| (change.key.as_str(), change.fence))
-        .collect();
+        .collect()
+}
+
+/// Acknowledged releases with no recorded end of their lease: lost in a crash (allowed).
+pub fn releases_missing(history: &History, acked: &Acknowledged) -> u64 {
+    let ended = recorded(history, LeaseChangeKind::End);
     acked.releases.iter().filter(|release| !ended.contains(&(release.key.as_str(), release.fence))).count()
         as u64
 }
@@ -351,12 +356,7 @@ fn check_lost_fast_grant(history: &History, grant: &AckedGrant, violations: &mut
 
 /// Acknowledged fast grants whose record a crash took (allowed, see `check_lost_fast_grant`).
 pub fn fast_grants_missing(history: &History, acked: &Acknowledged) -> u64 {
-    let recorded: HashSet<(&str, i64)> = history
-        .leases
-        .iter()
-        .filter(|change| change.kind == LeaseChangeKind::Grant)
-        .map(|change| (change.key.as_str(), change.fence))
-        .collect();
+    let recorded = recorded(history, LeaseChangeKind::Grant);
     acked.grants.iter().filter(|g| !g.durable && !recorded.contains(&(g.key.as_str(), g.fence))).count()
         as u64
 }
@@ -406,12 +406,7 @@ fn check_acknowledged_writes(history: &History, acked: &Acknowledged, violations
 
 /// Every grant is recorded: a key's fence in the lease table is its highest recorded grant.
 fn check_recording_complete(history: &History, violations: &mut Violations) {
-    let recorded: HashSet<(&str, i64)> = history
-        .leases
-        .iter()
-        .filter(|change| change.kind == LeaseChangeKind::Grant)
-        .map(|change| (change.key.as_str(), change.fence))
-        .collect();
+    let recorded = recorded(history, LeaseChangeKind::Grant);
     let keys: HashSet<&str> = recorded.iter().map(|(key, _)| *key).collect();
     // Keys never granted since the recording was installed are not the run's (a grant the
     // recording missed entirely also shows as an acknowledged grant that is not in the history).
