@@ -32,10 +32,13 @@ run_regress() {
     fi
 }
 
-# tally [FILE]: "N passed, M failed", summed over the cargo test and pg_regress results it reads.
+# tally [FILE]: "N passed, M failed", summed over the cargo test, pg_regress and pytest results it reads.
 tally() {
     awk '/^test result: /          { passed += $4; failed += $6 }
          / All [0-9]+ tests passed/  { for (i = 1; i < NF; i++) if ($i == "All") passed += $(i + 1) }
+         /^=+ .*[0-9]+ (passed|failed).* in [0-9.]+s/ {   # the closing line of pytest
+             for (i = 2; i < NF; i++) { w = $(i + 1); sub(/,$/, "", w)
+                 if (w == "passed") passed += $i; if (w == "failed" || w == "errors" || w == "error") failed += $i } }
          END { printf "%d passed, %d failed", passed, failed }' "$@"
 }
 

@@ -1,0 +1,84 @@
+"""pg_fence's failures as Python types, and which of psycopg's errors mean what.
+
+psycopg knows PF001 and PF002 only as ProgrammingError, and reports a cancelled wait (57014) and a
+dropped connection both as OperationalError; a caller must treat them differently:
+- LeaseLost, StaleFence: the server said so; stop the work done under that lease.
+- WaitTimedOut, WaitCancelled: the acquire did not grant; nothing is held.
+- OutcomeUnknown: the connection broke while the call was in flight, and retries ran out; the
+  server may or may not have done it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import psycopg
+
+
+class PgFenceError(Exception):
+    """Base of every error this package raises itself."""
+
+
+class LeaseLost(PgFenceError):
+    """The lease is no longer held: the server said so (PF001), or it was declared lost locally."""
+
+    def __init__(self, key: str, message: str = "", *, state: str = "lost"):
+        super().__init__(message or f"lease on {key!r} lost")
+        self.key = key
+        #: "lost" when the server said so, "unknown" when its deadline passed unconfirmed.
+        self.state = state
+
+
+class StaleFence(PgFenceError):
+    """A write under a fence that is no longer the key's live one was refused (PF002)."""
+
+
+class WaitTimedOut(PgFenceError):
+    """An acquire did not get the lease within its wait (or at once, with no wait)."""
+
+
+class WaitCancelled(PgFenceError):
+    """A waiting acquire was cancelled or hit statement_timeout (57014); it granted nothing."""
+
+
+class OutcomeUnknown(PgFenceError):
+    """The connection broke during the call and retries ran out: it may or may not have happened."""
+
+
+LEASE_LOST = "PF001"
+STALE_FENCE = "PF002"
+QUERY_CANCELED = "57014"
+READ_ONLY = "25006"
+
+
+def sqlstate(err: BaseException) -> Optional[str]:
+    return getattr(err, "sqlstate", None) if isinstance(err, psycopg.Error) else None
+
+
+def outcome_unknown(err: BaseException) -> bool:
+    """Whether `err` leaves it open what the server did: the connection, not the statement, failed."""
+    if isinstance(err, (OSError, TimeoutError)):
+        return True
+    if not isinstance(err, psycopg.Error):
+        return False
+    state = sqlstate(err)
+    # 08: connection exceptions; 57P01-57P03: the server shut down or restarted under us.
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
+def retryable(err: BaseException) -> bool:
+    """Whether trying again (on a new connection) can succeed: a broken connection, or a standby
+    reached where the primary was meant (25006, as after a failover)."""
+    return outcome_unknown(err) or sqlstate(err) == READ_ONLY
+
+
+def translate(err: BaseException, key: str) -> BaseException:
+    """pg_fence's own SQLSTATEs as their types; every other error as it is."""
+    state = sqlstate(err)
+    if state == LEASE_LOST:
+        return LeaseLost(key, str(err).strip())
+    if state == STALE_FENCE:
+        return StaleFence(str(err).strip())
+    if state == QUERY_CANCELED:
+        return WaitCancelled(str(err).strip())
+    return err

@@ -1,0 +1,96 @@
+"""Scratch clusters from pg_test/cluster (PostgreSQL of $PG_MAJOR, 15 by default), with pg_fence
+created, for tests that need a real server. Ports 27500-27549 belong to this suite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+CLUSTER = ROOT / "pg_test" / "cluster"
+TEST_DIR = Path(os.environ.get("PG_FENCE_TEST_DIR", "/tmp/pg_fence_test"))
+
+
+class Cluster:
+    def __init__(self, name: str, port: int):
+        self.name, self.port = f"py_{name}", port
+        self.conninfo = f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+
+    def run(self, *args: str) -> None:
+        subprocess.run([str(CLUSTER), *args], check=True, stdout=subprocess.DEVNULL)
+
+    def create(self) -> "Cluster":
+        subprocess.run([str(CLUSTER), "destroy", self.name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.run("create", self.name, str(self.port))
+        self.run("start", self.name)
+        with self.connect() as conn:
+            conn.execute("CREATE EXTENSION pg_fence")
+        return self
+
+    def connect(self, **kwargs) -> psycopg.Connection:
+        return psycopg.connect(self.conninfo, autocommit=True, application_name="pg_fence_pytest", **kwargs)
+
+    def sql(self, query: str, params: tuple = ()):
+        with self.connect() as conn:
+            return conn.execute(query, params).fetchone()
+
+    def crash(self) -> None:
+        self.run("crash", self.name)
+
+    def start(self) -> None:
+        self.run("start", self.name)
+
+    def postmaster_pid(self) -> int:
+        return int((TEST_DIR / self.name / "postmaster.pid").read_text().split()[0])
+
+    def backend_pids(self, application_name: str) -> list:
+        with self.connect() as conn:
+            rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application_name,))
+            return [row[0] for row in rows]
+
+    def destroy(self) -> None:
+        subprocess.run([str(CLUSTER), "destroy", self.name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def eventually(check, limit: float = 20.0) -> bool:
+    """Polls `check` until it is true or `limit` seconds have passed (a bound on a hang, not a speed test)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """One cluster shared by the tests that inflict no faults on it."""
+    cluster = Cluster("shared", 27500).create()
+    yield cluster
+    cluster.destroy()
+
+
+@pytest.fixture
+def own_cluster(request) -> Iterator[Cluster]:
+    """A cluster of the test's own, for tests that crash or stop it; port from the test's marker."""
+    marker = request.node.get_closest_marker("port")
+    assert marker, "tests using own_cluster set @pytest.mark.port(N)"
+    cluster = Cluster(request.node.name[:40], marker.args[0]).create()
+    yield cluster
+    cluster.destroy()
+
+
+@pytest.fixture
+def key(request) -> str:
+    """A key no other test uses."""
+    return f"{request.node.name}:{time.monotonic_ns()}"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "port(n): the port of the test's own cluster")

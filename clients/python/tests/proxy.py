@@ -1,0 +1,52 @@
+"""A TCP proxy in front of a server that can lose a reply: with `drop_reply_after` set, the first
+server reply to arrive after a client message containing those bytes is not forwarded, and both
+connections are closed, as when a network fails after the server committed."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Optional
+
+
+class Proxy:
+    def __init__(self, server_port: int):
+        self.server_port = server_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.drop_reply_after: Optional[bytes] = None
+        self.dropped = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.server_port))
+            armed = threading.Event()
+            threading.Thread(target=self._pipe, args=(client, server, armed, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, armed, False), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, armed: threading.Event, upstream: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if upstream and self.drop_reply_after and self.drop_reply_after in data:
+                    self.drop_reply_after = None
+                    armed.set()
+                elif not upstream and armed.is_set():
+                    self.dropped += 1
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()

@@ -1,0 +1,63 @@
+"""The asyncio API against a real server: calls, a kept lease, takeover and an unreachable server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import psycopg
+import pytest
+
+from pg_fence import LeaseLost, StaleFence, WaitTimedOut
+from pg_fence.aio import AsyncClient, fenced_update
+
+
+async def test_async_calls_round_trip(cluster, key):
+    async with AsyncClient(cluster.conninfo) as client:
+        lease = await client.acquire(key, 30)
+        assert lease is not None and await client.current_fence(key) == lease.fence
+        assert await client.acquire(key, 30) is None
+        assert (await client.renew(lease, 60)).expires_at > lease.expires_at
+        assert await client.release(lease) and not await client.release(lease)
+        with pytest.raises(LeaseLost):
+            await client.renew(lease, 30)
+        with pytest.raises(psycopg.Error) as err:
+            await client.acquire("", 30)
+        assert err.value.sqlstate == "22023"
+
+
+async def test_async_kept_lease_renews_and_is_told_of_a_takeover(cluster, key):
+    async with AsyncClient(cluster.conninfo) as client:
+        async with await client.lease(key, 1.0) as lease:
+            await asyncio.sleep(2.5)
+            assert lease.held()
+            with pytest.raises(WaitTimedOut):
+                await client.lease(key, 30, wait=0.1)
+            revoked = time.monotonic()
+            cluster.sql("SELECT fence.lease_revoke(%s)", (key,))
+            assert await client.acquire(key, 30)
+            await asyncio.wait_for(lease.lost.wait(), 5)
+            print(f"\nasync takeover: told {1000 * (lease.lost_at - revoked):.0f} ms after the revoke")
+            assert lease.state == "lost"
+            async with await psycopg.AsyncConnection.connect(cluster.conninfo, autocommit=True) as conn:
+                with pytest.raises(StaleFence):
+                    await fenced_update(conn, key, lease.fence, "pg_class", {"relname": "x"}, {"oid": 0})
+
+
+@pytest.mark.port(27520)
+async def test_async_unreachable_server_is_declared_unknown(own_cluster, key):
+    client = AsyncClient(own_cluster.conninfo, application_name="async_keeper_stopped")
+    lease = await client.lease(key, 2.0)
+    (pid,) = own_cluster.backend_pids("async_keeper_stopped")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        await asyncio.wait_for(lease.lost.wait(), 10)
+        assert lease.state == "unknown"
+        expiry = own_cluster.sql("SELECT expires_at FROM fence.leases WHERE key = %s", (key,))[0]
+        assert time.time() - (time.monotonic() - lease.lost_at) <= expiry.timestamp()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await lease.release()
+    await client.close()

@@ -1,0 +1,116 @@
+"""Kept leases under faults: renewal, takeover, an unreachable server, kill -9 of the server, the
+end of a session-bound lease's session. Each prints the time from the loss to the client being told."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from datetime import datetime, timezone
+
+import pytest
+from conftest import eventually
+
+import pg_fence
+from pg_fence import Client, LeaseLost, StaleFence
+
+
+def live_fence(cluster, key):
+    row = cluster.sql("SELECT fence FROM fence.leases WHERE key = %s AND live", (key,))
+    return row[0] if row else None
+
+
+def test_a_kept_lease_outlives_its_ttl_and_is_released_on_exit(cluster, key):
+    with Client(cluster.conninfo) as client:
+        with client.lease(key, 1.0) as lease:
+            time.sleep(3.5)
+            assert lease.held() and not lease.lost.is_set()
+            assert live_fence(cluster, key) == lease.fence
+        assert lease.state == "released" and live_fence(cluster, key) is None
+
+
+def test_a_takeover_is_told_within_a_renewal(cluster, key):
+    told = []
+    with Client(cluster.conninfo) as client:
+        with client.lease(key, 1.5, on_lost=lambda kept: told.append(kept.state)) as lease:
+            revoked = time.monotonic()
+            cluster.sql("SELECT fence.lease_revoke(%s)", (key,))
+            taker = client.acquire(key, 30)
+            assert lease.lost.wait(5), "the keeper never noticed the takeover"
+            print(f"\ntakeover: told {1000 * (lease.lost_at - revoked):.0f} ms after the revoke")
+            assert lease.state == "lost" and told == ["lost"]
+            with pytest.raises(LeaseLost):
+                lease.check()
+            with cluster.connect() as conn:
+                with pytest.raises(LeaseLost):
+                    lease.fenced_update(conn, "pg_class", {"relname": "x"}, {"oid": 0})
+                with pytest.raises(StaleFence):  # and the server refuses the old fence too
+                    pg_fence.fenced_update(conn, key, lease.fence, "pg_class", {"relname": "x"}, {"oid": 0})
+        # Leaving the block never releases the new holder's lease.
+        assert live_fence(cluster, key) == taker.fence
+
+
+@pytest.mark.port(27510)
+def test_an_unreachable_server_is_declared_unknown_before_the_lease_expires(own_cluster, key):
+    client = Client(own_cluster.conninfo, application_name="keeper_stopped")
+    lease = client.lease(key, 2.0)
+    (pid,) = own_cluster.backend_pids("keeper_stopped")
+    server_expiry = own_cluster.sql("SELECT expires_at FROM fence.leases WHERE key = %s", (key,))[0]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert lease.lost.wait(10), "never declared lost while renewals could not get through"
+        assert lease.state == "unknown"
+        # lost_at on the wall clock, which the server's (on this machine) shares.
+        told_wall = datetime.fromtimestamp(time.time() - (time.monotonic() - lease.lost_at), timezone.utc)
+        # A renewal may have landed just before the stop; the expiry is at least the first one.
+        expiry = own_cluster.sql("SELECT expires_at FROM fence.leases WHERE key = %s", (key,))[0]
+        assert expiry >= server_expiry
+        print(f"\nunreachable: told {1000 * (expiry - told_wall).total_seconds():.0f} ms before the server's expiry")
+        assert told_wall <= expiry, "declared lost only after the server's expiry"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert lease.release() is False  # already declared: nothing to release from here
+    client.close()
+
+
+@pytest.mark.port(27511)
+def test_a_durable_lease_survives_kill_9_of_the_server(own_cluster, key):
+    with Client(own_cluster.conninfo) as client:
+        with client.lease(key, 6.0) as lease:
+            own_cluster.crash()
+            own_cluster.start()
+            before = own_cluster.sql("SELECT expires_at FROM fence.leases WHERE key = %s", (key,))[0]
+            assert eventually(
+                lambda: own_cluster.sql("SELECT expires_at FROM fence.leases WHERE key = %s", (key,))[0] > before
+            ), "the keeper never renewed after the restart"
+            assert lease.held() and live_fence(own_cluster, key) == lease.fence
+
+
+@pytest.mark.port(27512)
+def test_a_session_bound_lease_is_lost_when_its_session_ends(own_cluster, key):
+    with Client(own_cluster.conninfo, application_name="keeper_session") as client:
+        with client.lease(key, 30, session_bound=True, renew_every=0.3) as lease:
+            (pid,) = own_cluster.backend_pids("keeper_session")
+            ended = time.monotonic()
+            own_cluster.sql("SELECT pg_terminate_backend(%s)", (pid,))
+            taker = client.acquire(key, 30, wait=5)
+            assert taker is not None and taker.fence > lease.fence
+            assert lease.lost.wait(5) and lease.state == "lost"
+            print(f"\nsession ended: told {1000 * (lease.lost_at - ended):.0f} ms after pg_terminate_backend")
+
+
+def test_release_on_exit_of_a_failing_block(cluster, key):
+    with Client(cluster.conninfo) as client:
+        with pytest.raises(RuntimeError):
+            with client.lease(key, 30):
+                raise RuntimeError("work failed")
+        assert live_fence(cluster, key) is None
+
+
+def test_renewals_run_in_the_background_while_the_work_blocks(cluster, key):
+    with Client(cluster.conninfo) as client:
+        with client.lease(key, 0.9) as lease:
+            blocker = threading.Event()
+            blocker.wait(2.5)  # the work never yields to the keeper
+            assert lease.held()
