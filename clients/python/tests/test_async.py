@@ -61,3 +61,15 @@ async def test_async_unreachable_server_is_declared_unknown(own_cluster, key):
         os.kill(pid, signal.SIGCONT)
     await lease.release()
     await client.close()
+
+
+@pytest.mark.port(27521)
+async def test_async_session_bound_lease_is_lost_at_once_when_its_session_ends(own_cluster, key):
+    async with AsyncClient(own_cluster.conninfo, application_name="async_keeper_session") as client:
+        async with await client.lease(key, 30, session_bound=True) as lease:
+            (pid,) = own_cluster.backend_pids("async_keeper_session")
+            ended = time.monotonic()
+            own_cluster.sql("SELECT pg_terminate_backend(%s)", (pid,))
+            await asyncio.wait_for(lease.lost.wait(), 5)  # the next renewal is 10 s away
+            print(f"\nasync session ended: told {1000 * (lease.lost_at - ended):.0f} ms after pg_terminate_backend")
+            assert lease.state == "lost"

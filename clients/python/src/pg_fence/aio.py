@@ -106,6 +106,9 @@ class AsyncConnections:
                 if self._conn.broken:
                     await self._drop()
 
+    def current(self) -> Optional[psycopg.AsyncConnection]:
+        return self._conn
+
     async def close(self) -> None:
         await self._drop()
 
@@ -329,7 +332,7 @@ class AsyncKeptLease:
     async def _renew_loop(self) -> None:
         holding = self._holding
         while holding.state == HELD:
-            await asyncio.sleep(max(0.0, holding.next_renewal - time.monotonic()))
+            await self._pause(holding)
             sent = time.monotonic()
             try:
                 async with self._connections.use() as conn:
@@ -341,3 +344,22 @@ class AsyncKeptLease:
                     return
                 continue
             holding.renewed(sent, renewed)
+
+    async def _pause(self, holding: Holding) -> None:
+        """As KeptLease._pause: sleeps until the next renewal, watching a session-bound lease's
+        connection, which the server writes to while idle only when it ends the session."""
+        timeout = max(0.0, holding.next_renewal - time.monotonic())
+        conn = self._connections.current() if holding.session_bound else None
+        if conn is None or conn.closed:
+            await asyncio.sleep(timeout)
+            return
+        loop, fd = asyncio.get_running_loop(), conn.fileno()
+        readable = loop.create_future()
+        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+        try:
+            await asyncio.wait_for(readable, timeout)
+            holding.next_renewal = min(holding.next_renewal, time.monotonic())
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(fd)

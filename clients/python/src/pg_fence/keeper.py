@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import selectors
+import socket
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -45,7 +47,7 @@ class KeptLease:
         self._release_timeout = release_timeout
         #: Set when the lease is lost or its state unknown: stop the work done under it.
         self.lost = threading.Event()
-        self._stop = threading.Event()
+        self._stop = _Stop()
         self._holding.renew_at_once_if_slow()
         self._threads = [
             threading.Thread(target=self._renew_loop, name=f"pg_fence renew {lease.key}", daemon=True),
@@ -162,10 +164,11 @@ class KeptLease:
         finally:
             if self._holding.state in (LOST, UNKNOWN):
                 self._connections.close()
+            self._stop.close()
 
     def _renew_until_stopped(self) -> None:
         holding = self._holding
-        while not self._stop.wait(max(0.0, holding.next_renewal - time.monotonic())):
+        while not self._pause(holding):
             sent = time.monotonic()
             try:
                 with self._connections.use() as conn:
@@ -182,6 +185,45 @@ class KeptLease:
                     calls.release(conn, renewed)
                 return
 
+    def _pause(self, holding: Holding) -> bool:
+        """Waits until the next renewal is due; True when stopped. A session-bound lease's
+        connection is watched meanwhile: the server writes to an idle session only when it ends
+        it (pg_terminate_backend, a shutdown), and then the lease is gone, so renew at once to
+        find out, instead of at the next renewal."""
+        timeout = max(0.0, holding.next_renewal - time.monotonic())
+        conn = self._connections.current() if holding.session_bound else None
+        if conn is None or conn.closed:
+            return self._stop.wait(timeout)
+        if self._stop.wait(timeout, conn.fileno()):
+            return True
+        holding.next_renewal = min(holding.next_renewal, time.monotonic())
+        return False
 
-def _ms(seconds: float) -> str:
-    return str(max(1, int(seconds * 1000)))
+
+class _Stop:
+    """A threading.Event whose wait can also end when a socket becomes readable."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._wake, self._waker = socket.socketpair()
+
+    def set(self) -> None:
+        self._event.set()
+        with contextlib.suppress(OSError):
+            self._waker.send(b"x")
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float, fd: Optional[int] = None) -> bool:
+        if fd is None:
+            return self._event.wait(timeout)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._wake, selectors.EVENT_READ)
+            selector.register(fd, selectors.EVENT_READ)
+            selector.select(timeout)
+        return self._event.is_set()
+
+    def close(self) -> None:
+        self._wake.close()
+        self._waker.close()
