@@ -1,0 +1,144 @@
+use crate::connect::Connector;
+use crate::error::Error;
+use crate::lease::{self, AcquireOptions, Lease};
+use crate::retry::Backoff;
+use serde_json::Value;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::Mutex;
+
+/// The lease calls with retries: a broken connection is made again (with backoff) and the call
+/// retried, which is safe for each of them: an acquire carries the token chosen before its first try,
+/// so a retry after a lost reply gets the lease that reply granted; renew and release are safe as they
+/// are. Fenced writes are not here: a write must be retried by the caller, who knows its transaction.
+pub struct FenceClient<C: Connector> {
+    connector: C,
+    backoff: Backoff,
+    call_timeout: Duration,
+    conn: Mutex<Option<Arc<C::Conn>>>,
+}
+
+impl<C: Connector> FenceClient<C> {
+    pub fn new(connector: C) -> Self {
+        FenceClient::with_backoff(connector, Backoff::default())
+    }
+
+    pub fn with_backoff(connector: C, backoff: Backoff) -> Self {
+        FenceClient { connector, backoff, call_timeout: Duration::from_secs(30), conn: Mutex::new(None) }
+    }
+
+    /// Bounds each try of a call (beyond an acquire's `wait`); 30 s by default.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// The connection the calls use, made now if there is none or it broke.
+    pub async fn connection(&self) -> Result<Arc<C::Conn>, Error> {
+        let mut conn = self.conn.lock().await;
+        if let Some(live) = conn.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(live.clone());
+        }
+        *conn = None;
+        let made = Arc::new(self.connector.connect().await.map_err(Error::Connect)?);
+        *conn = Some(made.clone());
+        Ok(made)
+    }
+
+    /// Each try is bounded by `call_timeout` plus `extra` (an acquire's wait): a server that hangs
+    /// (stopped, or a dead route keepalives have not found yet) must not hang the caller.
+    async fn retrying<T, F, Fut>(&self, extra: Duration, call: F) -> Result<T, Error>
+    where
+        F: Fn(Arc<C::Conn>) -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        let started = Instant::now();
+        let mut tries = 0;
+        // Once one try may have taken effect, running out of retries leaves the outcome unknown,
+        // even if the later tries only failed to connect.
+        let mut maybe_done = false;
+        loop {
+            let error = match self.connection().await {
+                Ok(conn) => match tokio::time::timeout(self.call_timeout + extra, call(conn.clone())).await {
+                    Ok(Err(err)) if err.is_retryable() => {
+                        self.discard(&conn).await;
+                        err
+                    }
+                    Ok(done) => return done,
+                    Err(elapsed) => {
+                        self.discard(&conn).await;
+                        Error::OutcomeUnknown(Box::new(elapsed))
+                    }
+                },
+                Err(err) => err,
+            };
+            maybe_done |= matches!(error, Error::OutcomeUnknown(_));
+            tries += 1;
+            match self.backoff.next(tries, started) {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None if maybe_done && !matches!(error, Error::OutcomeUnknown(_)) => {
+                    return Err(Error::OutcomeUnknown(Box::new(error)))
+                }
+                None => return Err(error),
+            }
+        }
+    }
+
+    /// The current connection, if there is one; makes none.
+    pub(crate) async fn current(&self) -> Option<Arc<C::Conn>> {
+        self.conn.lock().await.clone()
+    }
+
+    /// Forgets the current connection: it hung, and the next call must not wait on it again.
+    pub(crate) async fn forget(&self) {
+        *self.conn.lock().await = None;
+    }
+
+    /// Forgets `conn` if it is still the current one: it broke or hung, the next call reconnects.
+    pub(crate) async fn discard(&self, conn: &Arc<C::Conn>) {
+        let mut current = self.conn.lock().await;
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *current = None;
+        }
+    }
+
+    /// `lease::acquire`, retried. The token is chosen once (or taken from `opts`) for every try.
+    pub async fn acquire(&self, key: &str, opts: &AcquireOptions) -> Result<Option<Lease>, Error> {
+        let opts = &opts.with_token();
+        self.retrying(opts.wait, |conn| async move { lease::acquire(&**conn, key, opts).await }).await
+    }
+
+    pub async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<SystemTime, Error> {
+        self.retrying(Duration::ZERO, |conn| async move { lease::renew(&**conn, lease, ttl).await }).await
+    }
+
+    pub async fn release(&self, lease: &Lease) -> Result<bool, Error> {
+        self.retrying(Duration::ZERO, |conn| async move { lease::release(&**conn, lease).await }).await
+    }
+
+    pub async fn current_fence(&self, key: &str) -> Result<Option<i64>, Error> {
+        self.retrying(Duration::ZERO, |conn| async move { lease::current_fence(&**conn, key).await }).await
+    }
+
+    /// `lease::fence_guard` on its own, retried (it changes nothing). To guard writes, call
+    /// `lease::fence_guard` in their transaction instead.
+    pub async fn fence_guard(&self, key: &str, fence: i64) -> Result<(), Error> {
+        self.retrying(Duration::ZERO, |conn| async move { lease::fence_guard(&**conn, key, fence).await })
+            .await
+    }
+
+    /// `lease::fenced_update`, not retried: after a broken connection its outcome is unknown, and
+    /// only the caller can tell whether doing it twice is harmless.
+    pub async fn fenced_update(
+        &self,
+        key: &str,
+        fence: i64,
+        table: &str,
+        changes: &Value,
+        filter: &Value,
+    ) -> Result<i64, Error> {
+        let conn = self.connection().await?;
+        lease::fenced_update(&**conn, key, fence, table, changes, filter).await
+    }
+}

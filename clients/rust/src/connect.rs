@@ -1,0 +1,97 @@
+use crate::error::BoxError;
+use std::future::Future;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, Config, NoTls};
+use tokio_util::sync::CancellationToken;
+
+/// Where the retrying client and the keeper get connections from. Implemented for a
+/// `tokio_postgres::Config` (plain TCP, no TLS); implement it for a pool or for TLS. A pool's
+/// connection works as `Conn` through a newtype that derefs to `Client` (see the README).
+///
+/// The keeper holds its connection for as long as it keeps the lease (a session-bound lease lives
+/// exactly as long as the session that took it), and drops it when it hangs or breaks.
+pub trait Connector: Send + Sync + 'static {
+    type Conn: Deref<Target = Client> + Send + Sync + 'static;
+
+    fn connect(&self) -> impl Future<Output = Result<Self::Conn, BoxError>> + Send;
+
+    /// Cancelled once `conn` has closed, if the connector can tell. The server closes an idle
+    /// session only to end it (pg_terminate_backend, a shutdown), and a session-bound lease ends
+    /// with it: with this the keeper learns of that at once instead of at its next renewal.
+    fn closed(_conn: &Self::Conn) -> Option<CancellationToken> {
+        None
+    }
+}
+
+/// A connection made from a `Config`: the client and the task driving its socket, which is ended
+/// with it, so a connection abandoned because it hung closes its socket at once.
+pub struct PgConnection {
+    client: Client,
+    task: JoinHandle<()>,
+    closed: CancellationToken,
+}
+
+impl Deref for PgConnection {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Drop for PgConnection {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The application_name set when the config has none, so that a holder's backends can be found in
+/// pg_stat_activity.
+pub const APPLICATION_NAME: &str = "pg_fence_client";
+
+impl Connector for Config {
+    type Conn = PgConnection;
+
+    async fn connect(&self) -> Result<PgConnection, BoxError> {
+        let mut config = self.clone();
+        if config.get_application_name().is_none() {
+            config.application_name(APPLICATION_NAME);
+        }
+        // Keepalives find a peer that vanished (a dead host, a dropped route) in seconds rather
+        // than the kernel's two hours; a hung but reachable server is bounded by timeouts instead.
+        config.keepalives(true);
+        if config.get_keepalives_idle() >= Duration::from_secs(60) {
+            config.keepalives_idle(Duration::from_secs(10));
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        let (client, connection) = config.connect(NoTls).await?;
+        let closed = CancellationToken::new();
+        let on_close = closed.clone();
+        let task = tokio::spawn(async move {
+            let _ = connection.await;
+            on_close.cancel();
+        });
+        Ok(PgConnection { client, task, closed })
+    }
+
+    fn closed(conn: &PgConnection) -> Option<CancellationToken> {
+        Some(conn.closed.clone())
+    }
+}
+
+impl<T: Connector> Connector for Arc<T> {
+    type Conn = T::Conn;
+
+    fn connect(&self) -> impl Future<Output = Result<T::Conn, BoxError>> + Send {
+        (**self).connect()
+    }
+
+    fn closed(conn: &T::Conn) -> Option<CancellationToken> {
+        T::closed(conn)
+    }
+}

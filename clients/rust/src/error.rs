@@ -1,0 +1,73 @@
+use std::error::Error as StdError;
+
+/// A boxed error from a connector or a timer, kept as the source of `Connect` and `OutcomeUnknown`.
+pub type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// What can go wrong. The variants a holder must act on are first: after `LeaseLost` or
+/// `StaleFence` stop working under the fence; after `OutcomeUnknown` the call may have taken effect.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// PF001: the token no longer holds the key's live lease (released, revoked, expired, taken over).
+    #[error("lease on {key:?} lost: its token no longer holds the live lease (PF001)")]
+    LeaseLost { key: String },
+    /// PF002: a fenced write under a fence that is not the key's live one.
+    #[error("stale fence {fence}: the write was refused (PF002)")]
+    StaleFence { fence: i64 },
+    /// An acquire (through `hold`) that did not get the lease before its wait ran out.
+    #[error("lease on {key:?} not granted within the wait")]
+    WaitTimedOut { key: String },
+    /// 57014: a waiting acquire was cancelled or hit statement_timeout; nothing was granted.
+    #[error("waiting acquire cancelled (57014)")]
+    WaitCancelled(#[source] tokio_postgres::Error),
+    /// The connection broke (or hung) mid-call and the retries ran out: the server may or may not
+    /// have done it.
+    #[error("outcome unknown: the connection failed mid-call and retries ran out")]
+    OutcomeUnknown(#[source] BoxError),
+    /// Any other error: from the server (see `sqlstate`), the statement failed and changed nothing.
+    #[error(transparent)]
+    Db(tokio_postgres::Error),
+    /// No connection could be made before the retries ran out; nothing was sent.
+    #[error("could not connect")]
+    Connect(#[source] BoxError),
+}
+
+impl Error {
+    /// The SQLSTATE behind this error, when the server gave one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            Error::LeaseLost { .. } => Some("PF001"),
+            Error::StaleFence { .. } => Some("PF002"),
+            Error::WaitCancelled(_) => Some("57014"),
+            Error::Db(err) => err.code().map(|code| code.code()),
+            _ => None,
+        }
+    }
+
+    /// Whether trying again, on a new connection if need be, can help. Class 08 and the 57P0x
+    /// codes are the server ending or refusing the session, not the statement being wrong.
+    pub(crate) fn is_retryable(&self) -> bool {
+        match self {
+            Error::OutcomeUnknown(_) | Error::Connect(_) => true,
+            Error::Db(_) => {
+                let code = self.sqlstate().unwrap_or("");
+                code.starts_with("08") || code.starts_with("57P0") || code == "53300"
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A server error (it has a SQLSTATE) means the statement failed and changed nothing; anything else
+/// from the driver means the connection failed and the server may or may not have done it.
+pub(crate) fn classify(err: tokio_postgres::Error) -> Error {
+    if err.code().is_some() {
+        Error::Db(err)
+    } else {
+        Error::OutcomeUnknown(Box::new(err))
+    }
+}
+
+/// The SQLSTATE of a server error, to match pg_fence's own codes on.
+pub(crate) fn code(err: &tokio_postgres::Error) -> Option<&str> {
+    err.code().map(|code| code.code())
+}

@@ -1,0 +1,23 @@
+//! Client for pg_fence: distributed leases with fencing tokens, granted by PostgreSQL.
+//!
+//! - [`lease`]: the SQL API, one statement per call, on any client or transaction.
+//! - [`FenceClient`]: the same calls with reconnects and retries (backoff with full jitter); a retried
+//!   acquire is safe because its token is chosen before the first try.
+//! - [`hold`]: acquire and keep a lease renewed in the background, with a local deadline that says
+//!   when to stop even if the server cannot be reached.
+//!
+//! Whatever the client believes, only the fence protects the data: guard every write with
+//! [`lease::fence_guard`] or [`lease::fenced_update`] in the writing transaction.
+mod client;
+mod connect;
+mod error;
+mod keeper;
+pub mod lease;
+mod retry;
+
+pub use client::FenceClient;
+pub use connect::{Connector, PgConnection, APPLICATION_NAME};
+pub use error::{BoxError, Error};
+pub use keeper::{hold, HeldLease, KeepOptions, LeaseState, OnLost};
+pub use lease::{AcquireOptions, Lease};
+pub use retry::Backoff;

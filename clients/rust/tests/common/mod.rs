@@ -1,0 +1,109 @@
+//! Shared by the integration tests: scratch clusters come from the repository's harness
+//! (tests/src/lib.rs); the tests talk to them through this crate and tokio-postgres.
+#![allow(dead_code)]
+use pg_fence_client::{hold, AcquireOptions, Connector, HeldLease, KeepOptions, PgConnection};
+use pg_fence_integration::{signal, Cluster};
+use std::future::Future;
+use std::time::{Duration, Instant};
+use tokio_postgres::{Client, Config, NoTls};
+
+/// A cluster for one test. fsync is off only to keep parallel tests quick: a kill -9 of the server
+/// loses nothing the OS has, so crash tests still see only what each commit flushed to the OS.
+pub fn cluster(name: &str, port: u16) -> Cluster {
+    Cluster::start(name, port, &["fsync=off"])
+}
+
+/// Runs an async test body on a two-worker runtime (so blocking harness calls in `block_in_place`
+/// leave the keeper a thread).
+pub fn run<F: Future>(body: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap().block_on(body)
+}
+
+pub fn config(port: u16, application_name: &str) -> Config {
+    format!("host=127.0.0.1 port={port} user=postgres dbname=postgres application_name={application_name}")
+        .parse()
+        .unwrap()
+}
+
+/// A connection as the library makes them (but for its application_name).
+pub async fn connect(port: u16) -> PgConnection {
+    let mut config = config(port, "x");
+    config.application_name(pg_fence_client::APPLICATION_NAME);
+    Connector::connect(&config).await.unwrap()
+}
+
+/// `key` held with `ttl` and the default keep options, by a keeper whose connections have
+/// application_name rc_keeper; returned once it has renewed the lease at least once.
+pub async fn held_and_renewed(port: u16, key: &str, ttl: Duration) -> HeldLease {
+    let opts = AcquireOptions::new(ttl);
+    let held = hold(config(port, "rc_keeper"), key, &opts, KeepOptions::default()).await.unwrap();
+    held.watch().changed().await.unwrap();
+    held
+}
+
+/// A plain client, for transactions (they need `&mut Client`).
+pub async fn plain(port: u16) -> Client {
+    let (client, connection) = config(port, "rc_admin").connect(NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// Polls `check` until it is true or `limit` passed. Limits bound how long a failing test hangs;
+/// they do not measure speed.
+pub async fn eventually<F: Future<Output = bool>>(limit: Duration, mut check: impl FnMut() -> F) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// Whether `key`'s lease is live by the server, and its fence.
+pub async fn server_lease(client: &Client, key: &str) -> Option<(bool, i64)> {
+    let row = client.query_opt("SELECT live, fence FROM fence.leases WHERE key = $1", &[&key]).await.unwrap();
+    row.map(|row| (row.get(0), row.get(1)))
+}
+
+/// The postmaster and every process it started, stopped with SIGSTOP (the postmaster first, so that
+/// it forks nothing new meanwhile) until dropped, even when the test fails.
+pub struct Frozen(Vec<u32>);
+
+impl Frozen {
+    pub fn server(cluster: &Cluster) -> Frozen {
+        let root = std::env::var("PG_FENCE_TEST_DIR").unwrap_or_else(|_| "/tmp/pg_fence_test".into());
+        let pidfile = std::fs::read_to_string(format!("{root}/{}/postmaster.pid", cluster.name())).unwrap();
+        let postmaster: u32 = pidfile.lines().next().unwrap().trim().parse().unwrap();
+        signal(postmaster, "-STOP");
+        let mut pids = vec![postmaster];
+        pids.extend(children(postmaster));
+        for pid in &pids[1..] {
+            signal(*pid, "-STOP");
+        }
+        Frozen(pids)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for pid in self.0.iter().rev() {
+            signal(*pid, "-CONT");
+        }
+    }
+}
+
+fn children(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // The command name, in parentheses, may hold spaces: the ppid is the second field after it.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        if after.split(' ').nth(1).and_then(|ppid| ppid.parse::<u32>().ok()) == Some(parent) {
+            found.push(pid);
+        }
+    }
+    found
+}
