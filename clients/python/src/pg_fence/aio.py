@@ -267,6 +267,7 @@ class AsyncKeptLease:
     fence = property(lambda self: self._holding.lease.fence)
     token = property(lambda self: self._holding.lease.token)
     lost_at = property(lambda self: self._holding.lost_at)
+    deadline = property(lambda self: self._holding.deadline)
     last_error = property(lambda self: self._holding.last_error)
 
     @property

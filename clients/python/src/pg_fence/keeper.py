@@ -80,6 +80,11 @@ class KeptLease:
         return self._holding.state
 
     @property
+    def deadline(self) -> float:
+        """time.monotonic() until which the lease is known to be held, short of a renewal."""
+        return self._holding.deadline
+
+    @property
     def lost_at(self) -> Optional[float]:
         """time.monotonic() when the lease was declared lost or unknown."""
         return self._holding.lost_at
