@@ -4,9 +4,10 @@ use crate::lease::{self, AcquireOptions, Lease};
 use crate::retry::Backoff;
 use serde_json::Value;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Mutex;
+use uuid::Uuid;
 
 /// The lease calls with retries: a broken connection is made again (with backoff) and the call
 /// retried, which is safe for each of them: an acquire carries the token chosen before its first try,
@@ -73,7 +74,7 @@ impl<C: Connector> FenceClient<C> {
                 },
                 Err(err) => err,
             };
-            maybe_done |= matches!(error, Error::OutcomeUnknown(_));
+            maybe_done |= error.may_have_taken_effect();
             tries += 1;
             match self.backoff.next(tries, started) {
                 Some(delay) => tokio::time::sleep(delay).await,
@@ -83,11 +84,6 @@ impl<C: Connector> FenceClient<C> {
                 None => return Err(error),
             }
         }
-    }
-
-    /// The current connection, if there is one; makes none.
-    pub(crate) async fn current(&self) -> Option<Arc<C::Conn>> {
-        self.conn.lock().await.clone()
     }
 
     /// Forgets the current connection: it hung, and the next call must not wait on it again.
@@ -107,6 +103,44 @@ impl<C: Connector> FenceClient<C> {
     pub async fn acquire(&self, key: &str, opts: &AcquireOptions) -> Result<Option<Lease>, Error> {
         let opts = &opts.with_token();
         self.retrying(opts.wait, |conn| async move { lease::acquire(&**conn, key, opts).await }).await
+    }
+
+    /// `lease::acquire` of a session-bound lease, retried, with the connection it is bound to. The
+    /// server returns the lease a token holds to whichever session asks, and a session-bound lease
+    /// lives with the backend that took it: after a try whose outcome is unknown (its connection
+    /// broke on this side only, or timed out, while its backend lives on), a retry with that token
+    /// would get a lease bound to that orphaned backend, ending whenever it does. So each retry first
+    /// releases the previous try's token, then asks with a fresh one, and the grant is checked to be
+    /// bound to the session it came on.
+    pub(crate) async fn acquire_session_bound(
+        &self,
+        key: &str,
+        opts: &AcquireOptions,
+    ) -> Result<Option<(Lease, Arc<C::Conn>)>, Error> {
+        // The caller's token, for the first try; and the token of a try that may have been granted.
+        let tokens = &StdMutex::new((opts.token, None::<Uuid>));
+        self.retrying(opts.wait, |conn| async move {
+            let unsure = tokens.lock().unwrap().1;
+            if let Some(token) = unsure {
+                lease::release_token(&**conn, key, token).await?;
+            }
+            let token = {
+                let mut tokens = tokens.lock().unwrap();
+                *tokens = (None, Some(tokens.0.unwrap_or_else(Uuid::new_v4)));
+                tokens.1
+            };
+            let granted = lease::acquire(&**conn, key, &AcquireOptions { token, ..opts.clone() }).await?;
+            if let Some(lease) = &granted {
+                if !lease::bound_here(&**conn, lease).await? {
+                    // The token was already another session's (a caller's token used twice): left
+                    // unsure, so the next try releases it and takes a fresh one.
+                    return Err(Error::OutcomeUnknown("granted to another session".into()));
+                }
+            }
+            tokens.lock().unwrap().1 = None;
+            Ok(granted.map(|lease| (lease, conn)))
+        })
+        .await
     }
 
     pub async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<SystemTime, Error> {

@@ -52,24 +52,36 @@ impl Drop for PgConnection {
 /// pg_stat_activity.
 pub const APPLICATION_NAME: &str = "pg_fence_client";
 
+/// The config as `connect` uses it: an application_name, keepalives, a connect timeout.
+fn tuned(config: &Config) -> Config {
+    let mut config = config.clone();
+    if config.get_application_name().is_none() {
+        config.application_name(APPLICATION_NAME);
+    }
+    // Keepalives find a peer that vanished (a dead host, a dropped route) within 10 + 3 * 2 = 16 s
+    // of silence rather than the kernel's two hours and more; a hung but reachable server is
+    // bounded by timeouts instead.
+    config.keepalives(true);
+    if config.get_keepalives_idle() >= Duration::from_secs(60) {
+        config.keepalives_idle(Duration::from_secs(10));
+    }
+    if config.get_keepalives_interval().is_none() {
+        config.keepalives_interval(Duration::from_secs(2));
+    }
+    if config.get_keepalives_retries().is_none() {
+        config.keepalives_retries(3);
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    config
+}
+
 impl Connector for Config {
     type Conn = PgConnection;
 
     async fn connect(&self) -> Result<PgConnection, BoxError> {
-        let mut config = self.clone();
-        if config.get_application_name().is_none() {
-            config.application_name(APPLICATION_NAME);
-        }
-        // Keepalives find a peer that vanished (a dead host, a dropped route) in seconds rather
-        // than the kernel's two hours; a hung but reachable server is bounded by timeouts instead.
-        config.keepalives(true);
-        if config.get_keepalives_idle() >= Duration::from_secs(60) {
-            config.keepalives_idle(Duration::from_secs(10));
-        }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(Duration::from_secs(10));
-        }
-        let (client, connection) = config.connect(NoTls).await?;
+        let (client, connection) = tuned(self).connect(NoTls).await?;
         let closed = CancellationToken::new();
         let on_close = closed.clone();
         let task = tokio::spawn(async move {
@@ -93,5 +105,22 @@ impl<T: Connector> Connector for Arc<T> {
 
     fn closed(conn: &T::Conn) -> Option<CancellationToken> {
         T::closed(conn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalives_give_up_on_a_silent_peer_in_seconds() {
+        let config = tuned(&"host=db user=app".parse().unwrap());
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(10));
+        assert_eq!(config.get_keepalives_interval(), Some(Duration::from_secs(2)));
+        assert_eq!(config.get_keepalives_retries(), Some(3));
+        let chosen =
+            tuned(&"host=db keepalives_idle=5 keepalives_interval=1 keepalives_retries=9".parse().unwrap());
+        assert_eq!(chosen.get_keepalives_interval(), Some(Duration::from_secs(1)), "the caller's kept");
+        assert_eq!(chosen.get_keepalives_retries(), Some(9));
     }
 }

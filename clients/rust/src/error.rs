@@ -29,6 +29,10 @@ pub enum Error {
     /// No connection could be made before the retries ran out; nothing was sent.
     #[error("could not connect")]
     Connect(#[source] BoxError),
+    /// Options that cannot work (`hold`: a `renew_every` of zero, or not shorter than ttl less the
+    /// margin); checked before anything is sent.
+    #[error("invalid options: {0}")]
+    Config(String),
 }
 
 impl Error {
@@ -52,6 +56,18 @@ impl Error {
                 let code = self.sqlstate().unwrap_or("");
                 code.starts_with("08") || code.starts_with("57P0") || code == "53300"
             }
+            _ => false,
+        }
+    }
+
+    /// Whether the call that failed so may still have taken effect. Besides a broken connection,
+    /// 57P0x (the server ending the session: terminate, shutdown, crash) can come after the
+    /// statement's work, e.g. a terminate during a commit's wait for a synchronous standby, where
+    /// the commit stays.
+    pub(crate) fn may_have_taken_effect(&self) -> bool {
+        match self {
+            Error::OutcomeUnknown(_) => true,
+            Error::Db(_) => self.sqlstate().is_some_and(|code| code.starts_with("57P0")),
             _ => false,
         }
     }

@@ -1,6 +1,7 @@
 //! `hold`: a lease kept alive by a background task, and the local deadline that tells its holder
 //! when to stop even if the server cannot be reached to say so.
 use crate::client::FenceClient;
+use crate::clock::Stamp;
 use crate::connect::Connector;
 use crate::error::Error;
 use crate::lease::{self, AcquireOptions, Lease};
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, timeout_at};
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_util::sync::CancellationToken;
 
 /// Where a held lease stands. Once it leaves `Held` it never comes back.
@@ -35,13 +36,15 @@ pub type OnLost = Arc<dyn Fn(LeaseState) + Send + Sync>;
 #[derive(Clone)]
 pub struct KeepOptions {
     /// How often to renew; ttl / 3 by default, so that two renewals in a row can fail and a third
-    /// still has time before the deadline.
+    /// still has time before the deadline. Must be above zero and below ttl less the margin
+    /// (`Error::Config` otherwise).
     pub renew_every: Option<Duration>,
     /// Backoff between failed tries, of the acquire, a renewal and the release.
     pub retry: Backoff,
-    /// Taken off the local deadline, so that the holder is told (which takes the runtime a few
-    /// milliseconds) before the server's expiry rather than just after; min(ttl / 50, 100 ms) by
-    /// default.
+    /// Taken off the local deadline, so that the holder is told before the server's expiry rather
+    /// than just after: it covers the milliseconds telling takes, and clocks (this host's and the
+    /// server's) that run at rates up to 0.1 % apart. By default max(ttl / 1000, min(ttl / 50,
+    /// 100 ms)): 100 ms for TTLs from 5 s to 100 s, 0.1 % of longer ones.
     pub margin: Option<Duration>,
     /// Bounds one try of the acquire (beyond its `wait`) and the whole release.
     pub timeout: Duration,
@@ -80,19 +83,19 @@ struct Shared {
     span: Duration,
     /// The instant taken just before sending the last acquire or renew that succeeded, plus ttl
     /// (less the margin): the server cannot have expired the lease before then, as its TTL runs
-    /// from a later instant.
-    deadline: Mutex<Instant>,
+    /// from a later instant (if the clocks' rates differ by less than the margin covers).
+    deadline: Mutex<Stamp>,
     state: watch::Sender<LeaseState>,
     ended: CancellationToken,
     on_lost: Option<OnLost>,
 }
 
 impl Shared {
-    fn deadline(&self) -> Instant {
+    fn deadline(&self) -> Stamp {
         *self.deadline.lock().unwrap()
     }
 
-    fn renewed(&self, sent: Instant, fence: i64, expires_at: SystemTime) {
+    fn renewed(&self, sent: Stamp, fence: i64, expires_at: SystemTime) {
         *self.deadline.lock().unwrap() = sent + self.span;
         self.state.send_replace(LeaseState::Held { fence, expires_at });
     }
@@ -122,7 +125,7 @@ impl Shared {
     fn current(&self) -> LeaseState {
         let state = *self.state.borrow();
         match state {
-            LeaseState::Held { .. } if Instant::now() >= self.deadline() => LeaseState::Unknown,
+            LeaseState::Held { .. } if self.deadline().passed() => LeaseState::Unknown,
             _ => state,
         }
     }
@@ -148,7 +151,7 @@ impl HeldLease {
     }
 
     /// False once the local deadline has passed without a renewal, whether or not the keeper task
-    /// has run since.
+    /// has run since. Judged by CLOCK_BOOTTIME on Linux, so a suspend of this host counts.
     pub fn is_held(&self) -> bool {
         matches!(self.shared.current(), LeaseState::Held { .. })
     }
@@ -157,9 +160,10 @@ impl HeldLease {
         self.shared.current()
     }
 
-    /// The local deadline now: the lease is known to be held until then.
+    /// The local deadline now: the lease is known to be held until then. An `Instant` does not
+    /// count a suspend, so this is now plus the time left by the clock `is_held` judges by.
     pub fn deadline(&self) -> Instant {
-        self.shared.deadline()
+        Instant::now() + self.shared.deadline().left()
     }
 
     /// Every change of state, renewals included.
@@ -204,13 +208,20 @@ pub async fn hold<C: Connector>(
     keep: KeepOptions,
 ) -> Result<HeldLease, Error> {
     let opts = opts.with_token();
+    let span = opts.ttl.saturating_sub(keep.margin.unwrap_or(default_margin(opts.ttl)));
+    let every = keep.renew_every.unwrap_or(opts.ttl / 3);
+    if every.is_zero() || every >= span {
+        let why = format!("renew_every {every:?} must be above zero and below ttl less the margin, {span:?}");
+        return Err(Error::Config(why));
+    }
     let client = FenceClient::with_backoff(connector, keep.retry.clone()).call_timeout(keep.timeout);
     // Taken before the first try: whichever try granted the lease was sent after it.
-    let sent = Instant::now();
-    let lease =
-        client.acquire(key, &opts).await?.ok_or_else(|| Error::WaitTimedOut { key: key.to_owned() })?;
-    let margin = keep.margin.unwrap_or((opts.ttl / 50).min(Duration::from_millis(100)));
-    let span = opts.ttl.saturating_sub(margin);
+    let sent = Stamp::now();
+    let granted = match opts.session_bound {
+        true => client.acquire_session_bound(key, &opts).await?.map(|(lease, conn)| (lease, Some(conn))),
+        false => client.acquire(key, &opts).await?.map(|lease| (lease, None)),
+    };
+    let (lease, bound) = granted.ok_or_else(|| Error::WaitTimedOut { key: key.to_owned() })?;
     let (state, _) = watch::channel(LeaseState::Held { fence: lease.fence, expires_at: lease.expires_at });
     let shared = Arc::new(Shared {
         ttl: opts.ttl,
@@ -223,28 +234,44 @@ pub async fn hold<C: Connector>(
     let keeper = Keeper {
         client,
         lease: lease.clone(),
-        every: keep.renew_every.unwrap_or(opts.ttl / 3),
-        session_bound: opts.session_bound,
+        every,
+        bound,
         retry: keep.retry,
         timeout: keep.timeout,
-        shared: shared.clone(),
+        shared,
     };
     // A long wait, or retries, may have used up the margin that `sent` leaves: renew at once.
     if sent.elapsed() >= keeper.every {
         let renewed = timeout(keep.timeout, keeper.try_renew(keep.timeout)).await;
-        let (sent, expires_at) = renewed.map_err(|elapsed| Error::OutcomeUnknown(Box::new(elapsed)))??;
-        shared.renewed(sent, lease.fence, expires_at);
+        match renewed.map_err(|elapsed| Error::OutcomeUnknown(Box::new(elapsed))).and_then(|tried| tried) {
+            Ok((sent, expires_at)) => keeper.shared.renewed(sent, lease.fence, expires_at),
+            Err(err) => {
+                // The lease may be live, and the caller never gets its token: free the key, on a
+                // new connection (this one may hang).
+                keeper.client.forget().await;
+                keeper.release().await.ok();
+                return Err(err);
+            }
+        }
     }
+    let shared = keeper.shared.clone();
     let stop = CancellationToken::new();
     let task = tokio::spawn(keeper.run(stop.clone()));
     Ok(HeldLease { lease, shared, stop, task: Some(task) })
+}
+
+/// See `KeepOptions::margin`.
+fn default_margin(ttl: Duration) -> Duration {
+    (ttl / 1000).max((ttl / 50).min(Duration::from_millis(100)))
 }
 
 struct Keeper<C: Connector> {
     client: FenceClient<C>,
     lease: Lease,
     every: Duration,
-    session_bound: bool,
+    /// A session-bound lease's connection: the lease lives with its session, so it is renewed there
+    /// or not at all. None for a plain lease, renewed on any connection.
+    bound: Option<Arc<C::Conn>>,
     retry: Backoff,
     timeout: Duration,
     shared: Arc<Shared>,
@@ -258,27 +285,44 @@ impl<C: Connector> Keeper<C> {
         };
         if let Some(end) = ended {
             self.shared.end(end);
-            stop.cancelled().await;
             if end == LeaseState::Lost {
+                // A session-bound lease is Lost also when its connection broke on this side only:
+                // its backend may live on, holding the key, until the server notices. Harmless
+                // otherwise: a token that holds nothing releases nothing.
+                if self.bound.is_some() {
+                    self.release().await.ok();
+                }
+                stop.cancelled().await;
                 return Ok(false);
             }
+            stop.cancelled().await;
         }
         // Unknown or still held: the lease may be live, and releasing it frees the key at once.
-        let released = timeout(self.timeout, self.client.release(&self.lease)).await;
+        let released = self.release().await;
         self.shared.end(LeaseState::Released);
+        released
+    }
+
+    /// Releases by token on a working connection, bounded by the timeout.
+    async fn release(&self) -> Result<bool, Error> {
+        let released = timeout(self.timeout, self.client.release(&self.lease)).await;
         released.unwrap_or_else(|elapsed| Err(Error::OutcomeUnknown(Box::new(elapsed))))
     }
 
     async fn renew_until_ended(&self) -> LeaseState {
         loop {
             let deadline = self.shared.deadline();
-            let sent = deadline - self.shared.span;
-            self.pause_until(sent + self.every).await;
+            self.pause_until((deadline - self.shared.span).at + self.every).await;
             // The deadline bounds the renewal from outside, so it fires even while a call hangs.
-            match timeout_at(deadline.into(), self.renew_until_answered(deadline)).await {
-                Ok(Some((sent, expires_at))) => self.shared.renewed(sent, self.lease.fence, expires_at),
+            // Tokio's timers stop during a suspend, so the time left is asked of the boot clock,
+            // and a renewal answered once the deadline passed by it comes too late.
+            let bound = Instant::now() + deadline.left();
+            match timeout_at(bound.into(), self.renew_until_answered(deadline)).await {
+                Ok(Some((sent, expires_at))) if !deadline.passed() => {
+                    self.shared.renewed(sent, self.lease.fence, expires_at)
+                }
                 Ok(None) => return LeaseState::Lost,
-                Err(_) => {
+                _ => {
                     self.client.forget().await;
                     return LeaseState::Unknown;
                 }
@@ -287,13 +331,10 @@ impl<C: Connector> Keeper<C> {
     }
 
     /// Sleeps until `due`, or until a session-bound lease's connection closes: the lease has ended
-    /// with its session then, and the renewal that follows at once finds that out.
+    /// with its session then (or lives on in an orphaned backend), which the renewal that follows at
+    /// once turns into Lost.
     async fn pause_until(&self, due: Instant) {
-        let closed = match self.session_bound {
-            true => self.client.current().await.as_deref().and_then(C::closed),
-            false => None,
-        };
-        match closed {
+        match self.bound.as_deref().and_then(C::closed) {
             Some(closed) => {
                 tokio::select! {
                     _ = sleep_until(due.into()) => {}
@@ -304,17 +345,26 @@ impl<C: Connector> Keeper<C> {
         }
     }
 
-    /// Tries until the server answers: Some((sent, new expiry)), or None for PF001.
-    async fn renew_until_answered(&self, deadline: Instant) -> Option<(Instant, SystemTime)> {
+    /// Tries until the server answers: Some((sent, new expiry)), or None when the lease is lost:
+    /// PF001, or a session-bound lease whose connection failed.
+    async fn renew_until_answered(&self, deadline: Stamp) -> Option<(Stamp, SystemTime)> {
         let mut retry = 0;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.left();
             // A try that hangs is abandoned in time for another on a new connection, but for a
             // session-bound lease, which would end with its connection.
-            let limit = if self.session_bound { left } else { self.every.min(left) };
+            let limit = if self.bound.is_some() { left } else { self.every.min(left) };
             match timeout(limit, self.try_renew(limit)).await {
                 Ok(Ok(renewed)) => return Some(renewed),
                 Ok(Err(Error::LeaseLost { .. })) => return None,
+                // A session-bound lease cannot move to another connection: once its own broke (or
+                // may have), the session holding it is gone or out of reach.
+                Ok(Err(err))
+                    if self.bound.is_some() && (err.may_have_taken_effect() || self.bound_closed()) =>
+                {
+                    self.client.forget().await;
+                    return None;
+                }
                 Ok(Err(_)) => {}
                 Err(_) => self.client.forget().await,
             }
@@ -323,16 +373,62 @@ impl<C: Connector> Keeper<C> {
         }
     }
 
+    fn bound_closed(&self) -> bool {
+        self.bound.as_ref().is_some_and(|conn| conn.is_closed())
+    }
+
     /// One renewal, under a statement_timeout that ends it on the server by the time it is
-    /// abandoned here, so that a stuck renewal does not keep holding the key's lock.
-    async fn try_renew(&self, limit: Duration) -> Result<(Instant, SystemTime), Error> {
-        let conn = self.client.connection().await?;
+    /// abandoned here, so that a stuck renewal does not keep holding the key's lock. The timeout is
+    /// reset in the same round trip (the three statements are pipelined), so the connection, which
+    /// may go back to a pool, does not keep it.
+    async fn try_renew(&self, limit: Duration) -> Result<(Stamp, SystemTime), Error> {
+        let conn = match &self.bound {
+            Some(conn) if conn.is_closed() => {
+                return Err(Error::OutcomeUnknown("the lease's session closed".into()))
+            }
+            Some(conn) => conn.clone(),
+            None => self.client.connection().await?,
+        };
         let timeout_ms = format!("{}ms", limit.as_millis().max(1));
-        conn.query_typed("SELECT set_config('statement_timeout', $1, false)", &[(&timeout_ms, Type::TEXT)])
-            .await
-            .map_err(crate::error::classify)?;
-        let sent = Instant::now();
-        let expires_at = lease::renew(&**conn, &self.lease, self.shared.ttl).await?;
+        let timeout_ms = [(&timeout_ms as &(dyn ToSql + Sync), Type::TEXT)];
+        let sent = Stamp::now();
+        let (set, renewed, reset) = tokio::join!(
+            conn.query_typed("SELECT set_config('statement_timeout', $1, false)", &timeout_ms),
+            lease::renew(&**conn, &self.lease, self.shared.ttl),
+            conn.batch_execute("RESET statement_timeout"),
+        );
+        let expires_at = renewed?;
+        set.map(drop).and(reset).map_err(crate::error::classify)?;
         Ok((sent, expires_at))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_margin_is_100ms_or_a_thousandth_of_long_ttls() {
+        let margin = |secs: f64| default_margin(Duration::from_secs_f64(secs));
+        assert_eq!(margin(1.0), Duration::from_millis(20));
+        assert_eq!(margin(30.0), Duration::from_millis(100));
+        assert_eq!(margin(3600.0), Duration::from_millis(3600), "0.1 % of an hour");
+    }
+
+    #[test]
+    fn the_deadline_is_judged_by_the_boot_clock() {
+        let shared = Shared {
+            ttl: Duration::from_secs(30),
+            span: Duration::from_secs(30),
+            deadline: Mutex::new(Stamp::now() + Duration::from_secs(30)),
+            state: watch::channel(LeaseState::Held { fence: 1, expires_at: SystemTime::now() }).0,
+            ended: CancellationToken::new(),
+            on_lost: None,
+        };
+        assert!(matches!(shared.current(), LeaseState::Held { .. }));
+        // As after a suspend of a minute: CLOCK_MONOTONIC (and so `at`) did not move, boot time did.
+        let suspended = shared.deadline().after_suspend(Duration::from_secs(60));
+        *shared.deadline.lock().unwrap() = suspended;
+        assert_eq!(shared.current(), LeaseState::Unknown);
     }
 }

@@ -133,10 +133,28 @@ pub async fn renew(client: &impl GenericClient, lease: &Lease, ttl: Duration) ->
 /// Ends the lease: true when this call ended it, false when the token held nothing (so a retry is
 /// harmless and never touches a newer holder).
 pub async fn release(client: &impl GenericClient, lease: &Lease) -> Result<bool, Error> {
-    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&lease.key, Type::TEXT), (&lease.token, Type::UUID)];
+    release_token(client, &lease.key, lease.token).await
+}
+
+/// `release` by the token alone: for a lease whose grant may have happened but was never seen.
+pub(crate) async fn release_token(
+    client: &impl GenericClient,
+    key: &str,
+    token: Uuid,
+) -> Result<bool, Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&key, Type::TEXT), (&token, Type::UUID)];
     let row =
         client.query_typed_one("SELECT fence.lease_release($1, $2)", &params).await.map_err(classify)?;
     row.try_get(0).map_err(Error::Db)
+}
+
+/// Whether a session-bound `lease` is bound to the session of `client` (false when it is bound to
+/// another one, or its row is gone).
+pub(crate) async fn bound_here(client: &impl GenericClient, lease: &Lease) -> Result<bool, Error> {
+    let sql = "SELECT session_pid = pg_backend_pid() FROM fence.leases WHERE key = $1 AND fence = $2";
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&lease.key, Type::TEXT), (&lease.fence, Type::INT8)];
+    let row = client.query_typed(sql, &params).await.map_err(classify)?;
+    Ok(row.first().and_then(|row| row.get::<_, Option<bool>>(0)).unwrap_or(false))
 }
 
 /// The last fence granted for `key`; None if it was never granted (or its row was swept).

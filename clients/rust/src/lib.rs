@@ -9,6 +9,7 @@
 //! Whatever the client believes, only the fence protects the data: guard every write with
 //! [`lease::fence_guard`] or [`lease::fenced_update`] in the writing transaction.
 mod client;
+mod clock;
 mod connect;
 mod error;
 mod keeper;

@@ -1,71 +1,27 @@
 //! Retries through `FenceClient`: after a reply lost with its connection, the retried acquire (same
 //! token, chosen by the library before the first try) returns the lease that reply carried.
 mod common;
-use common::{cluster, config, plain, run};
-use pg_fence_client::{lease, AcquireOptions, FenceClient};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use common::proxy::{Cut, Proxy};
+use common::{backends, cluster, config, eventually, plain, run};
+use pg_fence_client::{lease, AcquireOptions, Backoff, Error, FenceClient};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use uuid::Uuid;
-
-#[derive(Default)]
-struct Proxy {
-    /// Set: the next bytes the server sends are not passed on; both connections are closed instead.
-    drop_next_reply: AtomicBool,
-    connections: AtomicUsize,
-    dropped_bytes: AtomicUsize,
-}
-
-async fn proxy(server_port: u16, proxy: Arc<Proxy>) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            proxy.connections.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(forward(client, server_port, proxy.clone()));
-        }
-    });
-    port
-}
-
-async fn forward(client: TcpStream, server_port: u16, proxy: Arc<Proxy>) {
-    let server = TcpStream::connect(("127.0.0.1", server_port)).await.unwrap();
-    let (mut from_client, mut to_server) = (client.into_split(), server.into_split());
-    let upstream = tokio::spawn(async move { tokio::io::copy(&mut from_client.0, &mut to_server.1).await });
-    let mut buffer = [0u8; 8192];
-    while let Ok(n) = to_server.0.read(&mut buffer).await {
-        if n == 0 {
-            break;
-        }
-        if proxy.drop_next_reply.swap(false, Ordering::SeqCst) {
-            proxy.dropped_bytes.fetch_add(n, Ordering::SeqCst);
-            break;
-        }
-        if from_client.1.write_all(&buffer[..n]).await.is_err() {
-            break;
-        }
-    }
-    upstream.abort();
-}
 
 #[test]
 fn a_retried_acquire_returns_the_lease_whose_reply_was_lost() {
     let cluster = cluster("rc_lost_reply", 27552);
     run(async {
-        let state = Arc::new(Proxy::default());
-        let port = proxy(cluster.port(), state.clone()).await;
-        let client = FenceClient::new(config(port, "rc_proxied"));
+        let proxy = Proxy::start(cluster.port()).await;
+        let client = FenceClient::new(config(proxy.port, "rc_proxied"));
         assert_eq!(client.current_fence("report").await.unwrap(), None, "connected through the proxy");
 
         // The acquire is one round trip (Parse/Bind/Execute/Sync), so its reply comes after its
         // commit: dropping it leaves a granted lease whose token only the client knows.
-        state.drop_next_reply.store(true, Ordering::SeqCst);
+        proxy.drop_reply_to("lease_acquire", Cut::Both);
         let opts = AcquireOptions::new(Duration::from_secs(3600));
         let lease = client.acquire("report", &opts).await.unwrap();
-        assert!(state.dropped_bytes.load(Ordering::SeqCst) > 0, "no reply was dropped");
-        assert_eq!(state.connections.load(Ordering::SeqCst), 2, "the retry reconnected");
+        assert!(proxy.dropped_bytes() > 0, "no reply was dropped");
+        assert_eq!(proxy.connections(), 2, "the retry reconnected");
         let lease = lease.expect("the retry returned the lease the lost reply granted, not None");
 
         let admin = plain(cluster.port()).await;
@@ -108,5 +64,36 @@ fn same_token_same_lease_and_reconnect_after_terminate() {
         assert!(killed);
         assert!(client.renew(&first, Duration::from_secs(60)).await.is_ok());
         assert!(client.release(&first).await.unwrap());
+    });
+}
+
+#[test]
+fn a_session_ended_by_the_server_mid_call_leaves_the_outcome_unknown() {
+    let cluster = cluster("rc_terminated", 27568);
+    run(async {
+        let admin = plain(cluster.port()).await;
+        lease::acquire(&admin, "w", &AcquireOptions::new(Duration::from_secs(60))).await.unwrap().unwrap();
+        // One try: the 57P01 that ends it is what is left at the end of the retries.
+        let once = Backoff { max_attempts: 1, ..Backoff::default() };
+        let client = FenceClient::with_backoff(config(cluster.port(), "rc_waiter"), once);
+        let opts = AcquireOptions::new(Duration::from_secs(60)).wait(Duration::from_secs(30));
+        let waiting = tokio::spawn(async move { client.acquire("w", &opts).await });
+        assert!(
+            eventually(Duration::from_secs(10), || async { backends(&admin, "rc_waiter").await.len() == 1 })
+                .await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'rc_waiter'",
+                &[],
+            )
+            .await
+            .unwrap();
+        // Terminated during a commit's wait for a synchronous standby, the commit would stay.
+        let err = waiting.await.unwrap().unwrap_err();
+        let Error::OutcomeUnknown(source) = &err else { panic!("{err:?}") };
+        let ended = source.downcast_ref::<Error>().and_then(Error::sqlstate);
+        assert_eq!(ended, Some("57P01"), "{err:?}");
     });
 }

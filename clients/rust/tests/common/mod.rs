@@ -1,6 +1,7 @@
 //! Shared by the integration tests: scratch clusters come from the repository's harness
 //! (tests/src/lib.rs); the tests talk to them through this crate and tokio-postgres.
 #![allow(dead_code)]
+pub mod proxy;
 use pg_fence_client::{hold, AcquireOptions, Connector, HeldLease, KeepOptions, PgConnection};
 use pg_fence_integration::{signal, Cluster};
 use std::future::Future;
@@ -39,6 +40,18 @@ pub async fn held_and_renewed(port: u16, key: &str, ttl: Duration) -> HeldLease 
     let held = hold(config(port, "rc_keeper"), key, &opts, KeepOptions::default()).await.unwrap();
     held.watch().changed().await.unwrap();
     held
+}
+
+/// The pids of the backends whose application_name is `name`.
+pub async fn backends(admin: &Client, name: &str) -> Vec<i32> {
+    let rows = admin.query("SELECT pid FROM pg_stat_activity WHERE application_name = $1", &[&name]).await;
+    rows.unwrap().iter().map(|row| row.get(0)).collect()
+}
+
+/// The backend `key`'s session-bound lease is bound to.
+pub async fn session_pid(admin: &Client, key: &str) -> Option<i32> {
+    let row = admin.query_opt("SELECT session_pid FROM fence.leases WHERE key = $1", &[&key]).await.unwrap();
+    row.and_then(|row| row.get(0))
 }
 
 /// A plain client, for transactions (they need `&mut Client`).
