@@ -1,4 +1,4 @@
-"""What every example prints: one JSON line per event (with time.monotonic(), which the processes
+"""What every example prints: one JSON line per event (with pg_fence.holding.clock(), which the processes
 of one machine share, so a test can line them up with the faults it inflicts) and a summary."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import argparse
 import json
 import sys
 import threading
-import time
 from collections import Counter
+
+from pg_fence.holding import clock
 
 _lock = threading.Lock()
 counts: Counter = Counter()
@@ -17,7 +18,7 @@ counts: Counter = Counter()
 def event(name: str, **fields) -> None:
     counts[name] += 1
     with _lock:
-        print(json.dumps({"event": name, "at": time.monotonic(), **fields}), flush=True)
+        print(json.dumps({"event": name, "at": clock(), **fields}), flush=True)
 
 
 def summary(**fields) -> None:

@@ -3,6 +3,7 @@ created, for tests that need a real server. Ports 27500-27549 belong to this sui
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -48,6 +49,15 @@ class Cluster:
 
     def postmaster_pid(self) -> int:
         return int((TEST_DIR / self.name / "postmaster.pid").read_text().split()[0])
+
+    def signal_server(self, signum: int) -> None:
+        """`signum` to the postmaster and every process it started (SIGSTOP: the server stops
+        answering, but its kernel still accepts connections and acknowledges packets)."""
+        postmaster = self.postmaster_pid()
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+        for pid in [postmaster, *map(int, children)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
 
     def backend_pids(self, application_name: str) -> list:
         with self.connect() as conn:

@@ -1,6 +1,8 @@
 """A TCP proxy in front of a server that can lose a reply: with `drop_reply_after` set, the first
 server reply to arrive after a client message containing those bytes is not forwarded, and both
-connections are closed, as when a network fails after the server committed."""
+connections are closed, as when a network fails after the server committed. With `orphan` set
+too, only the client's side is closed: the server's session lives on, as across a partition,
+until close_orphans()."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ class Proxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.drop_reply_after: Optional[bytes] = None
+        self.orphan = False
+        self.orphans: list = []
         self.dropped = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -41,12 +45,24 @@ class Proxy:
                 sink.sendall(data)
         except OSError:
             pass
-        for sock in (source, sink):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
+        client, server = (source, sink) if upstream else (sink, source)
+        _close(client)
+        if self.orphan and armed.is_set():
+            self.orphans.append(server)
+        else:
+            _close(server)
+
+    def close_orphans(self) -> None:
+        for sock in self.orphans:
+            _close(sock)
 
     def close(self) -> None:
         self.listener.close()
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()

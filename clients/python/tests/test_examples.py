@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import eventually
 
+from pg_fence.holding import clock
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -67,11 +69,11 @@ def test_singleton_job_holder_stopped_past_its_ttl(own_cluster):
     assert eventually(lambda: a.first("step"), 20)
     b = Example("singleton_job.py", own_cluster.conninfo, "--seconds", "9", "--ttl", "1", "--name", "b")
     os.kill(a.process.pid, signal.SIGSTOP)
-    stopped = time.monotonic()
+    stopped = clock()
     assert eventually(lambda: b.first("step", after=stopped), 10), "b never took over"
     time.sleep(0.5)
     os.kill(a.process.pid, signal.SIGCONT)
-    resumed = time.monotonic()
+    resumed = clock()
     assert eventually(lambda: a.first("lease_declared_lost", after=resumed), 10)
     lost = a.first("lease_declared_lost", after=resumed)
     summaries = [a.finish(), b.finish()]
@@ -89,9 +91,9 @@ def test_resource_workers_through_kill_9_of_the_server(own_cluster):
     workers = Example("resource_workers.py", own_cluster.conninfo, "--seconds", "12", "--ttl", "3", "--workers", "4")
     assert eventually(lambda: workers.first("processed"), 20)
     own_cluster.crash()
-    crashed = time.monotonic()
+    crashed = clock()
     own_cluster.start()
-    restarted = time.monotonic()
+    restarted = clock()
     assert eventually(lambda: workers.first("processed", after=restarted), 20), "no work after the restart"
     summary = workers.finish()
     back = workers.first("processed", after=restarted)["at"] - crashed
@@ -110,7 +112,7 @@ def test_leader_election_when_the_leaders_session_is_terminated(own_cluster):
     leader = election.first("elected")
     time.sleep(0.5)
     pids = own_cluster.backend_pids(f"candidate-{leader['candidate']}")
-    terminated = time.monotonic()
+    terminated = clock()
     own_cluster.sql("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", (pids,))
     assert eventually(lambda: election.first("elected", after=terminated), 10), "nobody took over"
     successor = election.first("elected", after=terminated)

@@ -17,11 +17,11 @@ from .errors import translate
 from .lease import Lease, Seconds
 
 
-def _one(conn: psycopg.Connection, query: q.Query, key: str) -> Optional[tuple]:
+def one(conn: psycopg.Connection, query: q.Query, key: str, waiting: bool = False) -> Optional[tuple]:
     try:
         return conn.execute(*query).fetchone()
     except psycopg.Error as err:
-        raise translate(err, key) from err
+        raise translate(err, key, waiting=waiting) from err
 
 
 def acquire(
@@ -36,30 +36,39 @@ def acquire(
     token: Optional[uuid.UUID] = None,
 ) -> Optional[Lease]:
     """The lease on `key`, or None when another live lease holds it (and `wait` ran out)."""
-    query = q.acquire_query(key, ttl, owner, wait, session_bound, durable, token or q.new_token())
-    return q.parse_acquire(_one(conn, query, key), durable)
+    return acquire_with(conn, q.Acquire(key, ttl, owner, wait, session_bound, durable), token or q.new_token())
+
+
+def acquire_with(conn: psycopg.Connection, request: q.Acquire, token: uuid.UUID) -> Optional[Lease]:
+    return q.parse_acquire(one(conn, request.query(token), request.key, waiting=True), request.durable)
 
 
 def renew(conn: psycopg.Connection, lease: Lease, ttl: Seconds) -> Lease:
     """The lease with its new expiry; LeaseLost when its token no longer holds the key."""
-    return lease.renewed(_expiry(_one(conn, q.renew_query(lease, ttl), lease.key)))
+    return lease.renewed(_expiry(one(conn, q.renew_query(lease, ttl), lease.key)))
 
 
 def release(conn: psycopg.Connection, lease: Lease) -> bool:
     """True when this call ended the lease; False when it had already ended."""
-    row = _one(conn, q.release_query(lease), lease.key)
+    row = one(conn, q.release_query(lease.key, lease.token), lease.key)
+    return bool(row and row[0])
+
+
+def release_token(conn: psycopg.Connection, key: str, token: uuid.UUID) -> bool:
+    """Releases whatever live lease on `key` holds `token`: for a grant whose reply never came."""
+    row = one(conn, q.release_query(key, token), key)
     return bool(row and row[0])
 
 
 def current_fence(conn: psycopg.Connection, key: str) -> Optional[int]:
-    row = _one(conn, q.current_fence_query(key), key)
+    row = one(conn, q.current_fence_query(key), key)
     return row[0] if row else None
 
 
 def fence_guard(conn: psycopg.Connection, key: str, fence: int) -> None:
     """Raises StaleFence unless `fence` is the key's live fence; holds the key against grants
     until your transaction ends, so run your writes in the same transaction."""
-    _one(conn, q.guard_query(key, fence), key)
+    one(conn, q.guard_query(key, fence), key)
 
 
 def fenced_update(
@@ -71,7 +80,7 @@ def fenced_update(
     filter: Mapping[str, Any],
 ) -> int:
     """UPDATE table SET changes WHERE filter, under the guard; the number of rows updated."""
-    row = _one(conn, q.fenced_update_query(key, fence, table, changes, filter), key)
+    row = one(conn, q.fenced_update_query(key, fence, table, changes, filter), key)
     return int(row[0]) if row else 0
 
 
@@ -84,7 +93,7 @@ def fenced_write(
     filter: Mapping[str, Any],
 ) -> int:
     """UPDATE unless a matching row holds a higher fence (StaleFence); sets fence_column."""
-    row = _one(conn, q.fenced_write_query(table, fence_column, fence, changes, filter), table)
+    row = one(conn, q.fenced_write_query(table, fence_column, fence, changes, filter), table)
     return int(row[0]) if row else 0
 
 

@@ -1,6 +1,14 @@
-"""Where the clients get their connections: from a conninfo (one connection, kept and made again
-when it breaks) or from a psycopg_pool pool. Every call runs in its own transaction: autocommit
-connections run it as it is, others inside `conn.transaction()`."""
+"""Where the clients get their connections, and how long a call on one may take.
+
+From a conninfo: one connection, kept and made again when it breaks. From a psycopg_pool pool: a
+connection per call, or (`pinned`, as a keeper and a session-bound lease need) one held until
+it breaks, switched to autocommit while held and given back as it came, `statement_timeout`
+reset. Every call runs in its own transaction: autocommit connections run it as it is, others
+inside `conn.transaction()`.
+
+A call is bounded (`bounded`): a stopped server answers nothing, and TCP keepalives do not help
+when its kernel still acknowledges them. A call that runs out of time is abandoned with its
+connection, which the thread still running it disposes of when it returns."""
 
 from __future__ import annotations
 
@@ -9,6 +17,8 @@ import threading
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import psycopg
+
+from .errors import READ_ONLY, CallTimedOut, sqlstate
 
 T = TypeVar("T")
 
@@ -29,8 +39,6 @@ def connect_kwargs(application_name: str, connect_timeout: float) -> dict:
 
 
 class Connections:
-    """`pinned`: keep one connection, also from a pool, as a keeper (and a session-bound lease) needs."""
-
     def __init__(
         self,
         conninfo: str = "",
@@ -45,42 +53,91 @@ class Connections:
         self.pinned = pinned
         self.kwargs = connect_kwargs(application_name, connect_timeout)
         self._conn: Optional[psycopg.Connection] = None
+        self._autocommit: dict = {}
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def use(self) -> Iterator[psycopg.Connection]:
+        conn = self.checkout()
+        failure: Optional[BaseException] = None
+        try:
+            yield conn
+        except BaseException as err:
+            failure = err
+            raise
+        finally:
+            self.checkin(conn, failure)
+
+    def checkout(self) -> psycopg.Connection:
         if self.pool is not None and not self.pinned:
-            with self.pool.connection() as conn:
-                yield conn
+            return self.pool.getconn()
+        return self._current_or_new()
+
+    def checkin(self, conn: psycopg.Connection, failure: Optional[BaseException] = None) -> None:
+        """Done with `conn`, after `failure` if the call failed."""
+        if self.pool is not None and not self.pinned:
+            self.pool.putconn(conn)
             return
-        with self._lock:
-            if self._conn is None or self._conn.closed or self._conn.broken:
-                self._drop()
-                self._conn = (
-                    self.pool.getconn() if self.pool is not None else psycopg.connect(self.conninfo, **self.kwargs)
-                )
-            try:
-                yield self._conn
-            finally:
-                if self._conn.broken:
-                    self._drop()
+        # A standby (25006, as after a failover) is left for a new connection, which a multi-host
+        # conninfo with target_session_attrs=read-write sends to the primary.
+        if failure is not None and (conn.broken or sqlstate(failure) == READ_ONLY) and self.forget(conn):
+            self.dispose(conn)
+
+    def abandoned(self, conn: psycopg.Connection) -> None:
+        """`conn` came back from a call that ran out of time, and no one else uses it now."""
+        if self.pool is not None and not self.pinned:
+            self.pool.putconn(conn)
+        else:
+            self.dispose(conn)
 
     def current(self) -> Optional[psycopg.Connection]:
         return self._conn
 
-    def close(self) -> None:
+    def forget(self, conn: psycopg.Connection) -> bool:
+        """Stops handing out `conn`; True if it was the current one (the caller disposes of it)."""
         with self._lock:
-            self._drop()
+            if self._conn is conn:
+                self._conn = None
+                return True
+            return False
 
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        if self.pool is not None:
-            self.pool.putconn(conn)
-        else:
+    def dispose(self, conn: psycopg.Connection) -> None:
+        if self.pool is None:
             with contextlib.suppress(Exception):
                 conn.close()
+            return
+        if not conn.broken and not conn.closed:
+            with contextlib.suppress(Exception):
+                conn.execute("RESET statement_timeout")
+                conn.autocommit = self._autocommit.pop(id(conn), conn.autocommit)
+        self.pool.putconn(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            self.dispose(conn)
+
+    def _current_or_new(self) -> psycopg.Connection:
+        with self._lock:
+            conn = self._conn
+            if conn is not None and not conn.closed and not conn.broken:
+                return conn
+            self._conn = None
+        if conn is not None:
+            self.dispose(conn)
+        conn = self._new()
+        with self._lock:
+            self._conn = conn
+        return conn
+
+    def _new(self) -> psycopg.Connection:
+        if self.pool is None:
+            return psycopg.connect(self.conninfo, **self.kwargs)
+        conn = self.pool.getconn()
+        self._autocommit[id(conn)] = conn.autocommit
+        conn.autocommit = True
+        return conn
 
 
 def in_transaction(conn: psycopg.Connection, call: Callable[[psycopg.Connection], T]) -> T:
@@ -88,3 +145,40 @@ def in_transaction(conn: psycopg.Connection, call: Callable[[psycopg.Connection]
         return call(conn)
     with conn.transaction():
         return call(conn)
+
+
+def bounded(connections: Connections, call: Callable[[psycopg.Connection], T], limit: Optional[float]) -> T:
+    """`call` on a connection of `connections`, in its own transaction, given `limit` seconds
+    (None: no limit). Past the limit, CallTimedOut; the connection is abandoned to the thread
+    still running the call, which hands it back when the call returns."""
+    if limit is None:
+        with connections.use() as conn:
+            return in_transaction(conn, call)
+    conn = connections.checkout()
+    outcome: dict = {}
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            outcome["value"] = in_transaction(conn, call)
+        except BaseException as err:
+            outcome["error"] = err
+        with lock:
+            outcome["done"] = True
+            late = outcome.get("abandoned", False)
+        if late:
+            connections.abandoned(conn)
+
+    worker = threading.Thread(target=run, name="pg_fence call", daemon=True)
+    worker.start()
+    worker.join(max(0.0, limit))
+    with lock:
+        if not outcome.get("done"):
+            # Nobody may be handed it meanwhile; a pinned or kept one is replaced by a new one.
+            connections.forget(conn)
+            outcome["abandoned"] = True
+            raise CallTimedOut(f"no answer from the server within {limit:.1f} s")
+    connections.checkin(conn, outcome.get("error"))
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

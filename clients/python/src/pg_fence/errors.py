@@ -42,7 +42,15 @@ class WaitCancelled(PgFenceError):
 
 
 class OutcomeUnknown(PgFenceError):
-    """The connection broke during the call and retries ran out: it may or may not have happened."""
+    """The connection broke during the call and retries ran out: it may or may not have happened.
+    `token`, for an acquire, is the token it sent: acquire again with it to get the lease if it
+    was granted, or release with it."""
+
+    token = None
+
+
+class CallTimedOut(TimeoutError):
+    """A call got no answer within its time limit; it may or may not have happened."""
 
 
 LEASE_LOST = "PF001"
@@ -59,26 +67,34 @@ def outcome_unknown(err: BaseException) -> bool:
     """Whether `err` leaves it open what the server did: the connection, not the statement, failed."""
     if isinstance(err, (OSError, TimeoutError)):
         return True
-    if not isinstance(err, psycopg.Error):
+    if not isinstance(err, psycopg.OperationalError):
+        # Errors raised before anything was sent (a NUL byte in a string, a closed connection)
+        # and errors of the statement itself leave nothing open.
         return False
     state = sqlstate(err)
-    # 08: connection exceptions; 57P01-57P03: the server shut down or restarted under us.
-    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+    # 08: connection exceptions; 57P01, 57P02: the server shut down or crashed under us.
+    return state is None or state.startswith("08") or state in ("57P01", "57P02")
 
 
 def retryable(err: BaseException) -> bool:
-    """Whether trying again (on a new connection) can succeed: a broken connection, or a standby
-    reached where the primary was meant (25006, as after a failover)."""
-    return outcome_unknown(err) or sqlstate(err) == READ_ONLY
+    """Whether trying again (on a new connection) can succeed: a broken connection, a server
+    starting up (57P03), or a standby reached where the primary was meant (25006, as after a
+    failover)."""
+    return (
+        outcome_unknown(err)
+        or sqlstate(err) in (READ_ONLY, "57P03")
+        or (isinstance(err, psycopg.InterfaceError) and "closed" in str(err))
+    )
 
 
-def translate(err: BaseException, key: str) -> BaseException:
-    """pg_fence's own SQLSTATEs as their types; every other error as it is."""
+def translate(err: BaseException, key: str, *, waiting: bool = False) -> BaseException:
+    """pg_fence's own SQLSTATEs as their types (57014 as WaitCancelled only for a `waiting`
+    acquire); every other error as it is."""
     state = sqlstate(err)
     if state == LEASE_LOST:
         return LeaseLost(key, str(err).strip())
     if state == STALE_FENCE:
         return StaleFence(str(err).strip())
-    if state == QUERY_CANCELED:
+    if state == QUERY_CANCELED and waiting:
         return WaitCancelled(str(err).strip())
     return err

@@ -3,7 +3,8 @@
 The local deadline is the rule that keeps "the server is unreachable" from passing for "still
 held": a renewal's clock starts just *before* its request is sent, so `sent + ttl` comes no later
 than the expiry the server sets (which starts when the server runs it), as long as the two clocks
-run at the same rate; `margin` allows for them not to. At the deadline, with no renewal confirmed,
+run at the same rate; `margin` allows for them not to. Deadlines are kept on CLOCK_BOOTTIME,
+which, as the server's clock, runs on while the machine is suspended. At the deadline, with no renewal confirmed,
 the lease is declared lost with state "unknown": the server may still hold it, but only for a
 moment, and nobody can tell which. PF001 from the server makes it "lost"."""
 
@@ -18,6 +19,22 @@ from .lease import Lease, Query
 
 HELD, LOST, UNKNOWN, RELEASED = "held", "lost", "unknown", "released"
 
+# CLOCK_BOOTTIME runs on while the machine is suspended, as the server's clock does; the
+# monotonic clock stops, and a lease would look held long after the server expired it.
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def clock() -> float:
+    """Seconds on the clock that deadlines are kept by."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
+
+def check_timing(ttl: float, renew_every: Optional[float], margin: float) -> None:
+    """Refuses, before anything is acquired, a renewal interval that leaves no time to renew."""
+    every = renew_every if renew_every is not None else ttl / 3
+    if not 0 < every < ttl - max(margin, ttl / 100):
+        raise ValueError("renew_every must be above 0 and below the ttl less its margin (1 % of the ttl at least)")
+
 
 class Holding:
     def __init__(
@@ -29,13 +46,12 @@ class Holding:
         margin: float,
         session_bound: bool,
     ):
-        if renew_every is not None and not 0 < renew_every < ttl:
-            raise ValueError("renew_every must be above 0 and below the ttl")
         self.lease = lease
         self.ttl = ttl
         self.renew_every = renew_every if renew_every is not None else ttl / 3
         # A margin of 1 % of the ttl at least: clocks of both machines may run 1 % apart.
         self.margin = max(margin, ttl / 100)
+        check_timing(ttl, renew_every, margin)
         self.session_bound = session_bound
         self.sent_at = sent_at
         self.deadline = sent_at + ttl - self.margin
@@ -64,25 +80,41 @@ class Holding:
                 return False
             self.state = state
             if state != RELEASED:
-                self.lost_at = time.monotonic()
+                self.lost_at = clock()
             return True
 
-    def renew_at_once_if_slow(self) -> None:
-        """A grant that took long (a wait, a retry after a lost reply) anchored the deadline at its
-        first try, well before the grant: renew at once to anchor it again."""
-        if time.monotonic() - self.sent_at > self.renew_every / 2:
-            self.next_renewal = time.monotonic()
+    def anchored_long_ago(self) -> bool:
+        """Whether the grant came long after the instant its deadline counts from (a long wait,
+        retries after a lost reply): then it needs a renewal at once to count from now."""
+        return clock() - self.sent_at > self.renew_every / 2
+
+    def finish(self) -> str:
+        """Moves a held or unknown lease to released, returning the state it had: an unknown one
+        may still be live on the server, and releasing it frees the key at once."""
+        with self._lock:
+            state = self.state
+            if state in (HELD, UNKNOWN):
+                self.state = RELEASED
+            return state
 
     def remaining(self) -> float:
-        return self.deadline - time.monotonic()
+        return self.deadline - clock()
 
     def held(self) -> bool:
         """Held, and its local deadline not passed, whether or not the keeper has run since."""
         return self.state == HELD and self.remaining() > 0
 
     def statement_timeout(self) -> Query:
-        """A renewal that takes longer than the time left is of no use: the server may end it."""
-        return ("SELECT set_config('statement_timeout', %s, false)", (str(max(1, int(self.remaining() * 1000))),))
+        """A renewal that takes longer than the time left is of no use: the server may end it.
+        Local to the renewal's transaction, so a pool's connection goes back unchanged."""
+        return ("SELECT set_config('statement_timeout', %s, true)", (str(max(1, int(self.remaining() * 1000))),))
+
+    def attempt_limit(self) -> float:
+        """How long one try of a renewal may take: until the deadline for a session-bound lease,
+        which ends with its connection anyway; otherwise no longer than the interval, so that a
+        try hung on one connection leaves time for another on a new one."""
+        left = max(0.0, self.remaining())
+        return left if self.session_bound else min(self.renew_every, left)
 
     def renewal_failed(self, err: BaseException, pause: Callable[[int], float]) -> bool:
         """Whether the failure `err` of a renewal means the lease is lost; if not, schedules the
@@ -91,6 +123,6 @@ class Holding:
         # A session-bound lease ends with its session, and a broken connection is that session.
         if isinstance(err, LeaseLost) or (self.session_bound and outcome_unknown(err)):
             return True
-        self.next_renewal = min(time.monotonic() + pause(self.failures), self.deadline)
+        self.next_renewal = min(clock() + pause(self.failures), self.deadline)
         self.failures += 1
         return False

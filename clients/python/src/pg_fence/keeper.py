@@ -2,8 +2,9 @@
 
 Two threads: the renewer renews every `renew_every` on the lease's own connection and retries
 failures with jittered pauses; the watchdog declares the lease "unknown" at its local deadline
-(see holding.py). They are apart because a renewal can hang (a stopped server answers nothing)
-and the deadline must fire all the same."""
+(see holding.py). Each renewal is bounded (connections.bounded): one that hangs on a stopped
+server is abandoned with its connection, and the next try makes a new one, which a multi-host
+conninfo may send to a new primary. The watchdog does not wait for any of it."""
 
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ import logging
 import selectors
 import socket
 import threading
-import time
 from typing import Any, Callable, Optional
 
 from . import calls
-from .connections import Connections
+from .connections import Connections, bounded
 from .errors import LeaseLost
-from .holding import HELD, LOST, RELEASED, UNKNOWN, Holding
+from .holding import HELD, LOST, UNKNOWN, Holding, clock
 from .lease import Lease
 from .retry import Retry
 
@@ -28,19 +28,13 @@ log = logging.getLogger("pg_fence")
 class KeptLease:
     def __init__(
         self,
-        lease: Lease,
+        holding: Holding,
         connections: Connections,
         retry: Retry,
-        *,
-        ttl: float,
-        sent_at: float,
-        renew_every: Optional[float],
-        margin: float,
-        session_bound: bool,
         on_lost: Optional[Callable[["KeptLease"], Any]],
         release_timeout: float,
     ):
-        self._holding = Holding(lease, ttl, sent_at, renew_every, margin, session_bound)
+        self._holding = holding
         self._connections = connections
         self._retry = retry
         self._on_lost = on_lost
@@ -48,10 +42,12 @@ class KeptLease:
         #: Set when the lease is lost or its state unknown: stop the work done under it.
         self.lost = threading.Event()
         self._stop = _Stop()
-        self._holding.renew_at_once_if_slow()
+        self._release_wanted = False
+        self._released: Optional[bool] = None
+        self._release_lock = threading.Lock()
         self._threads = [
-            threading.Thread(target=self._renew_loop, name=f"pg_fence renew {lease.key}", daemon=True),
-            threading.Thread(target=self._watch, name=f"pg_fence deadline {lease.key}", daemon=True),
+            threading.Thread(target=self._renew_loop, name=f"pg_fence renew {self.key}", daemon=True),
+            threading.Thread(target=self._watch, name=f"pg_fence deadline {self.key}", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -81,12 +77,12 @@ class KeptLease:
 
     @property
     def deadline(self) -> float:
-        """time.monotonic() until which the lease is known to be held, short of a renewal."""
+        """pg_fence.holding.clock() until which the lease is known to be held, short of a renewal."""
         return self._holding.deadline
 
     @property
     def lost_at(self) -> Optional[float]:
-        """time.monotonic() when the lease was declared lost or unknown."""
+        """pg_fence.holding.clock() when the lease was declared lost or unknown."""
         return self._holding.lost_at
 
     @property
@@ -114,18 +110,18 @@ class KeptLease:
         return calls.fenced_update(conn, self.key, self.fence, table, changes, filter)
 
     def release(self) -> bool:
-        """Stops renewing and releases; bounded by release_timeout (the TTL ends it anyway)."""
-        was_held = self._holding.declare(RELEASED)
+        """Stops renewing and releases (also a lease whose state is unknown: it may be live).
+        Waits release_timeout at most: a release that takes longer goes on in the background,
+        and the TTL ends the lease anyway."""
+        self._release_wanted = self._holding.finish() in (HELD, UNKNOWN) or self._release_wanted
         self._stop.set()
-        if not was_held:
-            self._finish()
-            return False
-        result: list = []
-        releaser = threading.Thread(target=lambda: result.append(self._release_once()), daemon=True)
-        releaser.start()
-        releaser.join(self._release_timeout)
-        self._finish()
-        return bool(result and result[0])
+        renewer = self._threads[0]
+        renewer.join(self._release_timeout)
+        if not renewer.is_alive():
+            # The renewer had stopped already (the lease was declared lost), or has just
+            # released; the connections are no one else's now.
+            self._release_if_wanted()
+        return bool(self._released)
 
     def __enter__(self) -> "KeptLease":
         return self
@@ -133,16 +129,15 @@ class KeptLease:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def _release_once(self) -> bool:
-        for thread in self._threads:
-            thread.join(self._release_timeout)
-        with contextlib.suppress(Exception):
-            with self._connections.use() as conn:
-                return calls.release(conn, self.lease)
-        return False
+    def _release(self, conn: Any) -> bool:
+        return calls.release(conn, self.lease)
 
-    def _finish(self) -> None:
-        if not any(thread.is_alive() for thread in self._threads):
+    def _release_if_wanted(self) -> None:
+        with self._release_lock:
+            if self._release_wanted and self._released is None:
+                self._released = False
+                with contextlib.suppress(Exception):
+                    self._released = bounded(self._connections, self._release, self._release_timeout)
             self._connections.close()
 
     def _declare(self, state: str) -> None:
@@ -164,44 +159,53 @@ class KeptLease:
                 return
 
     def _renew_loop(self) -> None:
+        # The only thread that uses the lease's connections while it runs.
         try:
             self._renew_until_stopped()
         finally:
-            if self._holding.state in (LOST, UNKNOWN):
-                self._connections.close()
+            self._release_if_wanted()
             self._stop.close()
 
     def _renew_until_stopped(self) -> None:
         holding = self._holding
         while not self._pause(holding):
-            sent = time.monotonic()
+            sent = clock()
             try:
-                with self._connections.use() as conn:
-                    conn.execute(*holding.statement_timeout())
-                    renewed = calls.renew(conn, holding.lease, holding.ttl)
+                renewed = bounded(self._connections, self._renew, holding.attempt_limit())
             except Exception as err:
                 if holding.renewal_failed(err, self._retry.pause):
                     self._declare(LOST)
+                    if not isinstance(err, LeaseLost):
+                        # A session-bound lease whose session we lost: that session may live on
+                        # (a partition), holding the key; give the lease up by its token.
+                        with contextlib.suppress(Exception):
+                            bounded(self._connections, self._release, self._release_timeout)
                     return
                 continue
-            if not holding.renewed(sent, renewed) and holding.state != RELEASED:
+            if not holding.renewed(sent, renewed) and holding.state in (LOST, UNKNOWN):
                 # Renewed after it was declared lost: nobody works under it now, so free the key.
-                with contextlib.suppress(Exception), self._connections.use() as conn:
-                    calls.release(conn, renewed)
+                with contextlib.suppress(Exception):
+                    bounded(self._connections, self._release, self._release_timeout)
                 return
+
+    def _renew(self, conn: Any) -> Lease:
+        # Scoped to the renewal's transaction, so a pool's connection goes back unchanged.
+        with conn.transaction():
+            conn.execute(*self._holding.statement_timeout())
+            return calls.renew(conn, self._holding.lease, self._holding.ttl)
 
     def _pause(self, holding: Holding) -> bool:
         """Waits until the next renewal is due; True when stopped. A session-bound lease's
         connection is watched meanwhile: the server writes to an idle session only when it ends
         it (pg_terminate_backend, a shutdown), and then the lease is gone, so renew at once to
         find out, instead of at the next renewal."""
-        timeout = max(0.0, holding.next_renewal - time.monotonic())
+        timeout = max(0.0, holding.next_renewal - clock())
         conn = self._connections.current() if holding.session_bound else None
         if conn is None or conn.closed:
             return self._stop.wait(timeout)
         if self._stop.wait(timeout, conn.fileno()):
             return True
-        holding.next_renewal = min(holding.next_renewal, time.monotonic())
+        holding.next_renewal = min(holding.next_renewal, clock())
         return False
 
 

@@ -59,6 +59,25 @@ def acquire_query(
     )
 
 
+@dataclass(frozen=True)
+class Acquire:
+    """An acquire's arguments but the token, which a kept lease may have to draw anew."""
+
+    key: str
+    ttl: Seconds
+    owner: Optional[str] = None
+    wait: Seconds = 0
+    session_bound: bool = False
+    durable: bool = True
+
+    def query(self, token: uuid.UUID) -> Query:
+        return acquire_query(self.key, self.ttl, self.owner, self.wait, self.session_bound, self.durable, token)
+
+    def seconds(self) -> Tuple[float, float]:
+        """(ttl, wait) in seconds."""
+        return interval(self.ttl).total_seconds(), interval(self.wait).total_seconds()
+
+
 def parse_acquire(row: Optional[tuple], durable: bool) -> Optional[Lease]:
     if row is None or row[2] is None:
         return None
@@ -70,8 +89,8 @@ def renew_query(lease: Lease, ttl: Seconds) -> Query:
     return ("SELECT fence.lease_renew(%s, %s, %s)", (lease.key, lease.token, interval(ttl)))
 
 
-def release_query(lease: Lease) -> Query:
-    return ("SELECT fence.lease_release(%s, %s)", (lease.key, lease.token))
+def release_query(key: str, token: uuid.UUID) -> Query:
+    return ("SELECT fence.lease_release(%s, %s)", (key, token))
 
 
 def current_fence_query(key: str) -> Query:

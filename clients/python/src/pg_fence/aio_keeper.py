@@ -1,0 +1,149 @@
+"""As keeper.py, for asyncio: a renewer task and a deadline task. A renewal past its limit is
+cancelled and its connection replaced; the deadline task does not wait for any of it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Callable, Optional
+
+import psycopg
+
+from .aio import AsyncConnections, bounded, fence_guard, fenced_update, release, renew
+from .errors import LeaseLost
+from .holding import HELD, LOST, UNKNOWN, Holding, clock
+from .retry import Retry
+
+log = logging.getLogger("pg_fence")
+
+
+class AsyncKeptLease:
+    """As pg_fence.KeptLease; `lost` is an asyncio.Event."""
+
+    def __init__(
+        self,
+        holding: Holding,
+        connections: AsyncConnections,
+        retry: Retry,
+        on_lost: Optional[Callable[["AsyncKeptLease"], Any]],
+        release_timeout: float,
+    ):
+        self._holding, self._connections, self._retry = holding, connections, retry
+        self._on_lost, self._release_timeout = on_lost, release_timeout
+        self.lost = asyncio.Event()
+        self._renewer = asyncio.create_task(self._renew_loop())
+        self._watchdog = asyncio.create_task(self._watch())
+
+    lease = property(lambda self: self._holding.lease)
+    key = property(lambda self: self._holding.lease.key)
+    fence = property(lambda self: self._holding.lease.fence)
+    token = property(lambda self: self._holding.lease.token)
+    lost_at = property(lambda self: self._holding.lost_at)
+    deadline = property(lambda self: self._holding.deadline)
+    last_error = property(lambda self: self._holding.last_error)
+
+    @property
+    def state(self) -> str:
+        if self._holding.state == HELD and self._holding.remaining() <= 0:
+            self._declare(UNKNOWN)
+        return self._holding.state
+
+    def held(self) -> bool:
+        return self.state == HELD
+
+    def check(self) -> None:
+        state = self.state
+        if state != HELD:
+            raise LeaseLost(self.key, f"lease on {self.key!r} is {state}", state=state)
+
+    async def guard(self, conn: psycopg.AsyncConnection) -> None:
+        self.check()
+        await fence_guard(conn, self.key, self.fence)
+
+    async def fenced_update(self, conn: psycopg.AsyncConnection, table: str, changes: dict, filter: dict) -> int:
+        self.check()
+        return await fenced_update(conn, self.key, self.fence, table, changes, filter)
+
+    async def release(self) -> bool:
+        """As KeptLease.release."""
+        was = self._holding.finish()
+        for task in (self._watchdog, self._renewer):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        released = False
+        if was in (HELD, UNKNOWN):
+            with contextlib.suppress(Exception):
+                released = await bounded(self._connections, self._release, self._release_timeout)
+        await self._connections.close()
+        return released
+
+    async def __aenter__(self) -> "AsyncKeptLease":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+    async def _release(self, conn: psycopg.AsyncConnection) -> bool:
+        return await release(conn, self.lease)
+
+    def _declare(self, state: str) -> None:
+        if not self._holding.declare(state):
+            return
+        self.lost.set()
+        if asyncio.current_task() is not self._renewer:
+            self._renewer.cancel()
+        log.warning("pg_fence: lease on %r %s", self.key, "lost" if state == LOST else "state unknown")
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:
+                log.exception("pg_fence: on_lost callback failed")
+
+    async def _watch(self) -> None:
+        while self._holding.remaining() > 0:
+            await asyncio.sleep(self._holding.remaining())
+        self._declare(UNKNOWN)
+
+    async def _renew_loop(self) -> None:
+        holding = self._holding
+        while holding.state == HELD:
+            await self._pause(holding)
+            sent = clock()
+            try:
+                renewed = await bounded(self._connections, self._renew, holding.attempt_limit())
+            except Exception as err:
+                if holding.renewal_failed(err, self._retry.pause):
+                    self._declare(LOST)
+                    if not isinstance(err, LeaseLost):
+                        # As in KeptLease: the session we lost may live on, holding the key.
+                        with contextlib.suppress(Exception):
+                            await bounded(self._connections, self._release, self._release_timeout)
+                    return
+                continue
+            holding.renewed(sent, renewed)
+
+    async def _renew(self, conn: psycopg.AsyncConnection):
+        async with conn.transaction():
+            await conn.execute(*self._holding.statement_timeout())
+            return await renew(conn, self._holding.lease, self._holding.ttl)
+
+    async def _pause(self, holding: Holding) -> None:
+        """As KeptLease._pause: sleeps until the next renewal, watching a session-bound lease's
+        connection, which the server writes to while idle only when it ends the session."""
+        timeout = max(0.0, holding.next_renewal - clock())
+        conn = self._connections.current() if holding.session_bound else None
+        if conn is None or conn.closed:
+            await asyncio.sleep(timeout)
+            return
+        loop, fd = asyncio.get_running_loop(), conn.fileno()
+        readable = loop.create_future()
+        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+        try:
+            await asyncio.wait_for(readable, timeout)
+            holding.next_renewal = min(holding.next_renewal, clock())
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(fd)

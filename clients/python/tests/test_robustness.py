@@ -1,0 +1,91 @@
+"""What an adversarial review found: pools without autocommit, a grant that came after a long
+wait, a session-bound grant left behind in a session cut off from us, a standby reached after a
+failover, a stopped server under a plain call, input that never reached the server."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psycopg
+import pytest
+from conftest import eventually
+from proxy import Proxy
+from psycopg_pool import ConnectionPool
+
+from pg_fence import Client, OutcomeUnknown, Retry
+
+
+def live(cluster, key):
+    return cluster.sql("SELECT fence, session_pid FROM fence.leases WHERE key = %s AND live", (key,))
+
+
+def test_a_pool_without_autocommit_renews_commits_and_gets_its_connections_back_unchanged(cluster, key):
+    with ConnectionPool(cluster.conninfo, min_size=2, max_size=2, open=True) as pool:
+        with Client(pool=pool) as client, client.lease(key, 1.0) as lease:
+            first = live(cluster, key)
+            time.sleep(2.5)
+            assert lease.held() and live(cluster, key)[0] == lease.fence == first[0]
+        assert live(cluster, key) is None, "the release was committed"
+        assert eventually(lambda: pool.get_stats().get("pool_available") == 2), "a connection was not given back"
+        for _ in range(2):
+            with pool.connection() as conn:
+                assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)
+                assert conn.autocommit is False
+
+
+def test_a_grant_after_a_wait_longer_than_the_ttl_is_held(cluster, key):
+    with Client(cluster.conninfo) as client:
+        assert client.acquire(key, 1.5)
+        started = time.monotonic()
+        with client.lease(key, 1.0, wait=5) as lease:
+            assert time.monotonic() - started > 1.0
+            assert lease.state == "held"
+            time.sleep(1.5)
+            assert lease.held() and live(cluster, key)[0] == lease.fence
+
+
+def test_a_session_bound_grant_in_a_session_cut_off_from_us_is_not_kept(cluster, key):
+    proxy = Proxy(cluster.port)
+    conninfo = f"host=127.0.0.1 port={proxy.port} user=postgres dbname=postgres"
+    with Client(conninfo, application_name="cut_off", retry=Retry(attempts=3, base=0.01)) as client:
+        proxy.drop_reply_after, proxy.orphan = b"lease_acquire", True
+        with client.lease(key, 30, session_bound=True) as lease:
+            assert proxy.dropped == 1, "the first grant's reply was lost"
+            proxy.close_orphans()
+            # The session of the first try ends; the lease must not have been that session's.
+            assert eventually(lambda: len(cluster.backend_pids("cut_off")) == 1)
+            assert live(cluster, key) == (lease.fence, cluster.backend_pids("cut_off")[0])
+            assert lease.held()
+    proxy.close()
+
+
+def test_a_standby_reached_is_left_for_a_new_connection(cluster, key):
+    with Client(cluster.conninfo, retry=Retry(attempts=3, base=0.01)) as client:
+        client.current_fence(key)
+        # As a connection to a server that became a standby: every change raises 25006.
+        client._connections.current().execute("SET default_transaction_read_only = on")
+        assert client.acquire(key, 30) is not None
+
+
+def test_input_that_never_reached_the_server_is_not_an_unknown_outcome(cluster):
+    with Client(cluster.conninfo) as client:
+        with pytest.raises(psycopg.DataError):
+            client.acquire("nul\x00byte", 30)
+
+
+@pytest.mark.port(27513)
+def test_a_plain_call_on_a_stopped_server_ends_in_time_with_its_token(own_cluster, key):
+    client = Client(own_cluster.conninfo, call_timeout=1, connect_timeout=1, retry=Retry(attempts=2, base=0.01))
+    client.current_fence(key)
+    own_cluster.signal_server(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(OutcomeUnknown) as unknown:
+            client.acquire(key, 30, token=None)
+        print(f"\nstopped server: OutcomeUnknown after {time.monotonic() - started:.1f} s")
+        assert time.monotonic() - started < 10
+    finally:
+        own_cluster.signal_server(signal.SIGCONT)
+    client.close()
+    assert unknown.value is not None
