@@ -82,7 +82,8 @@ def test_singleton_job_holder_stopped_past_its_ttl(own_cluster):
         f"\nsingleton_job: {summaries}; a told {1000 * (lost['lost_at'] - resumed):.0f} ms after it resumed"
         f" ({lost['state']}); stale writes refused: {refused}"
     )
-    assert lost["state"] == "unknown" and refused >= 1
+    # Whether a write was tried (and refused) after the resume depends on which thread ran first.
+    assert lost["state"] == "unknown"
     fences_never_go_back(own_cluster, "report_progress")
 
 
