@@ -13,6 +13,7 @@ connection, which the thread still running it disposes of when it returns."""
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
@@ -147,6 +148,33 @@ def in_transaction(conn: psycopg.Connection, call: Callable[[psycopg.Connection]
         return call(conn)
 
 
+class _Workers:
+    """Threads that run bounded calls, kept between calls: starting a thread per call would cost
+    about as much as a round trip. A worker whose call ran out of time is left to it, not reused."""
+
+    def __init__(self) -> None:
+        self._idle: list = []
+        self._lock = threading.Lock()
+
+    def run(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            jobs = self._idle.pop() if self._idle else None
+        if jobs is None:
+            jobs = queue.SimpleQueue()
+            threading.Thread(target=self._serve, args=(jobs,), name="pg_fence call", daemon=True).start()
+        jobs.put(job)
+
+    def _serve(self, jobs: "queue.SimpleQueue") -> None:
+        while True:
+            if not jobs.get()():
+                return  # abandoned: the caller stopped waiting, so do not take more work
+            with self._lock:
+                self._idle.append(jobs)
+
+
+_workers = _Workers()
+
+
 def bounded(connections: Connections, call: Callable[[psycopg.Connection], T], limit: Optional[float]) -> T:
     """`call` on a connection of `connections`, in its own transaction, given `limit` seconds
     (None: no limit). Past the limit, CallTimedOut; the connection is abandoned to the thread
@@ -157,23 +185,24 @@ def bounded(connections: Connections, call: Callable[[psycopg.Connection], T], l
     conn = connections.checkout()
     outcome: dict = {}
     lock = threading.Lock()
+    done = threading.Event()
 
-    def run() -> None:
+    def job() -> bool:
         try:
             outcome["value"] = in_transaction(conn, call)
         except BaseException as err:
             outcome["error"] = err
         with lock:
-            outcome["done"] = True
+            done.set()
             late = outcome.get("abandoned", False)
         if late:
             connections.abandoned(conn)
+        return not late
 
-    worker = threading.Thread(target=run, name="pg_fence call", daemon=True)
-    worker.start()
-    worker.join(max(0.0, limit))
+    _workers.run(job)
+    done.wait(max(0.0, limit))
     with lock:
-        if not outcome.get("done"):
+        if not done.is_set():
             # Nobody may be handed it meanwhile; a pinned or kept one is replaced by a new one.
             connections.forget(conn)
             outcome["abandoned"] = True
