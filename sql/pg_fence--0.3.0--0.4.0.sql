@@ -148,3 +148,31 @@ BEGIN
               HINT = 'Stop work done under this lease and acquire the key again: a renew cannot bring back a lease that has ended.';
 END
 $$;
+
+-- fence.stats (src/stats.rs, sql/stats.sql).
+CREATE FUNCTION fence.stats_values()
+RETURNS TABLE (available boolean, since timestamptz, counters bigint[])
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'stats_values_wrapper';
+
+CREATE FUNCTION fence.stats_reset()
+RETURNS boolean
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'stats_reset_wrapper';
+
+CREATE VIEW fence.stats AS
+SELECT available, since,
+       c[1] AS grants_durable, c[2] AS grants_fast, c[3] AS acquires_refused,
+       c[4] AS renewals, c[5] AS renewals_lost, c[6] AS releases, c[7] AS releases_stale,
+       c[8] AS expiries_swept, c[9] AS revocations, c[10] AS session_ends,
+       c[11] AS waits_begun, c[12] AS waits_granted, c[13] AS waits_timed_out,
+       c[14]::float8 / 1000 AS wait_time_total_ms, c[15]::float8 / 1000 AS wait_time_max_ms,
+       c[16] AS guards_accepted, c[17] AS guards_refused
+  FROM fence.stats_values() AS s(available, since, c);
+
+REVOKE EXECUTE ON FUNCTION fence.stats_values(), fence.stats_reset() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fence.stats_values() TO PUBLIC, fence_user;
+GRANT SELECT ON fence.stats TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fence.stats_reset() TO fence_admin;

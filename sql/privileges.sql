@@ -1,6 +1,6 @@
--- Who may call what. Nothing in schema fence is for PUBLIC but the schema's name and the sweeper's
--- figures: a role that may take leases can fill the lease table with keys and hold back grants with
--- guards, so leases are for the roles an administrator names.
+-- Who may call what. Nothing in schema fence is for PUBLIC but the schema's name and the figures
+-- of the sweeper and of fence.stats: a role that may take leases can fill the lease table with
+-- keys and hold back grants with guards, so leases are for the roles an administrator names.
 --
 -- - fence_user: leases, fencing, optimistic concurrency and the view fence.leases
 --   (GRANT fence_user TO app_role).
@@ -30,3 +30,8 @@ GRANT EXECUTE ON FUNCTION fence.lease_revoke(text), fence.sweep() TO fence_admin
 
 REVOKE SELECT ON fence.leases FROM PUBLIC;
 GRANT SELECT ON fence.leases TO fence_user;
+
+GRANT EXECUTE ON FUNCTION fence.stats_values() TO PUBLIC;
+GRANT SELECT ON fence.stats TO PUBLIC;
+REVOKE EXECUTE ON FUNCTION fence.stats_reset() FROM fence_user;
+GRANT EXECUTE ON FUNCTION fence.stats_reset() TO fence_admin;

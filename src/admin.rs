@@ -4,6 +4,7 @@ use crate::keylock::{self, Mode};
 use crate::lease_kinds::Kind;
 use crate::notify::{self, Event};
 use crate::spi_plans::execute_first;
+use crate::stats::{self, Counter};
 use crate::{clock, durability, input, lease_row, waiting};
 use pgrx::prelude::*;
 
@@ -45,6 +46,9 @@ fn lease_revoke(key: Option<&str>) -> bool {
             notify::send(Event::Revoked, key, fence);
         }
         None => keylock::unlock(key, Mode::Change),
+    }
+    if revoked_fence.is_some() {
+        stats::bump(Counter::Revocations);
     }
     revoked_fence.is_some()
 }

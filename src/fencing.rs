@@ -9,6 +9,7 @@ use crate::keylock::{self, Mode, Owner};
 use crate::own_errors::{entry_point, palloc_copy, Message, STALE_FENCE};
 use crate::row_update::RowUpdate;
 use crate::spi_plans::execute;
+use crate::stats::{self, Counter};
 use crate::{clock, errors, input, installed, key_hash, lease_row, table_facts};
 use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys;
@@ -72,6 +73,7 @@ fn guard(key: &str, fence: i64, owner: Owner) -> bool {
     if !holds {
         keylock::unlock_hash(hash, Mode::Guard, owner);
     }
+    stats::bump(if holds { Counter::GuardsAccepted } else { Counter::GuardsRefused });
     holds
 }
 
@@ -199,11 +201,14 @@ fn write_unless_stale(
         rows.into_iter().any(|row| row.get::<bool>(1).ok().flatten() == Some(true))
     });
     if stale {
+        stats::bump(Counter::GuardsRefused);
         return None;
     }
     let flag = OwnStaleRowFlag::take();
     let written = execute(&check_and_write, &args, |rows| rows.len() as i64);
-    (!flag.raised()).then_some(written)
+    let accepted = !flag.raised();
+    stats::bump(if accepted { Counter::GuardsAccepted } else { Counter::GuardsRefused });
+    accepted.then_some(written)
 }
 
 /// This fenced_write's STALE_ROW_SKIPPED: a trigger of the table may run a fenced write of its own

@@ -18,6 +18,7 @@ use crate::keylock::{self, Mode};
 use crate::lease_kinds::Kind;
 use crate::notify::{self, Event};
 use crate::spi_plans::{execute, execute_first};
+use crate::stats::{self, Counter};
 use crate::{clock, durability, fence_numbers, input, installed, lease_row, sessions, waiting};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys::panic::ErrorReportable;
@@ -159,7 +160,13 @@ fn acquire(
         durability::skip_flush_if_alone(wal_before);
         return Some(lease);
     }
-    Request { key, ttl, owner, session_bound, kind, token }.acquire(wait)
+    let lease = Request { key, ttl, owner, session_bound, kind, token }.acquire(wait);
+    stats::bump(match (&lease, kind) {
+        (None, _) => Counter::AcquiresRefused,
+        (Some(_), Kind::Durable) => Counter::GrantsDurable,
+        (Some(_), Kind::Fast) => Counter::GrantsFast,
+    });
+    lease
 }
 
 /// The key's live lease, as last committed, if `token` holds it: (key, owner, fence, token,
@@ -238,6 +245,14 @@ impl Request<'_> {
     /// Queues for the key (see `waiting`) and, first in line, grants it as soon as it is free;
     /// None when `deadline` comes first.
     fn grant_within(&self, deadline: Instant) -> Option<Lease> {
+        stats::bump(Counter::WaitsBegun);
+        let started = Instant::now();
+        let lease = self.wait_and_grant(deadline);
+        stats::waited(started.elapsed().as_micros() as u64, lease.is_some());
+        lease
+    }
+
+    fn wait_and_grant(&self, deadline: Instant) -> Option<Lease> {
         if !waiting::enter(self.key, deadline) {
             return None;
         }
@@ -368,6 +383,12 @@ fn renew_if_held(
     let token = input::required(token, "token");
     let ttl = input::ttl(ttl);
     durability::require_writable("renew a lease");
+    let renewed = renew_checked(key, token, ttl);
+    stats::bump(if renewed.is_some() { Counter::Renewals } else { Counter::RenewalsLost });
+    renewed
+}
+
+fn renew_checked(key: &str, token: Uuid, ttl: i64) -> Option<TimestampWithTimeZone> {
     let wal_before = durability::wal_position();
     if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
         return None;
@@ -399,6 +420,12 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     let key = input::key(key);
     let token = input::required(token, "token");
     durability::require_writable("release a lease");
+    let released = release_checked(key, token);
+    stats::bump(if released { Counter::Releases } else { Counter::ReleasesStale });
+    released
+}
+
+fn release_checked(key: &str, token: Uuid) -> bool {
     let wal_before = durability::wal_position();
     if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
         return false;

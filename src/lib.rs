@@ -20,6 +20,7 @@
 //! - `sessions`: session-bound leases, which end with the session that took them.
 //! - `sweeper`: fence.sweep(), which marks expired leases free and deletes long-ended ones;
 //!   `worker`: the background worker that calls it.
+//! - `stats`: the counters of fence.stats, in shared memory (with shared_preload_libraries).
 //! - `compat`: what differs between PostgreSQL 15, 17 and 18, in one place.
 //! - `settings`: the `pg_fence.*` GUCs; `spi_plans`: statements prepared once per backend.
 //! - `own_errors`: raising pg_fence's own SQLSTATEs (class PF) from Rust, for the fenced writes.
@@ -56,6 +57,7 @@ mod row_update;
 mod sessions;
 mod settings;
 mod spi_plans;
+mod stats;
 mod sweeper;
 mod table_facts;
 mod waiting;
@@ -78,11 +80,13 @@ extension_sql_file!(
     requires = [fencing::fence_holds, fencing::update_matching]
 );
 extension_sql_file!("../sql/occ.sql", name = "occ", requires = [occ::update_versioned_row]);
+extension_sql_file!("../sql/stats.sql", name = "stats", requires = [stats::stats_values]);
 extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     settings::init();
+    stats::init();
     worker::register();
 }
 

@@ -725,4 +725,15 @@ mod tests {
     fn acquire_nil_token() {
         run("SELECT fence.lease_acquire('k', '10 s', token => '00000000-0000-0000-0000-000000000000')");
     }
+
+    // fence.stats, without preload (as `cargo pgrx test` runs): not kept, and it says so.
+
+    #[pg_test]
+    fn stats_without_preload_are_unavailable_not_zero() {
+        run("SELECT fence.lease_acquire('counted', '10 s')");
+        let row =
+            "SELECT format('%s %s %s', available, since IS NULL, grants_durable IS NULL) FROM fence.stats";
+        assert_eq!(one::<String>(row), Some("false true true".into()));
+        assert_eq!(one::<bool>("SELECT fence.stats_reset()"), Some(false));
+    }
 }

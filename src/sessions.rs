@@ -13,6 +13,7 @@
 //! ended leases stay ended. Behind a pooler in transaction mode the "session" is a shared server
 //! connection, which is why session-bound leases need a direct or session-pooled connection.
 use crate::keylock::{self, Owner, SESSION_CLASS};
+use crate::stats::{self, Counter};
 use crate::{compat, key_hash, waiting};
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
@@ -106,5 +107,7 @@ fn tag(pid: i32, id: i64) -> pg_sys::LOCKTAG {
 /// holder's session gone.
 #[pg_guard]
 unsafe extern "C-unwind" fn wake_waiters_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
-    BOUND_KEYS.take().values().for_each(|&hash| waiting::wake(hash));
+    let keys = BOUND_KEYS.take();
+    stats::add(Counter::SessionEnds, keys.len() as u64);
+    keys.values().for_each(|&hash| waiting::wake(hash));
 }

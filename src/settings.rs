@@ -15,6 +15,9 @@ static SWEEP_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 /// How long the sweep keeps the row of a key whose lease has ended, in seconds.
 static RETAIN_ENDED_SECONDS: GucSetting<i32> = GucSetting::<i32>::new(3_600);
 
+/// Whether the counters of fence.stats are kept.
+static TRACK_STATS: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// Whether lease changes are announced with NOTIFY on channel pg_fence.
 static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 
@@ -42,6 +45,15 @@ pub fn init() {
             GucFlags::default(),
         );
     }
+    GucRegistry::define_bool_guc(
+        c"pg_fence.track_stats",
+        c"Keep the counters of fence.stats.",
+        c"On by default; they need pg_fence in shared_preload_libraries. Reloadable (SIGHUP): off \
+          is for measuring what counting costs.",
+        &TRACK_STATS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     GucRegistry::define_int_guc(
         c"pg_fence.sweep_interval",
         c"How often the pg_fence sweeper worker ends expired leases.",
@@ -95,6 +107,10 @@ pub fn database() -> String {
 
 pub fn sweep_interval() -> Duration {
     Duration::from_millis(SWEEP_INTERVAL_MS.get().max(10) as u64)
+}
+
+pub fn stats() -> bool {
+    TRACK_STATS.get()
 }
 
 pub fn notify() -> bool {

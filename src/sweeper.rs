@@ -15,6 +15,7 @@
 use crate::lease_kinds::Kind;
 use crate::notify::{self, Event};
 use crate::spi_plans::execute;
+use crate::stats::{self, Counter};
 use crate::{clock, durability, errors, installed, settings};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::panic::ErrorReportable;
@@ -115,6 +116,7 @@ fn sweep() -> i64 {
     for (key, fence, _) in &ended {
         notify::send(Event::Expired, key, *fence);
     }
+    stats::add(Counter::ExpiriesSwept, ended.len() as u64);
     if let Some(highest) = deleted.iter().map(|(_, fence, _)| *fence).max() {
         execute(RAISE_HIGH_WATER, &[highest.into()], |_| ());
     }
