@@ -22,7 +22,8 @@ mod recording;
 mod worker;
 
 pub use checker::{
-    check, AckedGrant, AckedRelease, AckedRenewal, AckedWrite, Acknowledged, Violation, Violations,
+    check, check_with, AckedGrant, AckedRelease, AckedRenewal, AckedWrite, Acknowledged, Lost, Violation,
+    Violations,
 };
 pub use recording::{install, load_history, History, LeaseChange, LeaseChangeKind, RecordedWrite};
 
@@ -76,6 +77,16 @@ pub struct Workload {
     pub client_fault_every: Duration,
     /// Mean time between two server faults.
     pub server_fault_every: Duration,
+    /// A call that takes longer is cut (its socket shut down), as a client's own timeout would:
+    /// a frozen (SIGSTOPped) server would otherwise hold its clients until it resumes. None: never.
+    pub call_timeout: Option<Duration>,
+    /// A client whose connection was lost while it held a lease reconnects and carries on under
+    /// that lease (writes with its fence, renews with its token), as a real client does after a
+    /// failover; else it gives the lease up.
+    pub resume_after_reconnect: bool,
+    /// Acknowledged grants, renewals and writes may be missing from the history (a failover to an
+    /// asynchronous standby): they are counted in `Counts::lost`, not violations.
+    pub history_may_be_lost: bool,
 }
 
 impl Default for Workload {
@@ -91,6 +102,9 @@ impl Default for Workload {
             faults: vec![Fault::Pause, Fault::KillClient, Fault::TerminateBackend, Fault::ServerCrash],
             client_fault_every: Duration::from_millis(250),
             server_fault_every: Duration::from_secs(30),
+            call_timeout: None,
+            resume_after_reconnect: false,
+            history_may_be_lost: false,
         }
     }
 }
@@ -133,6 +147,9 @@ pub struct Counts {
     pub crashes: u64,
     /// Errors that none of the above explains (listed in `Report::unexpected_errors`).
     pub unexpected_errors: u64,
+    /// Acknowledged durable changes missing from the history (violations unless
+    /// `Workload::history_may_be_lost`).
+    pub lost: Lost,
 }
 
 impl Counts {
@@ -194,6 +211,13 @@ impl fmt::Display for Report {
             "  faults: pauses {}, connections cut {}, backends terminated {}, restarts (crashes) {}",
             c.pauses, c.kills, c.terminations, c.crashes
         )?;
+        if c.lost != Lost::default() {
+            let Lost { grants, renewals, writes } = c.lost;
+            writeln!(
+                f,
+                "  acknowledged durable changes missing from the history: grants {grants}, renewals {renewals}, writes {writes}"
+            )?;
+        }
         writeln!(f, "  unexpected errors {}", c.unexpected_errors)?;
         for error in &self.unexpected_errors {
             writeln!(f, "    {error}")?;
@@ -260,7 +284,8 @@ pub fn run(workload: &Workload, connect: &Connect<'_>, server_fault: Option<&Ser
     let history = load_history(&mut client).expect("read the recorded history");
     counts.releases_lost_in_crashes = checker::releases_missing(&history, &acked);
     counts.fast_grants_lost_in_crashes = checker::fast_grants_missing(&history, &acked);
-    let violations = check(&history, &acked);
+    let (violations, lost) = checker::check_with(&history, &acked, workload.history_may_be_lost);
+    counts.lost = lost;
     unexpected_errors.truncate(10);
     let report = Report { counts, violations, unexpected_errors };
     println!("{report}");

@@ -136,20 +136,42 @@ impl fmt::Display for Violations {
     }
 }
 
+/// Acknowledged durable changes that the history does not have: violations, unless they may have
+/// been lost (a failover to an asynchronous standby that had not received them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lost {
+    pub grants: u64,
+    pub renewals: u64,
+    pub writes: u64,
+}
+
 /// Checks the history against the invariants and the acknowledgements.
 pub fn check(history: &History, acked: &Acknowledged) -> Violations {
+    check_with(history, acked, false).0
+}
+
+/// The same, counting the acknowledged grants, renewals and writes missing from the history; with
+/// `may_lose` they are not violations (the history was rolled onto a server that never
+/// had them). A lost grant's fence must still never be granted again, and nothing recorded may
+/// break the invariants: a lost grant is checked as a fast grant lost in a crash is.
+pub fn check_with(history: &History, acked: &Acknowledged, may_lose: bool) -> (Violations, Lost) {
     let mut violations = Violations::default();
+    let mut lost = Lost::default();
     for (key, events) in events_by_key(history) {
         KeyWalk::new(key, &mut violations).walk(&events);
     }
-    check_acknowledged_grants(history, acked, &mut violations);
-    check_acknowledged_renewals(history, acked, &mut violations);
-    check_acknowledged_writes(history, acked, &mut violations);
+    let lose = |count: &mut u64| {
+        *count += 1;
+        may_lose
+    };
+    check_acknowledged_grants(history, acked, &mut violations, |_| lose(&mut lost.grants));
+    check_acknowledged_renewals(history, acked, &mut violations, |_| lose(&mut lost.renewals));
+    check_acknowledged_writes(history, acked, &mut violations, |_| lose(&mut lost.writes));
     check_recording_complete(history, &mut violations);
     for detail in &acked.stale_releases_accepted {
         violations.add(Violation::ForeignChange, detail.clone());
     }
-    violations
+    (violations, lost)
 }
 
 /// The (key, fence) of every recorded lease change of this kind.
@@ -213,7 +235,7 @@ struct Current<'h> {
     holder: &'h str,
     /// The last expires_at recorded for this fence.
     ends_us: i64,
-    /// For a fast lease, when the server that granted it started: a restart ended it.
+    /// For a fast lease, when the server that granted it started: a restart or a failover ended it.
     fast_on_server_started_us: Option<i64>,
 }
 
@@ -248,8 +270,9 @@ impl<'h, 'v> KeyWalk<'h, 'v> {
                 let detail = format!("{key}: fence {} granted after fence {}", grant.fence, previous.fence);
                 self.violations.add(Violation::FenceNotIncreasing, detail);
             }
+            // A restart, or a failover to another server (whose start time differs), ended it.
             let ended_by_restart =
-                previous.fast_on_server_started_us.is_some_and(|started| grant.server_start_us > started);
+                previous.fast_on_server_started_us.is_some_and(|started| grant.server_start_us != started);
             if grant.acquired_us < previous.ends_us && !ended_by_restart {
                 let early_ms = (previous.ends_us - grant.acquired_us) as f64 / 1000.0;
                 let detail = format!(
@@ -312,7 +335,13 @@ impl<'h, 'v> KeyWalk<'h, 'v> {
 }
 
 /// Invariant 1 for what clients saw: each acknowledged grant is recorded, with its acquired_at.
-fn check_acknowledged_grants(history: &History, acked: &Acknowledged, violations: &mut Violations) {
+/// `allow_loss` says whether a missing durable grant may have been lost (it is counted there).
+fn check_acknowledged_grants(
+    history: &History,
+    acked: &Acknowledged,
+    violations: &mut Violations,
+    mut allow_loss: impl FnMut(&AckedGrant) -> bool,
+) {
     let recorded: HashMap<(&str, i64), i64> = history
         .leases
         .iter()
@@ -321,7 +350,7 @@ fn check_acknowledged_grants(history: &History, acked: &Acknowledged, violations
         .collect();
     for grant in &acked.grants {
         let problem = match recorded.get(&(grant.key.as_str(), grant.fence)) {
-            None if !grant.durable => {
+            None if !grant.durable || allow_loss(grant) => {
                 check_lost_fast_grant(history, grant, violations);
                 continue;
             }
@@ -363,7 +392,12 @@ pub fn fast_grants_missing(history: &History, acked: &Acknowledged) -> u64 {
 
 /// Renewals are flushed before they are acknowledged, so each must be recorded; but for a fast
 /// lease's, which a crash may take as it takes the lease.
-fn check_acknowledged_renewals(history: &History, acked: &Acknowledged, violations: &mut Violations) {
+fn check_acknowledged_renewals(
+    history: &History,
+    acked: &Acknowledged,
+    violations: &mut Violations,
+    mut allow_loss: impl FnMut(&AckedRenewal) -> bool,
+) {
     let recorded: HashSet<(&str, i64, i64)> = history
         .leases
         .iter()
@@ -374,7 +408,10 @@ fn check_acknowledged_renewals(history: &History, acked: &Acknowledged, violatio
         acked.grants.iter().filter(|g| !g.durable).map(|g| (g.key.as_str(), g.fence)).collect();
     for renewal in &acked.renewals {
         let key = (renewal.key.as_str(), renewal.fence);
-        if !recorded.contains(&(key.0, key.1, renewal.expires_us)) && !fast.contains(&key) {
+        if !recorded.contains(&(key.0, key.1, renewal.expires_us))
+            && !fast.contains(&key)
+            && !allow_loss(renewal)
+        {
             let detail = format!(
                 "{}: acknowledged renewal of fence {} is not in the history",
                 renewal.key, renewal.fence
@@ -385,11 +422,17 @@ fn check_acknowledged_renewals(history: &History, acked: &Acknowledged, violatio
 }
 
 /// No acknowledged write is lost: each is in the audit history, under the fence it was made with.
-fn check_acknowledged_writes(history: &History, acked: &Acknowledged, violations: &mut Violations) {
+fn check_acknowledged_writes(
+    history: &History,
+    acked: &Acknowledged,
+    violations: &mut Violations,
+    mut allow_loss: impl FnMut(&AckedWrite) -> bool,
+) {
     let recorded: HashMap<i64, (&str, i64)> =
         history.writes.iter().map(|write| (write.write_id, (write.key.as_str(), write.fence))).collect();
     for write in &acked.writes {
         let problem = match recorded.get(&write.write_id) {
+            None if allow_loss(write) => continue,
             None => "is not in the audit history".to_string(),
             Some(&(key, fence)) if key != write.key || fence != write.fence => {
                 format!("is recorded for {key} under fence {fence}")

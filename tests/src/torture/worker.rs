@@ -12,8 +12,9 @@ use rand::Rng;
 use std::mem::ManuallyDrop;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{FromRawFd, RawFd};
+use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 /// Times are fetched as microseconds since the epoch, to compare exactly with the history.
@@ -72,6 +73,8 @@ pub(super) struct Worker<'s> {
     rng: ThreadRng,
     writes_made: i64,
     log: WorkerLog,
+    /// With `Workload::call_timeout`: when the call in flight started, and the connection to cut.
+    watchdog: Option<Watchdog>,
 }
 
 impl<'s> Worker<'s> {
@@ -84,10 +87,14 @@ impl<'s> Worker<'s> {
             rng: rand::thread_rng(),
             writes_made: 0,
             log: WorkerLog::default(),
+            watchdog: None,
         }
     }
 
     pub fn run(mut self) -> WorkerLog {
+        if let Some(timeout) = self.shared.workload.call_timeout {
+            self.watchdog = Some(start_watchdog(timeout));
+        }
         while self.connected() {
             self.lease_cycle();
         }
@@ -113,12 +120,19 @@ impl<'s> Worker<'s> {
         }
     }
 
-    /// Writes, and sometimes renews, until refused or done.
+    /// Writes, and sometimes renews, until refused or done. With `resume_after_reconnect`, a lost
+    /// connection is opened again and the work goes on under the same lease (possibly on another
+    /// server, after a failover, where pg_fence must refuse it if the lease did not survive).
     fn work_under(&mut self, lease: &mut Lease) -> Outcome<()> {
         for _ in 0..self.rng.gen_range(1..=3) {
-            self.write(lease)?;
-            if self.rng.gen_bool(0.3) {
-                self.renew(lease)?;
+            let mut step = self.write(lease);
+            if step.is_ok() && self.rng.gen_bool(0.3) {
+                step = self.renew(lease);
+            }
+            match step {
+                Err(Stop::Unknown) if self.shared.workload.resume_after_reconnect && self.connected() => {}
+                Err(stop) => return Err(stop),
+                Ok(()) => {}
             }
             self.think();
         }
@@ -187,7 +201,10 @@ impl<'s> Worker<'s> {
             transaction.commit().map_err(|_| Failed::AtCommit)
         })();
         match attempt {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.disarm_watchdog();
+                Ok(())
+            }
             Err(Failed::Before(err)) => self.settle(Err(err), "PF002"),
             Err(Failed::AtCommit) => Err(self.give_up_connection()),
         }
@@ -242,6 +259,7 @@ impl<'s> Worker<'s> {
     /// Sorts a failed call: `refusal` (a SQLSTATE, or "" for none) is pg_fence saying no; the
     /// connection dying is an unknown outcome; anything else is unexpected, and unknown too.
     fn settle<T>(&mut self, result: Result<T, postgres::Error>, refusal: &str) -> Outcome<T> {
+        self.disarm_watchdog();
         let err = match result {
             Ok(value) => return Ok(value),
             Err(err) => err,
@@ -258,6 +276,7 @@ impl<'s> Worker<'s> {
     }
 
     fn give_up_connection(&mut self) -> Stop {
+        self.disarm_watchdog();
         self.connection = None;
         self.log.counts.unknown += 1;
         Stop::Unknown
@@ -304,6 +323,9 @@ impl<'s> Worker<'s> {
     /// or at its COMMIT.
     fn arm_kill(&mut self) {
         let Some(ports) = self.connection.as_ref().and_then(|connection| connection.ports) else { return };
+        if let Some(watchdog) = &self.watchdog {
+            *watchdog.lock().unwrap() = Some((Instant::now(), ports));
+        }
         if !self.shared.take_fault(self.id, Fault::KillClient) {
             return;
         }
@@ -313,6 +335,13 @@ impl<'s> Worker<'s> {
             thread::sleep(delay);
             sever(ports);
         });
+    }
+
+    /// The call in flight is over (its outcome is in).
+    fn disarm_watchdog(&mut self) {
+        if let Some(watchdog) = &self.watchdog {
+            *watchdog.lock().unwrap() = None;
+        }
     }
 
     /// A pause the chaos thread asked for: past the lease's TTL, counted from now, so certainly
@@ -333,6 +362,29 @@ impl<'s> Worker<'s> {
     fn think(&mut self) {
         thread::sleep(Duration::from_micros(self.rng.gen_range(0..5_000)));
     }
+}
+
+/// When the call in flight started, and the (client port, server port) of its connection.
+type Watchdog = Arc<Mutex<Option<(Instant, (u16, u16))>>>;
+
+/// A thread that cuts the worker's connection when a call (armed by `arm_kill`, disarmed when its
+/// outcome is in) runs past `timeout`; it ends when the worker drops its end.
+fn start_watchdog(timeout: Duration) -> Watchdog {
+    let watchdog: Watchdog = Arc::new(Mutex::new(None));
+    let watched = Arc::clone(&watchdog);
+    thread::spawn(move || {
+        while Arc::strong_count(&watched) > 1 {
+            thread::sleep(Duration::from_millis(50));
+            let mut armed = watched.lock().unwrap();
+            if let Some((since, ports)) = *armed {
+                if since.elapsed() > timeout {
+                    sever(ports);
+                    *armed = None;
+                }
+            }
+        }
+    });
+    watchdog
 }
 
 /// Where an explicit transaction failed.
