@@ -733,7 +733,7 @@ mod tests {
         run("SELECT fence.lease_acquire('counted', '10 s')");
         let row =
             "SELECT format('%s %s %s', available, since IS NULL, grants_durable IS NULL) FROM fence.stats";
-        assert_eq!(one::<String>(row), Some("false true true".into()));
+        assert_eq!(one::<String>(row), Some("f t t".into()));
         assert_eq!(one::<bool>("SELECT fence.stats_reset()"), Some(false));
     }
 }
