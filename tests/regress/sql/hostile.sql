@@ -427,8 +427,9 @@ INSERT INTO cases (block, expr) SELECT 'read-only', expr FROM (VALUES
     ($$fence.lease_release('held', @token@)$$),
     ($$fence.lease_revoke('held')$$),
     ($$fence.sweep()$$),
-    ($$fence.stats_reset()$$),
-    ($$fence.stats_values()$$),
+    -- (with or without preload alike: the package tests preload pg_fence, this suite does not)
+    ($$fence.stats_reset() IS NOT NULL$$),
+    ($$(SELECT count(*) FROM fence.stats_values())$$),
     ($$fence.fenced_update('held', @fence@, 'target', '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.fenced_write('target', 'fence', 9, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.versioned_update('target', 'version', 1, '{"status": "x"}', '{"id": 1}')$$),
