@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import Any, Callable, Optional
 
 import psycopg
@@ -13,12 +12,11 @@ import psycopg
 from .aio import AsyncConnections, bounded, fence_guard, fenced_update, release, renew
 from .errors import LeaseLost
 from .holding import HELD, LOST, UNKNOWN, Holding, clock
+from .kept import Kept
 from .retry import Retry
 
-log = logging.getLogger("pg_fence")
 
-
-class AsyncKeptLease:
+class AsyncKeptLease(Kept):
     """As pg_fence.KeptLease; `lost` is an asyncio.Event."""
 
     def __init__(
@@ -34,28 +32,6 @@ class AsyncKeptLease:
         self.lost = asyncio.Event()
         self._renewer = asyncio.create_task(self._renew_loop())
         self._watchdog = asyncio.create_task(self._watch())
-
-    lease = property(lambda self: self._holding.lease)
-    key = property(lambda self: self._holding.lease.key)
-    fence = property(lambda self: self._holding.lease.fence)
-    token = property(lambda self: self._holding.lease.token)
-    lost_at = property(lambda self: self._holding.lost_at)
-    deadline = property(lambda self: self._holding.deadline)
-    last_error = property(lambda self: self._holding.last_error)
-
-    @property
-    def state(self) -> str:
-        if self._holding.state == HELD and self._holding.remaining() <= 0:
-            self._declare(UNKNOWN)
-        return self._holding.state
-
-    def held(self) -> bool:
-        return self.state == HELD
-
-    def check(self) -> None:
-        state = self.state
-        if state != HELD:
-            raise LeaseLost(self.key, f"lease on {self.key!r} is {state}", state=state)
 
     async def guard(self, conn: psycopg.AsyncConnection) -> None:
         self.check()
@@ -88,18 +64,9 @@ class AsyncKeptLease:
     async def _release(self, conn: psycopg.AsyncConnection) -> bool:
         return await release(conn, self.lease)
 
-    def _declare(self, state: str) -> None:
-        if not self._holding.declare(state):
-            return
-        self.lost.set()
+    def _stop_renewing(self) -> None:
         if asyncio.current_task() is not self._renewer:
             self._renewer.cancel()
-        log.warning("pg_fence: lease on %r %s", self.key, "lost" if state == LOST else "state unknown")
-        if self._on_lost is not None:
-            try:
-                self._on_lost(self)
-            except Exception:
-                log.exception("pg_fence: on_lost callback failed")
 
     async def _watch(self) -> None:
         while self._holding.remaining() > 0:

@@ -9,7 +9,6 @@ conninfo may send to a new primary. The watchdog does not wait for any of it."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import selectors
 import socket
 import threading
@@ -19,13 +18,12 @@ from . import calls
 from .connections import Connections, bounded
 from .errors import LeaseLost
 from .holding import HELD, LOST, UNKNOWN, Holding, clock
+from .kept import Kept
 from .lease import Lease
 from .retry import Retry
 
-log = logging.getLogger("pg_fence")
 
-
-class KeptLease:
+class KeptLease(Kept):
     def __init__(
         self,
         holding: Holding,
@@ -51,53 +49,6 @@ class KeptLease:
         ]
         for thread in self._threads:
             thread.start()
-
-    @property
-    def lease(self) -> Lease:
-        return self._holding.lease
-
-    @property
-    def key(self) -> str:
-        return self.lease.key
-
-    @property
-    def fence(self) -> int:
-        return self.lease.fence
-
-    @property
-    def token(self) -> Any:
-        return self.lease.token
-
-    @property
-    def state(self) -> str:
-        """ "held", "lost" (the server said so), "unknown" (its deadline passed unconfirmed) or "released"."""
-        if self._holding.state == HELD and self._holding.remaining() <= 0:
-            self._declare(UNKNOWN)
-        return self._holding.state
-
-    @property
-    def deadline(self) -> float:
-        """pg_fence.holding.clock() until which the lease is known to be held, short of a renewal."""
-        return self._holding.deadline
-
-    @property
-    def lost_at(self) -> Optional[float]:
-        """pg_fence.holding.clock() when the lease was declared lost or unknown."""
-        return self._holding.lost_at
-
-    @property
-    def last_error(self) -> Optional[BaseException]:
-        """The last failure of a renewal, for logs."""
-        return self._holding.last_error
-
-    def held(self) -> bool:
-        return self.state == HELD
-
-    def check(self) -> None:
-        """Raises LeaseLost unless the lease is still held by its local deadline."""
-        state = self.state
-        if state != HELD:
-            raise LeaseLost(self.key, f"lease on {self.key!r} is {state}", state=state)
 
     def guard(self, conn: Any) -> None:
         """fence_guard in your transaction on `conn`, after a local check."""
@@ -140,17 +91,8 @@ class KeptLease:
                     self._released = bounded(self._connections, self._release, self._release_timeout)
             self._connections.close()
 
-    def _declare(self, state: str) -> None:
-        if not self._holding.declare(state):
-            return
-        self.lost.set()
+    def _stop_renewing(self) -> None:
         self._stop.set()
-        log.warning("pg_fence: lease on %r %s", self.key, "lost" if state == LOST else "state unknown")
-        if self._on_lost is not None:
-            try:
-                self._on_lost(self)
-            except Exception:
-                log.exception("pg_fence: on_lost callback failed")
 
     def _watch(self) -> None:
         while not self._stop.wait(max(0.0, self._holding.remaining())):

@@ -1,0 +1,82 @@
+"""What the sync and the asyncio kept lease share: reading the lease, judging it by its local
+deadline, and telling the work once when it is lost. Each subclass sets `_holding` (holding.py),
+`lost` (a threading or asyncio Event) and `_on_lost`, and stops its renewer in `_stop_renewing`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from .errors import LeaseLost
+from .holding import HELD, LOST, UNKNOWN, Holding
+from .lease import Lease
+
+log = logging.getLogger("pg_fence")
+
+
+class Kept:
+    _holding: Holding
+    lost: Any
+    _on_lost: Any
+
+    @property
+    def lease(self) -> Lease:
+        return self._holding.lease
+
+    @property
+    def key(self) -> str:
+        return self.lease.key
+
+    @property
+    def fence(self) -> int:
+        return self.lease.fence
+
+    @property
+    def token(self) -> Any:
+        return self.lease.token
+
+    @property
+    def state(self) -> str:
+        """ "held", "lost" (the server said so), "unknown" (its deadline passed unconfirmed) or "released"."""
+        if self._holding.state == HELD and self._holding.remaining() <= 0:
+            self._declare(UNKNOWN)
+        return self._holding.state
+
+    @property
+    def deadline(self) -> float:
+        """pg_fence.holding.clock() until which the lease is known to be held, short of a renewal."""
+        return self._holding.deadline
+
+    @property
+    def lost_at(self) -> Optional[float]:
+        """pg_fence.holding.clock() when the lease was declared lost or unknown."""
+        return self._holding.lost_at
+
+    @property
+    def last_error(self) -> Optional[BaseException]:
+        """The last failure of a renewal, for logs."""
+        return self._holding.last_error
+
+    def held(self) -> bool:
+        return self.state == HELD
+
+    def check(self) -> None:
+        """Raises LeaseLost unless the lease is still held by its local deadline."""
+        state = self.state
+        if state != HELD:
+            raise LeaseLost(self.key, f"lease on {self.key!r} is {state}", state=state)
+
+    def _stop_renewing(self) -> None:
+        raise NotImplementedError
+
+    def _declare(self, state: str) -> None:
+        if not self._holding.declare(state):
+            return
+        self.lost.set()
+        self._stop_renewing()
+        log.warning("pg_fence: lease on %r %s", self.key, "lost" if state == LOST else "state unknown")
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:
+                log.exception("pg_fence: on_lost callback failed")
