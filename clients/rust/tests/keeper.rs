@@ -66,6 +66,9 @@ fn a_revoked_and_taken_over_lease_is_lost_and_its_fence_stale() {
         println!("takeover: revoke to told {revoke_to_told:?} (renewing every {:?})", TTL / 3);
         assert_eq!(held.state(), LeaseState::Lost);
         assert!(!held.is_held());
+        // The callback runs just after `lost` wakes, on the keeper's thread.
+        let heard = eventually(Duration::from_secs(2), || async { told.lock().unwrap().is_some() }).await;
+        assert!(heard, "the callback was never called");
         assert_eq!(*told.lock().unwrap(), Some(LeaseState::Lost), "the callback heard it");
 
         // Stale writes are refused, in a transaction and through fenced_update; the new fence writes.
