@@ -1,7 +1,7 @@
 -- lease_renew: a one-line SQL function over a Rust core that answers NULL for "no", raising PF001
 -- through PL/pgSQL (pgrx can raise only the SQLSTATEs of its closed PgSqlErrorCode enum; any other
 -- becomes XX000). PostgreSQL inlines the shell into the calling query. The fenced writes raise their
--- PF002 from Rust instead (src/own_errors.rs), which lease_renew cannot: its core is SECURITY
+-- PF002 from Rust instead (src/pg/own_errors.rs), which lease_renew cannot: its core is SECURITY
 -- DEFINER, and only a call through fmgr switches the user.
 
 CREATE FUNCTION fence.raise_lease_lost(key text)
@@ -44,8 +44,8 @@ $$;
 
 -- Who holds what, but never the tokens (for fence_user: sql/privileges.sql): per key, its latest
 -- grant, durable or fast (a fast grant whose fence ran ahead of the clock also keeps that fence in
--- the key's durable row, src/leases.rs: the fast row is the one shown). `live` is the condition of
--- src/liveness.rs.
+-- the key's durable row, src/leases/mod.rs: the fast row is the one shown). `live` is the condition of
+-- src/leases/liveness.rs.
 CREATE VIEW fence.leases AS
 SELECT DISTINCT ON (key) key, owner, fence, acquired_at, expires_at, session_pid, live, durable
   FROM (SELECT key, owner, fence, acquired_at, expires_at, session_pid,

@@ -1,4 +1,4 @@
--- Optimistic concurrency: versioned_update (its core is in src/occ.rs) and a trigger that makes every
+-- Optimistic concurrency: versioned_update (its core is in src/writes/occ.rs) and a trigger that makes every
 -- UPDATE of a table bump its version column, so a writer that forgot the check cannot silently
 -- overwrite a newer row.
 

@@ -27,7 +27,7 @@
 
 -- Every call of pg_fence reads fence.lease_state under the key's lock: waiting for the transactions
 -- that did so, and keeping new ones out until this update commits, means no transaction holds a key
--- lock named by the old hash after it (the guard checks that too, src/fencing.rs).
+-- lock named by the old hash after it (the guard checks that too, src/writes/fencing.rs).
 -- fence.sweeper_stats first, in the order a sweep takes the two (it claims its figures, then reads
 -- the leases), or a sweep starting between the two locks would deadlock with this update.
 LOCK TABLE fence.sweeper_stats, fence.lease_state IN ACCESS EXCLUSIVE MODE;

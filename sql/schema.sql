@@ -20,22 +20,22 @@ END
 $$;
 --
 -- One row per key in use by durable leases: release and expiry only clear the token, and the sweep deletes the row once
--- the lease has ended more than pg_fence.retain_ended ago (src/sweeper.rs). Nobody but the
+-- the lease has ended more than pg_fence.retain_ended ago (src/sweeper/mod.rs). Nobody but the
 -- extension's functions touches it.
 CREATE TABLE fence.lease_state (
     key         text        PRIMARY KEY,
-    fence       bigint      NOT NULL,  -- greatest(previous fence + 1, clock in µs): src/fence_numbers.rs
+    fence       bigint      NOT NULL,  -- greatest(previous fence + 1, clock in µs): src/leases/fences.rs
     owner       text        NOT NULL,
     -- SHA-256 of the live holder's token (the token itself is shown once, to the acquirer, and kept
     -- nowhere); NULL once released. An expired lease keeps its hash but is dead: a lease is live
     -- when `token_hash IS NOT NULL AND expires_at > clock_timestamp()` and, if session-bound, its
-    -- session is still there (src/liveness.rs).
+    -- session is still there (src/leases/liveness.rs).
     token_hash  bytea,
     acquired_at timestamptz NOT NULL,
     -- when the lease ends (or ended: release moves it back to the moment of release)
     expires_at  timestamptz NOT NULL,
     -- for a session-bound lease, the session it ends with: the backend's pid (as in pg_stat_activity)
-    -- and its session lock (src/sessions.rs); NULL for a plain lease
+    -- and its session lock (src/leases/sessions.rs); NULL for a plain lease
     -- (No CHECK that both are set together: PostgreSQL would re-read its expression at every
     -- UPDATE. The liveness condition treats a half-set pair as dead instead.)
     session_pid integer,
@@ -47,7 +47,7 @@ REVOKE ALL ON fence.lease_state FROM PUBLIC;
 -- pg_dump keeps the rows: the leases and their fences are data like any other.
 SELECT pg_catalog.pg_extension_config_dump('fence.lease_state', '');
 
--- Fast leases (lease_acquire(.., durable => false), src/lease_kinds.rs): the same columns (a column
+-- Fast leases (lease_acquire(.., durable => false), src/leases/kinds.rs): the same columns (a column
 -- added to one table must be added to the other), unlogged, so that their changes write no WAL but
 -- their commit records. PostgreSQL empties the table after a
 -- crash or an immediate shutdown, and a promoted standby starts with it empty; not dumped either.
@@ -55,7 +55,7 @@ CREATE UNLOGGED TABLE fence.fast_lease_state (LIKE fence.lease_state INCLUDING A
 REVOKE ALL ON fence.fast_lease_state FROM PUBLIC;
 
 -- The highest fence of any row the sweep has deleted, raised in the deleting transaction: a key
--- without a row is granted above it (src/fence_numbers.rs), even after a step back of the clock.
+-- without a row is granted above it (src/leases/fences.rs), even after a step back of the clock.
 -- No row until the first deletion, so that a dump's row restores into an empty table.
 CREATE TABLE fence.high_water (
     one   boolean PRIMARY KEY DEFAULT true CHECK (one),
@@ -64,7 +64,7 @@ CREATE TABLE fence.high_water (
 REVOKE ALL ON fence.high_water FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('fence.high_water', '');
 
--- The secret that keys the hash naming each key's advisory locks (src/key_hash.rs), drawn at random
+-- The secret that keys the hash naming each key's advisory locks (src/locks/key_hash.rs), drawn at random
 -- here, so that nobody can pick two keys that share a lock. Not dumped: a restored database gets
 -- its own with its CREATE EXTENSION.
 CREATE TABLE fence.lock_secret (

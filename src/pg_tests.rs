@@ -350,7 +350,7 @@ mod tests {
         assert_eq!(one::<i64>(guard_lock), Some(1));
     }
 
-    /// The guard decides liveness in Rust (src/lease_row.rs); it must agree with live_at!, which
+    /// The guard decides liveness in Rust (src/leases/row.rs); it must agree with live_at!, which
     /// the view's `live` column spells out, on every kind of row.
     #[pg_test]
     fn the_guard_judges_liveness_as_the_view_does() {
@@ -371,7 +371,7 @@ mod tests {
             };
             // expires_at as PostgreSQL stores it: microseconds since 2000-01-01 UTC.
             let expires_at = "(extract(epoch FROM expires_at - '2000-01-01 UTC') * 1000000)::bigint";
-            let by_guard = crate::lease_row::live(key, crate::clock::now());
+            let by_guard = crate::leases::row::live(key, crate::pg::clock::now());
             assert_eq!(by_guard.as_ref().map(|l| l.fence), by_view("fence"), "key {key}");
             assert_eq!(by_guard.as_ref().map(|l| l.expires_at), by_view(expires_at), "key {key}");
             assert_eq!(by_guard.is_some(), live.contains(&key), "key {key}");
@@ -408,7 +408,7 @@ mod tests {
         assert_eq!(one::<String>("SELECT status || version FROM invoices").as_deref(), Some("paid7"));
     }
 
-    /// A table with a column of every kind of type that the writes convert in Rust (src/row_update.rs)
+    /// A table with a column of every kind of type that the writes convert in Rust (src/writes/row_update.rs)
     /// or leave to jsonb_to_record.
     fn kinds() {
         run("CREATE DOMAIN positive AS int CHECK (VALUE > 0)");

@@ -7,7 +7,8 @@
 //! A call is counted when it returns, whatever its transaction does afterwards (a grant rolled
 //! back still counts), as PostgreSQL's own cumulative statistics count what was attempted. A crash
 //! of any backend reinitializes shared memory, and the counters start again (`since` says when).
-use crate::{clock, settings};
+use crate::pg::clock;
+use crate::pg::settings;
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};

@@ -370,7 +370,7 @@ fn the_guard_sees_the_latest_grant_under_repeatable_read() {
 }
 
 /// A fenced write names its table by OID; the backend that runs it keeps the table's name and
-/// columns from one call to the next (src/table_facts.rs). Another session's DDL must reach that
+/// columns from one call to the next (src/writes/table_facts.rs). Another session's DDL must reach that
 /// memory before the next write: a name it kept could by then name another table, or a column of
 /// another type. Each step first writes once, so the writer's backend has the names in memory.
 #[test]

@@ -1,6 +1,7 @@
 //! Argument checks shared by the public functions. Each either returns the checked value or raises
 //! an error before anything has been read, locked or changed.
-use crate::{errors, settings};
+use crate::pg::errors;
+use crate::pg::settings;
 use pgrx::datum::Interval;
 
 /// Keys are compared and indexed whole; a bound keeps index entries far below btree's size limit.

@@ -19,9 +19,10 @@
 //! operators included (`OPERATOR(pg_catalog.>)`, and for a filter column the equality operator of
 //! its type's default operator class, as foreign keys use): a look-alike operator earlier on the
 //! search_path must not decide which rows are written.
-use crate::json_object::{JsonArg, Value};
-use crate::table_facts::{self, Column as Facts};
-use crate::{errors, input};
+use crate::pg::errors;
+use crate::pg::input;
+use crate::writes::json_object::{JsonArg, Value};
+use crate::writes::table_facts::{self, Column as Facts};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use std::ffi::CString;

@@ -8,7 +8,7 @@
 //! cache does. `table` locks the table and then applies the messages that have arrived, before it
 //! reads the cache: a name read from the cache is never one that changed since, which could by then
 //! name another table.
-use crate::errors;
+use crate::pg::errors;
 use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

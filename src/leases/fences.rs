@@ -6,7 +6,7 @@
 //! last WAL, a cancelled synchronous commit wait, point-in-time recovery, a restored dump, DROP and
 //! CREATE EXTENSION) forgets the fences it lost, but its clock has moved on since they were issued,
 //! so its next grant is above them. A crash that empties the table of fast leases (see
-//! `lease_kinds`) forgets their fences the same way, and the clock puts the next grant above them.
+//! `kinds`) forgets their fences the same way, and the clock puts the next grant above them.
 //! The one assumption is that clock: a fence issued on the lost
 //! history is at most the clock reading at its grant (plus one per grant of that key within the
 //! same microsecond or after a step back), so the new history's clock must read later than that at
@@ -39,11 +39,12 @@ pub fn check_first_grant(fence: i64) {
     if unsafe { pg_sys::XactIsoLevel } < pg_sys::XACT_REPEATABLE_READ as i32 {
         return; // READ COMMITTED: the INSERT's own snapshot is taken after such a sweep committed
     }
-    let Some(table) = crate::installed::table(c"high_water") else { return };
+    let Some(table) = crate::pg::installed::table(c"high_water") else { return };
     // Column 2 is `fence bigint` (sql/schema.sql).
     // SAFETY: a bigint datum of the row.
-    let mark = crate::one_row::latest(table, |values, nulls| unsafe { i64::from_datum(values[1], nulls[1]) });
+    let mark =
+        crate::pg::one_row::latest(table, |values, nulls| unsafe { i64::from_datum(values[1], nulls[1]) });
     if mark.flatten().is_some_and(|mark| mark >= fence) {
-        crate::errors::deleted_since_snapshot();
+        crate::pg::errors::deleted_since_snapshot();
     }
 }

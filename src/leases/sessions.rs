@@ -12,9 +12,11 @@
 //! session-bound leases; a later session-bound grant takes a lock with the next generation, so those
 //! ended leases stay ended. Behind a pooler in transaction mode the "session" is a shared server
 //! connection, which is why session-bound leases need a direct or session-pooled connection.
-use crate::keylock::{self, Owner, SESSION_CLASS};
+use crate::leases::waiting;
+use crate::locks::key_hash;
+use crate::locks::keylock::{self, Owner, SESSION_CLASS};
+use crate::pg::compat;
 use crate::stats::{self, Counter};
-use crate::{compat, key_hash, waiting};
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -69,7 +71,7 @@ fn holder_alive(pid: i32, id: i64) -> bool {
     alive(pid, id)
 }
 
-/// holder_alive, for the liveness check that runs without a statement (src/lease_row.rs).
+/// holder_alive, for the liveness check that runs without a statement (src/leases/row.rs).
 pub fn alive(pid: i32, id: i64) -> bool {
     let tag = tag(pid, id);
     // SAFETY: set once at backend start.

@@ -16,7 +16,7 @@
 //! - 55000 object_not_in_prerequisite_state: a table of schema fence is missing or was edited by hand.
 //!
 //! pg_fence's own codes (class PF): PF001 by lease_renew's SQL shell (sql/leases.sql), PF002 by the
-//! fenced writes' C entry points (src/own_errors.rs):
+//! fenced writes' C entry points (src/pg/own_errors.rs):
 //! - PF001 lease_lost: renew with a token that is not the live holder's.
 //! - PF002 stale_fence: a write under a fence that is no longer the key's live one.
 use pgrx::pg_sys::panic::ErrorReport;

@@ -1,32 +1,20 @@
-//! Leases: lease_acquire, lease_release, current_fence, and the core of lease_renew (whose public
-//! shell in sql/leases.sql turns "not held" into SQLSTATE PF001).
-//!
-//! Every change to a key follows the same steps, in this order:
-//! 1. check the arguments (nothing is touched when they are bad);
-//! 2. refuse read-only transactions and standbys;
-//! 3. take the key's lock (see `keylock`), waiting for the transaction that holds it to end only
-//!    when waiting can achieve something (see `lock_key_unless_futile`), and never for an acquire
-//!    without `wait`; and hold it only if something changed;
-//! 4. only then read the clock, so a grant's acquired_at is never before the previous lease ended;
-//! 5. run one statement that decides liveness by that clock reading and changes the row;
-//! 6. settle what the commit needs (see `durability`): a flush for grants and renewals, none for
-//!    a release or a refusal that is all its transaction wrote.
-//!
-//! Tokens are stored only as their SHA-256: a token is shown once, to the caller of lease_acquire,
-//! and not even a superuser reading the table (or a backup of it) can use it afterwards.
-use crate::keylock::{self, Mode};
-use crate::lease_kinds::Kind;
-use crate::notify::{self, Event};
-use crate::spi_plans::{execute, execute_first};
+//! lease_acquire: grants a key whose lease, of either kind, is dead, with a fence above every fence
+//! the key had (see `fences`); waits for the key when asked (see `waiting`); and answers a retry
+//! that brings the token of the lease it granted with that same lease.
+use super::kinds::Kind;
+use super::notify::{self, Event};
+use super::{durability, fences, row, sessions, token_hash, waiting};
+use crate::locks::keylock::{self, Mode};
+use crate::pg::spi_plans::{execute, execute_first};
+use crate::pg::{clock, input, installed};
 use crate::stats::{self, Counter};
-use crate::{clock, durability, fence_numbers, input, installed, lease_row, sessions, waiting};
-use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::datum::Interval;
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use pgrx::Uuid;
 use std::time::Instant;
 
-/// A grant of a key whose row in `$table` exists: a new fence (see `fence_numbers`), but only when
+/// A grant of a key whose row in `$table` exists: a new fence (see `fences`), but only when
 /// the lease there is dead at $3. A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would
 /// also WAL-log a row lock: the key lock already keeps every other writer of this key out. $5: the
 /// new token, $8: its hash (see `token_hash`); $6, $7: the session of a session-bound lease, or
@@ -92,38 +80,6 @@ const KEEP_FENCE_DURABLY: &str = "
        SET fence = greatest(s.fence, excluded.fence), token_hash = NULL,
            expires_at = least(s.expires_at, excluded.expires_at)";
 
-/// Extends a live lease held with this token ($2: its hash); a lease that has ended stays ended.
-macro_rules! renew {
-    ($table:literal) => {
-        concat!(
-            "UPDATE ",
-            $table,
-            " SET expires_at = $4 WHERE key = $1 AND token_hash = $2 AND ",
-            live_at!("$3"),
-            " RETURNING expires_at"
-        )
-    };
-}
-
-/// Ends a live lease held with this token; expires_at becomes the moment it ended.
-macro_rules! release {
-    ($table:literal) => {
-        concat!(
-            "UPDATE ",
-            $table,
-            " SET token_hash = NULL, expires_at = $3 WHERE key = $1 AND token_hash = $2 AND ",
-            live_at!("$3"),
-            " RETURNING fence"
-        )
-    };
-}
-
-/// The key's last fence: of the durable row, or of both kinds' where fast leases can be read (see
-/// `Kind::table`).
-const CURRENT_FENCE: &str = "SELECT fence FROM fence.lease_state WHERE key = $1";
-const CURRENT_FENCE_OF_BOTH: &str = "SELECT greatest((SELECT fence FROM fence.lease_state WHERE key = $1),
-                                                 (SELECT fence FROM fence.fast_lease_state WHERE key = $1))";
-
 /// A waiter is woken when the lease ends, but a few ends come without a wake-up: a session-bound
 /// lease whose session dropped its advisory locks, a release committed with COMMIT PREPARED, a
 /// wake-up consumed by one of PostgreSQL's own latch waits. So a waiter looks again at least this
@@ -136,7 +92,7 @@ type Lease = pgrx::composite_type!('static, "lease");
 /// Grants the key for `ttl` and returns the lease. When another live lease holds the key: NULL at
 /// once, or with `wait`, after waiting up to `wait` for the key to become free (NULL if it did not).
 /// A `session_bound` lease also ends when this session ends; a lease that is not `durable` lives in
-/// unlogged state (see `lease_kinds`).
+/// unlogged state (see `kinds`).
 #[pg_extern(name = "lease_acquire", volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn acquire(
@@ -172,7 +128,7 @@ fn acquire(
 /// The key's live lease, as last committed, if `token` holds it: (key, owner, fence, token,
 /// acquired_at, expires_at), unchanged.
 fn lease_held_with(key: &str, token: Uuid) -> Option<Lease> {
-    let held = lease_row::held_with(key, &token_hash(token), clock::now())?;
+    let held = row::held_with(key, &token_hash(token), clock::now())?;
     let args = [
         key.into(),
         held.owner.as_str().into(),
@@ -291,14 +247,14 @@ impl Request<'_> {
     /// the lock back. The fence starts above the other kind's last one.
     fn grant_locked(&self) -> Option<Lease> {
         let now = clock::now();
-        let own = lease_row::find(self.kind, self.key, now);
-        let other = lease_row::find(self.kind.other(), self.key, now);
+        let own = row::find(self.kind, self.key, now);
+        let other = row::find(self.kind.other(), self.key, now);
         if own.iter().chain(&other).any(|found| found.live.is_some()) {
             keylock::unlock(self.key, Mode::Grant);
             return None;
         }
-        let floor = fence_numbers::clock_floor(now)
-            .max(other.as_ref().map_or(0, |found| found.fence.saturating_add(1)));
+        let floor =
+            fences::clock_floor(now).max(other.as_ref().map_or(0, |found| found.fence.saturating_add(1)));
         let token = self.token.unwrap_or_else(|| Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes()));
         let session = self.session_bound.then(sessions::hold_session_lock);
         let args = [
@@ -337,7 +293,7 @@ impl Request<'_> {
         };
         let fence = lease.get_by_name::<i64>("fence").unwrap_or_report().unwrap_or_default();
         if first {
-            fence_numbers::check_first_grant(fence);
+            fences::check_first_grant(fence);
         }
         self.settle_other_kind(other.as_ref(), fence, now);
         if self.session_bound {
@@ -352,8 +308,8 @@ impl Request<'_> {
 
     /// What a grant of `fence` at `now` must change in the key's row of the other kind (see
     /// `end_unreleased!` and KEEP_FENCE_DURABLY); nearly always nothing.
-    fn settle_other_kind(&self, other: Option<&lease_row::Found>, fence: i64, now: i64) {
-        if self.kind == Kind::Fast && fence > fence_numbers::clock_floor(now) {
+    fn settle_other_kind(&self, other: Option<&row::Found>, fence: i64, now: i64) {
+        if self.kind == Kind::Fast && fence > fences::clock_floor(now) {
             let args =
                 [self.key.into(), clock::timestamp(now).into(), fence.into(), self.owner.as_str().into()];
             execute(KEEP_FENCE_DURABLY, &args, |_| ());
@@ -367,124 +323,6 @@ impl Request<'_> {
 
 /// When the key's lease is live at `now`, as last committed: until when a waiter may sleep.
 fn live_until(key: &str, now: i64) -> Option<i64> {
-    let lease = lease_row::live(key, now)?;
+    let lease = row::live(key, now)?;
     Some(lease.expires_at.min(now + RECHECK_AT_LEAST_EVERY))
-}
-
-/// Core of fence.lease_renew: the new expiry, or NULL when `token` does not hold a live lease.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn renew_if_held(
-    key: Option<&str>,
-    token: Option<Uuid>,
-    ttl: Option<Interval>,
-) -> Option<TimestampWithTimeZone> {
-    let key = input::key(key);
-    let token = input::required(token, "token");
-    let ttl = input::ttl(ttl);
-    durability::require_writable("renew a lease");
-    let renewed = renew_checked(key, token, ttl);
-    stats::bump(if renewed.is_some() { Counter::Renewals } else { Counter::RenewalsLost });
-    renewed
-}
-
-fn renew_checked(key: &str, token: Uuid, ttl: i64) -> Option<TimestampWithTimeZone> {
-    let wal_before = durability::wal_position();
-    if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
-        return None;
-    }
-    let now = clock::now();
-    let hash = token_hash(token);
-    let Some(held) = lease_row::held_with(key, &hash, now) else {
-        keylock::unlock(key, Mode::Change);
-        return None;
-    };
-    let args = [key.into(), hash.into(), clock::timestamp(now).into(), clock::timestamp(now + ttl).into()];
-    let renewed = execute_first::<TimestampWithTimeZone>(by_kind!(held.kind, renew), &args);
-    match (renewed.is_some(), held.kind) {
-        (true, Kind::Durable) => durability::require_durable_commit(),
-        (true, Kind::Fast) => durability::skip_flush_if_alone(wal_before),
-        (false, _) => keylock::unlock(key, Mode::Change),
-    }
-    if renewed.is_some() {
-        waiting::wake_at_commit(key); // the lease may now end sooner than its waiter planned
-    }
-    renewed
-}
-
-/// Ends the lease held with `token`: true when this call ended it, false when that token no longer
-/// holds a live lease (already released, taken over, or expired). Safe to retry.
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
-    let key = input::key(key);
-    let token = input::required(token, "token");
-    durability::require_writable("release a lease");
-    let released = release_checked(key, token);
-    stats::bump(if released { Counter::Releases } else { Counter::ReleasesStale });
-    released
-}
-
-fn release_checked(key: &str, token: Uuid) -> bool {
-    let wal_before = durability::wal_position();
-    if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
-        return false;
-    }
-    let now = clock::now();
-    let hash = token_hash(token);
-    let held = lease_row::held_with(key, &hash, now);
-    let args = [key.into(), hash.into(), clock::timestamp(now).into()];
-    let ended_fence = held.and_then(|held| execute_first::<i64>(by_kind!(held.kind, release), &args));
-    match ended_fence {
-        Some(fence) => {
-            sessions::unbound(key);
-            waiting::wake_at_commit(key);
-            notify::send(Event::Released, key, fence);
-        }
-        None => keylock::unlock(key, Mode::Change),
-    }
-    durability::skip_flush_if_alone(wal_before);
-    ended_fence.is_some()
-}
-
-/// The last fence granted for `key`; NULL if it was never granted, or its lease ended more than
-/// pg_fence.retain_ended ago and the sweep has deleted its row.
-#[pg_extern(stable, parallel_safe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn current_fence(key: Option<&str>) -> Option<i64> {
-    let key = input::key(key);
-    let statement = if Kind::Fast.table().is_some() { CURRENT_FENCE_OF_BOTH } else { CURRENT_FENCE };
-    execute_first::<i64>(statement, &[key.into()])
-}
-
-/// Takes the key's lock and returns true; or returns false, taking nothing, when the key is busy
-/// and `worth_waiting(clock now)`, a read of the last committed state, says that the call cannot
-/// succeed anyway. So a call without the live holder's token, or an acquire of a key whose lease is
-/// live, never queues behind a transaction that holds the key. And a call that then changes nothing
-/// gives the lock back at once (`keylock::unlock`), so keeping such a call's transaction open holds
-/// nobody up: without the token, nobody can stall a holder's renew or release. The decisive check is
-/// always the one made under the lock.
-fn lock_key_unless_futile(key: &str, mode: Mode, worth_waiting: impl FnOnce(i64) -> bool) -> bool {
-    if keylock::try_lock(key, mode) {
-        return true;
-    }
-    if !worth_waiting(clock::now()) {
-        return false;
-    }
-    keylock::lock(key, mode);
-    true
-}
-
-/// Whether this token holds the key's live lease, as last committed.
-fn token_holds(key: &str, token: Uuid, now: i64) -> bool {
-    lease_row::held_with(key, &token_hash(token), now).is_some()
-}
-
-/// What the table keeps of a token: SHA-256 of its 16 bytes, the same value as SQL's
-/// `sha256(uuid_send(token))`. Hashed here rather than in the statements because PostgreSQL's
-/// sha256() sets up an OpenSSL digest context on every call, which perf showed costing about 7 µs
-/// of CPU per acquire+release pair.
-fn token_hash(token: Uuid) -> Vec<u8> {
-    use sha2::Digest;
-    sha2::Sha256::digest(token.as_bytes()).to_vec()
 }

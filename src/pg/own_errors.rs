@@ -48,7 +48,7 @@ macro_rules! entry_point {
             // Built under pgrx's guard, so that an error while building it (out of memory, say) is
             // raised as any other; then raised with nothing that has a destructor on the stack.
             let message = pgrx::pgrx_extern_c_guard(|| $message(fcinfo));
-            $crate::own_errors::raise(message)
+            $crate::pg::own_errors::raise(message)
         }
     };
 }

@@ -1,8 +1,8 @@
 //! fence.sweep(): ends expired leases and deletes the rows of long-ended ones, in a bounded batch
 //! per call. Correctness never depends on it (an expired lease is free the moment it expires,
 //! judged by the clock; a key without a row is granted above every fence it had, see
-//! `fence_numbers`); sweeping marks such leases free, keeps the table to the keys in use
-//! (pg_fence.retain_ended) and keeps the sweeper's figures. The background worker (src/worker.rs)
+//! `leases::fences`); sweeping marks such leases free, keeps the table to the keys in use
+//! (pg_fence.retain_ended) and keeps the sweeper's figures. The background worker (`worker`)
 //! calls it every pg_fence.sweep_interval; without the worker, superusers and fence_admin call it
 //! (or pg_cron does).
 //!
@@ -12,11 +12,17 @@
 //! transaction has locked, and takes the one row of its figures first, without waiting (a sweep
 //! that finds it taken, by a concurrent sweep, does nothing): it never waits for a lock while it
 //! holds lease rows.
-use crate::lease_kinds::Kind;
-use crate::notify::{self, Event};
-use crate::spi_plans::execute;
+pub mod worker;
+
+use crate::leases::durability;
+use crate::leases::kinds::Kind;
+use crate::leases::notify::{self, Event};
+use crate::pg::clock;
+use crate::pg::errors;
+use crate::pg::installed;
+use crate::pg::settings;
+use crate::pg::spi_plans::execute;
 use crate::stats::{self, Counter};
-use crate::{clock, durability, errors, installed, settings};
 use pgrx::datum::TimestampWithTimeZone;
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
@@ -73,7 +79,7 @@ macro_rules! sweep {
     };
 }
 
-/// Raises the high-water mark of deleted fences (see `fence_numbers`) in the deleting transaction.
+/// Raises the high-water mark of deleted fences (see `leases::fences`) in the deleting transaction.
 const RAISE_HIGH_WATER: &str = "
     INSERT INTO fence.high_water AS h (one, fence) VALUES (true, $1)
     ON CONFLICT (one) DO UPDATE SET fence = greatest(h.fence, excluded.fence)";

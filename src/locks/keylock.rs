@@ -28,8 +28,11 @@
 //! subtransaction rolls back and a later one writes. Two locks are different. The waiting room's
 //! only orders waiters, so it belongs to the call's own subtransaction, and an error that ends the
 //! call lets the next waiter in. And fenced_update's guard guards only the write it makes itself,
-//! in the same subtransaction, so its lock belongs to that subtransaction too (src/fencing.rs).
-use crate::{clock, compat, key_hash, settings};
+//! in the same subtransaction, so its lock belongs to that subtransaction too (src/writes/fencing.rs).
+use crate::locks::key_hash;
+use crate::pg::clock;
+use crate::pg::compat;
+use crate::pg::settings;
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::{PgSqlErrorCode, PgTryBuilder};

@@ -6,7 +6,7 @@
 //! A fast lease's changes write no WAL but their commit record, so its grant waits for no flush;
 //! PostgreSQL empties an unlogged table after a crash, and a standby has none of its rows, so a
 //! crash, an immediate shutdown or a failover ends every fast lease. Nothing remembers their
-//! fences then: the clock floor (see `fence_numbers`) puts every later grant above them.
+//! fences then: the clock floor (see `leases::fences`) puts every later grant above them.
 use pgrx::pg_sys;
 use std::ffi::CStr;
 
@@ -47,10 +47,10 @@ impl Kind {
         if self == Kind::Fast && unsafe { pg_sys::RecoveryInProgress() } {
             return None;
         }
-        let table = crate::installed::table(self.table_name());
-        if table.is_none() && (self == Kind::Durable || crate::installed::since_0_4_0()) {
+        let table = crate::pg::installed::table(self.table_name());
+        if table.is_none() && (self == Kind::Durable || crate::pg::installed::since_0_4_0()) {
             let name = self.table_name().to_string_lossy();
-            crate::errors::state_damaged(&format!("table fence.{name} is missing"));
+            crate::pg::errors::state_damaged(&format!("table fence.{name} is missing"));
         }
         table
     }
@@ -60,8 +60,8 @@ impl Kind {
 macro_rules! by_kind {
     ($kind:expr, $statement:ident) => {
         match $kind {
-            $crate::lease_kinds::Kind::Durable => $statement!("fence.lease_state"),
-            $crate::lease_kinds::Kind::Fast => $statement!("fence.fast_lease_state"),
+            $crate::leases::kinds::Kind::Durable => $statement!("fence.lease_state"),
+            $crate::leases::kinds::Kind::Fast => $statement!("fence.fast_lease_state"),
         }
     };
 }

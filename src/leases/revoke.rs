@@ -1,11 +1,15 @@
 //! Administration: lease_revoke, for superusers and members of role fence_admin (sql/privileges.sql
 //! creates the role and grants EXECUTE to it alone).
-use crate::keylock::{self, Mode};
-use crate::lease_kinds::Kind;
-use crate::notify::{self, Event};
-use crate::spi_plans::execute_first;
+use crate::leases::durability;
+use crate::leases::kinds::Kind;
+use crate::leases::notify::{self, Event};
+use crate::leases::row;
+use crate::leases::waiting;
+use crate::locks::keylock::{self, Mode};
+use crate::pg::clock;
+use crate::pg::input;
+use crate::pg::spi_plans::execute_first;
 use crate::stats::{self, Counter};
-use crate::{clock, durability, input, lease_row, waiting};
 use pgrx::prelude::*;
 
 /// Ends the live lease, whoever holds it; expires_at becomes the moment it ended.
@@ -31,7 +35,7 @@ fn lease_revoke(key: Option<&str>) -> bool {
     keylock::lock(key, Mode::Change);
     let now = clock::now();
     let args = [key.into(), clock::timestamp(now).into()];
-    let live = lease_row::live(key, now);
+    let live = row::live(key, now);
     let revoked =
         live.and_then(|lease| Some((execute_first::<i64>(by_kind!(lease.kind, revoke), &args)?, lease.kind)));
     let revoked_fence = revoked.map(|(fence, _)| fence);

@@ -2,7 +2,7 @@
 //! {"event": "acquired"|"released"|"expired"|"revoked", "key": ..., "fence": ...}. PostgreSQL delivers
 //! notifications when the transaction commits, and never for one that rolled back. Off unless
 //! pg_fence.notify is on: a NOTIFY is not free (see settings).
-use crate::settings;
+use crate::pg::settings;
 use pgrx::prelude::*;
 
 pub const CHANNEL: &str = "pg_fence";

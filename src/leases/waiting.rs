@@ -16,9 +16,12 @@
 //!   Change mode), so a release that looked at the room before the head entered it cannot leave
 //!   the head asleep.
 //! - An acquire without `wait` does not jump the queue: while the room is taken it is refused.
-use crate::keylock::{self, Owner, WAITING_ROOM_CLASS};
-use crate::spi_plans::execute_first;
-use crate::{compat, errors, input, key_hash};
+use crate::locks::key_hash;
+use crate::locks::keylock::{self, Owner, WAITING_ROOM_CLASS};
+use crate::pg::compat;
+use crate::pg::errors;
+use crate::pg::input;
+use crate::pg::spi_plans::execute_first;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{register_xact_callback, PgTryBuilder, PgXactCallbackEvent};
@@ -69,7 +72,7 @@ pub fn arm() {
 /// Sleeps until woken or for `micros` at most; query cancel and statement_timeout end it (with
 /// their error). Shows in pg_stat_activity as wait_event_type 'Extension'.
 pub fn sleep(micros: i64) {
-    let timeout_ms = crate::clock::millis_rounded_up(micros).clamp(1, i64::from(i32::MAX));
+    let timeout_ms = crate::pg::clock::millis_rounded_up(micros).clamp(1, i64::from(i32::MAX));
     let events = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
     // SAFETY: the standard latch wait of a backend; interrupts are processed right after.
     unsafe {

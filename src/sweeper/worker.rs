@@ -4,7 +4,8 @@
 //! while the server is a standby; SIGHUP reloads the settings; SIGTERM ends it. An error, or
 //! pg_terminate_backend(), ends the worker (logged), and the postmaster starts it again after 5
 //! seconds.
-use crate::{settings, sweeper};
+use crate::pg::settings;
+use crate::sweeper;
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};

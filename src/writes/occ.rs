@@ -1,9 +1,12 @@
 //! Optimistic concurrency without any lock: versioned_update and the versioning trigger
 //! (sql/occ.sql). A version mismatch is SQLSTATE 40001, so standard client retry loops apply.
-use crate::json_object::JsonArg;
-use crate::row_update::RowUpdate;
-use crate::spi_plans::execute;
-use crate::{errors, input, installed, table_facts};
+use crate::pg::errors;
+use crate::pg::input;
+use crate::pg::installed;
+use crate::pg::spi_plans::execute;
+use crate::writes::json_object::JsonArg;
+use crate::writes::row_update::RowUpdate;
+use crate::writes::table_facts;
 use pgrx::pg_sys;
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
@@ -11,7 +14,7 @@ use pgrx::prelude::*;
 /// Core of fence.versioned_update: updates the one row matching `filter` if its version is
 /// `expected_version`, sets the version to expected + 1 and returns it.
 ///
-/// As fenced_write does (src/fencing.rs), it first locks and checks the matching rows, waiting for
+/// As fenced_write does (src/writes/fencing.rs), it first locks and checks the matching rows, waiting for
 /// every writer still changing one, then writes with a new snapshot, checking each row again in the
 /// version it overwrites (fence.checked_version computes the new version): the rows checked are the
 /// rows written, also when one came to match the filter in between.

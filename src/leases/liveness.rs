@@ -1,7 +1,7 @@
 //! What makes a lease live, as one SQL condition that every statement deciding it shares (and the
 //! view fence.leases repeats): not released, not expired at the clock reading passed in, and, for a
 //! session-bound lease, its session still connected (see `sessions`). The guard, which runs no
-//! statement, applies the same rule in Rust (`lease_row`); a #[pg_test] checks that the two agree.
+//! statement, applies the same rule in Rust (`row`); a #[pg_test] checks that the two agree.
 
 /// `live_at!("$3")`: the lease in the row of fence.lease_state is live at the timestamptz `$3`.
 /// Never NULL, so `NOT live_at!(..)` means "dead", even for a row edited by hand.

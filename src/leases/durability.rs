@@ -13,7 +13,8 @@
 //! that its transaction writes, the commit is made asynchronous, sparing a WAL flush (half the
 //! flushes of an acquire+release pair). Any other write in the transaction, before or after, keeps the
 //! session's setting untouched.
-use crate::{errors, settings};
+use crate::pg::errors;
+use crate::pg::settings;
 use pgrx::pg_sys;
 use pgrx::{register_xact_callback, PgXactCallbackEvent};
 use std::cell::Cell;

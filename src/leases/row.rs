@@ -1,4 +1,4 @@
-//! One key's rows of its lease tables (see `lease_kinds`), looked up in their primary key indexes
+//! One key's rows of its lease tables (see `kinds`), looked up in their primary key indexes
 //! without a statement: the read behind fence_guard, which every fenced write pays for, behind a
 //! waiting acquire's look at the lease it waits for, and behind a grant's look at the other kind's
 //! row. With no statement there is nothing to plan, no privilege to check and no name to resolve on
@@ -6,10 +6,11 @@
 //! saving and restoring that setting on every call was most of what the guard cost (README,
 //! "Targets, and where the time goes").
 //!
-//! Liveness is decided here in Rust, by the same rule as `live_at!` (src/liveness.rs); a
+//! Liveness is decided here in Rust, by the same rule as `live_at!` (src/leases/liveness.rs); a
 //! `#[pg_test]` compares the two on every kind of row.
-use crate::lease_kinds::Kind;
-use crate::{compat, sessions};
+use crate::leases::kinds::Kind;
+use crate::leases::sessions;
+use crate::pg::compat;
 use pgrx::pg_sys;
 use pgrx::FromDatum;
 use std::ffi::CStr;
@@ -76,7 +77,7 @@ pub fn find(kind: Kind, key: &str, now: i64) -> Option<Found> {
         let index = compat::primary_key_index(rel);
         if index == pg_sys::InvalidOid {
             let table = name.to_string_lossy();
-            crate::errors::state_damaged(&format!("table fence.{table} has lost its primary key"));
+            crate::pg::errors::state_damaged(&format!("table fence.{table} has lost its primary key"));
         }
         let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut scan_key);
         let tuple = pg_sys::systable_getnext(scan);

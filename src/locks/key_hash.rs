@@ -13,7 +13,7 @@
 //! reads it again when that table is not the one now in schema fence (DROP and CREATE EXTENSION).
 //! While the table is missing, the public FNV-1a hash of version 0.3.0 stands in: so new and old
 //! builds agree on the locks until ALTER EXTENSION UPDATE creates the secret.
-use crate::one_row;
+use crate::pg::one_row;
 use pgrx::pg_sys;
 use siphasher::sip::SipHasher13;
 use std::cell::Cell;
@@ -57,7 +57,7 @@ fn secret() -> Option<[u64; 2]> {
 }
 
 fn secret_table() -> Option<pg_sys::Oid> {
-    crate::installed::table(c"lock_secret")
+    crate::pg::installed::table(c"lock_secret")
 }
 
 /// The 16 bytes of fence.lock_secret's `secret` column.
@@ -76,7 +76,7 @@ fn read_secret(table: pg_sys::Oid) -> Option<[u64; 2]> {
     })
     .flatten();
     if secret.is_none() {
-        crate::errors::state_damaged("table fence.lock_secret holds no secret");
+        crate::pg::errors::state_damaged("table fence.lock_secret holds no secret");
     }
     secret
 }

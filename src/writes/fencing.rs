@@ -4,13 +4,19 @@
 //! The guard is what makes "a write accepted under fence F commits before any grant above F can
 //! commit" true. It first takes the key's lock in `Guard` mode, which every grant waits for and which
 //! it keeps until the writing transaction ends; only then does it read the latest committed grant.
-use crate::json_object::JsonArg;
-use crate::keylock::{self, Mode, Owner};
-use crate::own_errors::{entry_point, palloc_copy, Message, STALE_FENCE};
-use crate::row_update::RowUpdate;
-use crate::spi_plans::execute;
+use crate::leases::row;
+use crate::locks::key_hash;
+use crate::locks::keylock::{self, Mode, Owner};
+use crate::pg::clock;
+use crate::pg::errors;
+use crate::pg::input;
+use crate::pg::installed;
+use crate::pg::own_errors::{entry_point, palloc_copy, Message, STALE_FENCE};
+use crate::pg::spi_plans::execute;
 use crate::stats::{self, Counter};
-use crate::{clock, errors, input, installed, key_hash, lease_row, table_facts};
+use crate::writes::json_object::JsonArg;
+use crate::writes::row_update::RowUpdate;
+use crate::writes::table_facts;
 use pgrx::fcinfo::pg_getarg;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -18,7 +24,7 @@ use std::cell::Cell;
 use std::ffi::CStr;
 
 // The public functions (sql/fencing.sql): C entry points over the cores below, raising PF002 when
-// the core answers "no" (src/own_errors.rs).
+// the core answers "no" (src/pg/own_errors.rs).
 entry_point!(
     pg_fence_fence_guard,
     pg_finfo_pg_fence_fence_guard,
@@ -49,7 +55,7 @@ entry_point!(
 /// nothing newer can commit meanwhile; and no row lock is taken, so the guard never holds up the
 /// holder's renew or release. The lock belongs to the top-level transaction (see `keylock`), so a
 /// guard in a subtransaction that rolls back still holds back the next grant until the writes of
-/// the rest of the transaction have committed. Not SECURITY DEFINER: see src/lease_row.rs.
+/// the rest of the transaction have committed. Not SECURITY DEFINER: see src/leases/row.rs.
 #[pg_extern(volatile, parallel_unsafe)]
 fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
     guard(input::key(key), input::required(fence, "fence"), Owner::TopTransaction)
@@ -65,7 +71,7 @@ fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
 /// and so brought in its catalog changes.
 fn guard(key: &str, fence: i64, owner: Owner) -> bool {
     let hash = keylock::lock_for(key, Mode::Guard, owner);
-    let holds = lease_row::live(key, clock::now()).is_some_and(|lease| lease.fence == fence);
+    let holds = row::live(key, clock::now()).is_some_and(|lease| lease.fence == fence);
     if key_hash::of(key) != hash {
         keylock::unlock_hash(hash, Mode::Guard, owner);
         errors::lock_hash_changed();

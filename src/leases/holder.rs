@@ -1,0 +1,115 @@
+//! What the holder's token may do: the core of lease_renew (whose shell in sql/leases.sql turns
+//! "not held" into SQLSTATE PF001) and lease_release. Without the live holder's token neither
+//! changes anything, nor waits behind anyone (see `lock_key_unless_futile`).
+use super::kinds::Kind;
+use super::notify::{self, Event};
+use super::{durability, lock_key_unless_futile, row, sessions, token_hash, token_holds, waiting};
+use crate::locks::keylock::{self, Mode};
+use crate::pg::spi_plans::execute_first;
+use crate::pg::{clock, input};
+use crate::stats::{self, Counter};
+use pgrx::datum::{Interval, TimestampWithTimeZone};
+use pgrx::prelude::*;
+use pgrx::Uuid;
+
+/// Extends a live lease held with this token ($2: its hash); a lease that has ended stays ended.
+macro_rules! renew {
+    ($table:literal) => {
+        concat!(
+            "UPDATE ",
+            $table,
+            " SET expires_at = $4 WHERE key = $1 AND token_hash = $2 AND ",
+            live_at!("$3"),
+            " RETURNING expires_at"
+        )
+    };
+}
+
+/// Ends a live lease held with this token; expires_at becomes the moment it ended.
+macro_rules! release {
+    ($table:literal) => {
+        concat!(
+            "UPDATE ",
+            $table,
+            " SET token_hash = NULL, expires_at = $3 WHERE key = $1 AND token_hash = $2 AND ",
+            live_at!("$3"),
+            " RETURNING fence"
+        )
+    };
+}
+
+/// Core of fence.lease_renew: the new expiry, or NULL when `token` does not hold a live lease.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn renew_if_held(
+    key: Option<&str>,
+    token: Option<Uuid>,
+    ttl: Option<Interval>,
+) -> Option<TimestampWithTimeZone> {
+    let key = input::key(key);
+    let token = input::required(token, "token");
+    let ttl = input::ttl(ttl);
+    durability::require_writable("renew a lease");
+    let renewed = renew_checked(key, token, ttl);
+    stats::bump(if renewed.is_some() { Counter::Renewals } else { Counter::RenewalsLost });
+    renewed
+}
+
+fn renew_checked(key: &str, token: Uuid, ttl: i64) -> Option<TimestampWithTimeZone> {
+    let wal_before = durability::wal_position();
+    if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
+        return None;
+    }
+    let now = clock::now();
+    let hash = token_hash(token);
+    let Some(held) = row::held_with(key, &hash, now) else {
+        keylock::unlock(key, Mode::Change);
+        return None;
+    };
+    let args = [key.into(), hash.into(), clock::timestamp(now).into(), clock::timestamp(now + ttl).into()];
+    let renewed = execute_first::<TimestampWithTimeZone>(by_kind!(held.kind, renew), &args);
+    match (renewed.is_some(), held.kind) {
+        (true, Kind::Durable) => durability::require_durable_commit(),
+        (true, Kind::Fast) => durability::skip_flush_if_alone(wal_before),
+        (false, _) => keylock::unlock(key, Mode::Change),
+    }
+    if renewed.is_some() {
+        waiting::wake_at_commit(key); // the lease may now end sooner than its waiter planned
+    }
+    renewed
+}
+
+/// Ends the lease held with `token`: true when this call ended it, false when that token no longer
+/// holds a live lease (already released, taken over, or expired). Safe to retry.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
+    let key = input::key(key);
+    let token = input::required(token, "token");
+    durability::require_writable("release a lease");
+    let released = release_checked(key, token);
+    stats::bump(if released { Counter::Releases } else { Counter::ReleasesStale });
+    released
+}
+
+fn release_checked(key: &str, token: Uuid) -> bool {
+    let wal_before = durability::wal_position();
+    if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
+        return false;
+    }
+    let now = clock::now();
+    let hash = token_hash(token);
+    let held = row::held_with(key, &hash, now);
+    let args = [key.into(), hash.into(), clock::timestamp(now).into()];
+    let ended_fence = held.and_then(|held| execute_first::<i64>(by_kind!(held.kind, release), &args));
+    match ended_fence {
+        Some(fence) => {
+            sessions::unbound(key);
+            waiting::wake_at_commit(key);
+            notify::send(Event::Released, key, fence);
+        }
+        None => keylock::unlock(key, Mode::Change),
+    }
+    durability::skip_flush_if_alone(wal_before);
+    ended_fence.is_some()
+}

@@ -1,0 +1,90 @@
+//! Leases: who holds a key, until when, under which fence. The API (`acquire`, `holder`,
+//! current_fence here, `revoke`), and what a lease is made of: its row and kinds, its fence, its
+//! liveness, its commit's durability, waiting for it, and session-bound leases.
+//!
+//! Every change to a key follows the same steps, in this order:
+//! 1. check the arguments (nothing is touched when they are bad);
+//! 2. refuse read-only transactions and standbys;
+//! 3. take the key's lock (see `keylock`), waiting for the transaction that holds it to end only
+//!    when waiting can achieve something (see `lock_key_unless_futile`), and never for an acquire
+//!    without `wait`; and hold it only if something changed;
+//! 4. only then read the clock, so a grant's acquired_at is never before the previous lease ended;
+//! 5. run one statement that decides liveness by that clock reading and changes the row;
+//! 6. settle what the commit needs (see `durability`): a flush for grants and renewals, none for
+//!    a release or a refusal that is all its transaction wrote.
+//!
+//! Tokens are stored only as their SHA-256: a token is shown once, to the caller of lease_acquire,
+//! and not even a superuser reading the table (or a backup of it) can use it afterwards.
+//!
+//! What may depend on what: leases/ uses locks/, pg/ and stats; writes/ read a lease (its row and
+//! liveness) but never change one; sweeper/ tidies the rows of leases that have already ended.
+#[macro_use]
+mod liveness;
+#[macro_use]
+pub mod kinds;
+
+mod acquire;
+pub mod durability;
+pub mod fences;
+mod holder;
+pub mod notify;
+pub mod revoke;
+pub mod row;
+pub mod sessions;
+pub mod waiting;
+
+use self::kinds::Kind;
+use crate::locks::keylock::{self, Mode};
+use crate::pg::clock;
+use crate::pg::input;
+use crate::pg::spi_plans::execute_first;
+use pgrx::prelude::*;
+use pgrx::Uuid;
+
+/// The key's last fence: of the durable row, or of both kinds' where fast leases can be read (see
+/// `Kind::table`).
+const CURRENT_FENCE: &str = "SELECT fence FROM fence.lease_state WHERE key = $1";
+const CURRENT_FENCE_OF_BOTH: &str = "SELECT greatest((SELECT fence FROM fence.lease_state WHERE key = $1),
+                                                 (SELECT fence FROM fence.fast_lease_state WHERE key = $1))";
+
+/// The last fence granted for `key`; NULL if it was never granted, or its lease ended more than
+/// pg_fence.retain_ended ago and the sweep has deleted its row.
+#[pg_extern(stable, parallel_safe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn current_fence(key: Option<&str>) -> Option<i64> {
+    let key = input::key(key);
+    let statement = if Kind::Fast.table().is_some() { CURRENT_FENCE_OF_BOTH } else { CURRENT_FENCE };
+    execute_first::<i64>(statement, &[key.into()])
+}
+
+/// Takes the key's lock and returns true; or returns false, taking nothing, when the key is busy
+/// and `worth_waiting(clock now)`, a read of the last committed state, says that the call cannot
+/// succeed anyway. So a call without the live holder's token, or an acquire of a key whose lease is
+/// live, never queues behind a transaction that holds the key. And a call that then changes nothing
+/// gives the lock back at once (`keylock::unlock`), so keeping such a call's transaction open holds
+/// nobody up: without the token, nobody can stall a holder's renew or release. The decisive check is
+/// always the one made under the lock.
+fn lock_key_unless_futile(key: &str, mode: Mode, worth_waiting: impl FnOnce(i64) -> bool) -> bool {
+    if keylock::try_lock(key, mode) {
+        return true;
+    }
+    if !worth_waiting(clock::now()) {
+        return false;
+    }
+    keylock::lock(key, mode);
+    true
+}
+
+/// Whether this token holds the key's live lease, as last committed.
+fn token_holds(key: &str, token: Uuid, now: i64) -> bool {
+    row::held_with(key, &token_hash(token), now).is_some()
+}
+
+/// What the table keeps of a token: SHA-256 of its 16 bytes, the same value as SQL's
+/// `sha256(uuid_send(token))`. Hashed here rather than in the statements because PostgreSQL's
+/// sha256() sets up an OpenSSL digest context on every call, which perf showed costing about 7 µs
+/// of CPU per acquire+release pair.
+fn token_hash(token: Uuid) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes()).to_vec()
+}

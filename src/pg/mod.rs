@@ -1,0 +1,15 @@
+//! PostgreSQL plumbing that every concept uses and that knows nothing of leases: the server's clock,
+//! the pg_fence.* settings, statements prepared once per backend, how errors are raised (PostgreSQL's
+//! and pg_fence's own PF class), argument checks, what differs between major versions, which
+//! version's SQL objects are installed, and reading a table's one row without a statement.
+//!
+//! Depends on nothing else in the crate.
+pub mod clock;
+pub mod compat;
+pub mod errors;
+pub mod input;
+pub mod installed;
+pub mod one_row;
+pub mod own_errors;
+pub mod settings;
+pub mod spi_plans;
