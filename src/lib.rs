@@ -34,6 +34,11 @@ extension_sql_file!(
 );
 extension_sql_file!("../sql/occ.sql", name = "occ", requires = [writes::occ::update_versioned_row]);
 extension_sql_file!("../sql/stats.sql", name = "stats", requires = [stats::stats_values]);
+extension_sql_file!(
+    "../sql/internal.sql",
+    name = "internal",
+    requires = ["leases", "fencing", "occ", "stats", writes::occ::checked_version]
+);
 extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]
