@@ -82,8 +82,8 @@ fn token_holds(key: &str, token: Uuid, now: i64) -> bool {
 
 /// What the table keeps of a token: SHA-256 of its 16 bytes, the same value as SQL's
 /// `sha256(uuid_send(token))`. Hashed here rather than in the statements because PostgreSQL's
-/// sha256() sets up an OpenSSL digest context on every call, which perf showed costing about 7 µs
-/// of CPU per acquire+release pair.
+/// sha256() sets up an OpenSSL digest context on every call, which costs more CPU than the hash
+/// itself, on every acquire and release (docs/benchmarks.md).
 fn token_hash(token: Uuid) -> Vec<u8> {
     use sha2::Digest;
     sha2::Sha256::digest(token.as_bytes()).to_vec()

@@ -1,9 +1,9 @@
 //! Raising pg_fence's own SQLSTATEs (class PF) from Rust.
 //!
-//! pgrx raises only the codes of its closed `PgSqlErrorCode` enum (any other becomes XX000), which
-//! is why public functions that fail with a PF code used to be SQL shells calling a PL/pgSQL raiser.
-//! But PostgreSQL inlines a SQL shell into every statement that calls it, parsing and analysing its
-//! body each time the statement is planned: about 10 µs per fenced write sent as plain SQL.
+//! pgrx raises only the codes of its closed `PgSqlErrorCode` enum (any other becomes XX000). A SQL
+//! shell calling a PL/pgSQL raiser could raise a PF code, but PostgreSQL inlines a SQL shell into
+//! every statement that calls it, parsing and analysing its body each time the statement is planned:
+//! a cost paid by every fenced write sent as plain SQL (docs/benchmarks.md).
 //!
 //! So those functions are C entry points instead (`entry_point!`): each calls its core's pgrx
 //! wrapper, which answers "no" as NULL or false and raises its ordinary errors itself, and on "no"

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 const RESTART_AFTER: Duration = Duration::from_secs(5);
 
 /// Each pass ends with a call that reads every row from where the last full batch stopped to the end
-/// of the table: about 0.12 s for a million keys, even when it finds nothing or a handful. After a
-/// pass the worker waits at least this many times as long as that call took, so reading through the
-/// table costs at most about 2 % of one CPU ...
+/// of the table, long on a large table even when it finds nothing or a handful (docs/benchmarks.md).
+/// After a pass the worker waits at least this many times as long as that call took, so reading
+/// through the table costs at most 1/50 of one CPU ...
 const WAIT_PER_SCAN: u32 = 50;
 /// ... but that stretch of the wait is capped, so a call held up by a lock does not put the sweeper
 /// to sleep for long.

@@ -1,7 +1,7 @@
 //! The `changes` and `filter` arguments of the fenced and versioned writes: jsonb objects of column
 //! names to values, read straight from jsonb's binary form. pgrx's JsonB would print the jsonb as
-//! text and parse that again with serde_json, about a tenth of fenced_update's own time (perf,
-//! issue 6); and the statement that jsonb_to_record serves gets the argument's own datum back.
+//! text and parse that again with serde_json, a cost of its own in every fenced_update
+//! (docs/benchmarks.md); and the statement that jsonb_to_record serves gets the argument's own datum back.
 use pgrx::callconv::{Arg, ArgAbi};
 use pgrx::datum::DatumWithOid;
 use pgrx::nullable::Nullable;

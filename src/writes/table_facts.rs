@@ -1,8 +1,8 @@
 //! What the fenced and versioned writes need to know about a target table from the catalogs: its
 //! schema-qualified name, and for each column named, its type and how a JSON value becomes one.
 //!
-//! Each backend keeps what it looked up: the look-ups cost about a sixth of fenced_update's own time
-//! (perf, issue 6). PostgreSQL tells every backend of a catalog change by an invalidation message;
+//! Each backend keeps what it looked up: the look-ups are a large part of fenced_update's own time
+//! (docs/benchmarks.md). PostgreSQL tells every backend of a catalog change by an invalidation message;
 //! any message about a relation, schema, type, operator or operator class drops the whole cache
 //! (the changes that could alter a name, a column or an equality operator), as PostgreSQL's own plan
 //! cache does. `table` locks the table and then applies the messages that have arrived, before it
