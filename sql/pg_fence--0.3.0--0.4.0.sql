@@ -9,7 +9,7 @@
 -- - Fences are greatest(previous fence + 1, the server clock in microseconds since 1970), so a
 --   server rolled onto another history (failover, point-in-time recovery, a restored dump) issues no
 --   fence twice, as long as its clock is not behind by more than the time between the two
---   histories' grants (README, "Fences, and the one clock assumption"). The first grant after this update is far above the small fences of
+--   histories' grants (docs/guarantees.md, "Fences, and the one clock assumption"). The first grant after this update is far above the small fences of
 --   0.3.0's counter, which stay in the table: resources that stored them keep refusing stale holders.
 -- - The sweep deletes rows of leases that ended more than pg_fence.retain_ended ago; fence.high_water
 --   keeps the highest fence it deleted.
@@ -135,7 +135,7 @@ REVOKE SELECT ON fence.leases FROM PUBLIC;
 GRANT SELECT ON fence.leases TO fence_user;
 
 -- The hint no longer says that an expired lease is never revived: a step back of the server's
--- clock can make a lease nobody took over live again (README, "Clock steps").
+-- clock can make a lease nobody took over live again (docs/guarantees.md, "Clock steps").
 CREATE OR REPLACE FUNCTION fence.raise_lease_lost(key text)
 RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE

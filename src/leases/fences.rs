@@ -10,7 +10,7 @@
 //! The one assumption is that clock: a fence issued on the lost
 //! history is at most the clock reading at its grant (plus one per grant of that key within the
 //! same microsecond or after a step back), so the new history's clock must read later than that at
-//! its first grant of the key (README, "Fences, and the one clock assumption").
+//! its first grant of the key (docs/guarantees.md, "Fences, and the one clock assumption").
 //!
 //! A key's row may be deleted once its lease has ended long enough ago (pg_fence.retain_ended, see
 //! `sweeper`). The sweep then raises the durable high-water mark, table fence.high_water, to the

@@ -3,7 +3,7 @@
 //! waiting acquire's look at the lease it waits for, and behind a grant's look at the other kind's
 //! row. With no statement there is nothing to plan, no privilege to check and no name to resolve on
 //! the caller's search_path, so the guard needs neither SECURITY DEFINER nor a pinned search_path;
-//! saving and restoring that setting on every call was most of what the guard cost (README,
+//! saving and restoring that setting on every call was most of what the guard cost (docs/benchmarks.md,
 //! "Targets, and where the time goes").
 //!
 //! Liveness is decided here in Rust, by the same rule as `live_at!` (src/leases/liveness.rs); a
