@@ -1,5 +1,5 @@
--- Fenced writes. The cores (fence_holds, update_matching, and fenced_write's) are pgrx functions in
--- src/writes/fencing.rs; the public functions below are C entry points over them that raise pg_fence's
+-- Fenced writes. The cores (fence_holds, and fenced_update's and fenced_write's, which have no SQL
+-- function of their own) are pgrx functions in src/writes/fencing.rs; the public functions below are C entry points over them that raise pg_fence's
 -- stale-fence error PF002 when a core answers "no" (src/pg/own_errors.rs explains why they are not SQL
 -- shells). None is SECURITY DEFINER: the writes run with the caller's privileges, so table grants and
 -- row-level security apply to them as to any UPDATE the caller makes, and the guard reads the lease

@@ -13,7 +13,7 @@ COMMENT ON FUNCTION fence.fast_lease_rows() IS
 COMMENT ON FUNCTION fence.fence_holds(text, bigint) IS
     'pg_fence internal: the core of fence.fence_guard; not part of the API';
 COMMENT ON FUNCTION fence.update_matching(oid, jsonb, jsonb) IS
-    'pg_fence internal: the UPDATE of fence.fenced_update; not part of the API';
+    'pg_fence internal: the UPDATE that fence.fenced_update makes once its guard passed, without the guard; not part of the API';
 COMMENT ON FUNCTION fence.fence_not_above(bigint, bigint) IS
     'pg_fence internal: the fence condition of fence.fenced_write''s UPDATE; not part of the API';
 COMMENT ON FUNCTION fence.update_versioned_row(oid, text, bigint, jsonb, jsonb) IS

@@ -151,7 +151,8 @@ fn stale_write(fcinfo: pg_sys::FunctionCallInfo) -> Message {
     }
 }
 
-/// Core of fence.fenced_update, called once its guard has passed: `UPDATE target SET changes WHERE
+/// The UPDATE that fenced_update makes once its guard has passed, as a SQL function of its own
+/// (internal; the #[pg_test]s of the jsonb conversions call it): `UPDATE target SET changes WHERE
 /// filter` with the caller's privileges; returns the number of rows updated.
 #[pg_extern(volatile, parallel_unsafe)]
 fn update_matching(target: Option<pg_sys::Oid>, changes: Option<JsonArg>, filter: Option<JsonArg>) -> i64 {
