@@ -3,7 +3,7 @@
 //! keeps running (FAKETIME_DONT_FAKE_MONOTONIC), as it does through a real step.
 //!
 //! - How long a wait lasts is measured on the monotonic clock: a step back must not stretch it. A
-//!   deadline on the wall clock made a 3 s wait last 23 s after a 20 s step back.
+//!   deadline on the wall clock would make a 3 s wait last 23 s after a 20 s step back.
 //! - Liveness is judged by the wall clock, the clock every `acquired_at` and `expires_at` is written
 //!   in. So a step forward ends leases early, and a step back makes an expired lease live again as
 //!   long as nobody took the key in between. A lease that was taken over stays lost whatever the

@@ -1,4 +1,4 @@
-//! Histories a server can be rolled onto (issue 15), made with real faults against real clusters: a
+//! Histories a server can be rolled onto, made with real faults against real clusters: a
 //! grant whose synchronous replication wait was cancelled or whose session was terminated, then a
 //! failover that loses it; point-in-time recovery to before some grants; the extension dropped and
 //! created again. (Failover to an asynchronous standby is in failover.rs, restored dumps in dump.rs.)

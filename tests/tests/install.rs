@@ -1,7 +1,7 @@
 //! Where pg_fence can be installed: only in UTF8 databases, whose text its Rust code reads as
 //! UTF-8. In any other encoding (LATIN1, or SQL_ASCII, which does not even check its bytes) a
-//! non-ASCII key made pg_fence 0.3.0 fail with an internal error (XX000); now CREATE EXTENSION
-//! refuses such a database up front, with the reason.
+//! non-ASCII key would fail with an internal error (XX000), so CREATE EXTENSION refuses such a
+//! database up front, with the reason.
 use pg_fence_integration::{acquire, sqlstate, Cluster};
 
 #[test]

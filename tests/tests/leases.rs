@@ -181,9 +181,9 @@ fn calls_that_change_nothing_never_hold_up_the_holder() {
     open.rollback().unwrap();
 }
 
-/// Two keys whose public FNV-1a hashes collide (found by a one-core search in 40 s), as pg_fence
-/// 0.3.0 named their locks by: whoever held one in an open transaction held up the other's holder.
-/// With the lock hash keyed by the database's secret, the pair is just two keys.
+/// Two keys whose public FNV-1a hashes collide (found by a one-core search in 40 s): with locks named
+/// by a public hash, whoever held one in an open transaction would hold up the other's holder. With
+/// the lock hash keyed by the database's secret, the pair is just two keys.
 #[test]
 fn keys_with_colliding_public_hashes_do_not_share_a_lock() {
     let cluster = Cluster::start("collision", 26104, &[]);
@@ -209,7 +209,7 @@ fn keys_with_colliding_public_hashes_do_not_share_a_lock() {
 
 /// `wait => 0` (the default) answers at once: a key that another session's open transaction is
 /// granting, or releasing, counts as held, and a key whose expired lease is still being written under
-/// (a guard in an open transaction) too. pg_fence 0.3.0 waited for such transactions to end, forever
+/// (a guard in an open transaction) too. Waiting for such transactions to end could last forever
 /// without a statement_timeout.
 #[test]
 fn an_acquire_without_wait_never_waits() {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 /// Bounds how long a broken test hangs; never a measure of speed.
 const GENEROUS: Duration = Duration::from_secs(20);
-/// The promise: another client has the key within a second of the holder's session ending.
+/// The promise of session-bound leases: another client has the key within a second of the holder's session ending.
 const TAKEOVER: f64 = 1.0;
 
 fn now(client: &mut Client) -> f64 {

@@ -118,8 +118,8 @@ fn a_sweep_by_hand_frees_expired_leases_and_is_for_fence_admin_in_its_own_transa
 }
 
 /// A sweep that finds the sweeper's figures locked (another sweep, or anyone holding that row)
-/// returns at once without sweeping. pg_fence 0.3.0 swept first and then waited for the figures'
-/// row, holding the rows it had swept, so the next acquirers of those keys waited too.
+/// returns at once without sweeping. A sweep that swept first and then waited for the figures' row
+/// would hold the rows it had swept, and the next acquirers of those keys would wait too.
 #[test]
 fn a_sweep_never_waits_while_holding_swept_leases() {
     let cluster = Cluster::start("sweep_no_wait", 26504, &[]);
@@ -210,7 +210,7 @@ fn rows_of_long_ended_leases_are_deleted_and_their_keys_granted_above_them() {
 
 /// 100,000 distinct keys acquired and released: once their retention has passed, the sweeper
 /// worker leaves only the live leases in the table, and every key granted again gets a fence above
-/// its old one. (With pg_fence 0.3.0's counter every key kept its row forever.)
+/// its old one. (Fences counted per key would have to keep every key's row forever.)
 #[test]
 fn a_churn_of_keys_leaves_only_live_and_recent_leases() {
     const KEYS: i64 = 100_000;
