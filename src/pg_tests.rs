@@ -1,5 +1,6 @@
-//! In-backend tests of each function and each bad input. Each test runs inside a transaction that
-//! is rolled back; commits, concurrency and crashes are tested from outside (tests/).
+//! In-backend tests of each function. Each test runs inside a transaction that is rolled back;
+//! commits, concurrency and crashes are tested from outside (tests/), and bad arguments by
+//! pg_regress (tests/regress/sql/hostile.sql).
 use pgrx::prelude::*;
 
 #[pg_schema]
@@ -134,17 +135,6 @@ mod tests {
         );
     }
 
-    #[pg_test(error = "lease on key \"k\" is lost")]
-    fn renew_with_a_wrong_token_is_lease_lost() {
-        granted("k", "10 s");
-        run("SELECT fence.lease_renew('k', gen_random_uuid(), '10 s')");
-    }
-
-    #[pg_test(error = "lease on key \"nobody\" is lost")]
-    fn renew_of_an_unknown_key_is_lease_lost() {
-        run("SELECT fence.lease_renew('nobody', gen_random_uuid(), '10 s')");
-    }
-
     #[pg_test]
     fn an_expired_lease_is_free_at_once_and_never_revived() {
         let expired = granted("k", "20 ms");
@@ -245,92 +235,8 @@ mod tests {
         assert_eq!(one::<bool>(grants), Some(false));
     }
 
-    // Bad input: each is refused with an error before anything is locked or changed.
-
-    #[pg_test(error = "key must not be NULL")]
-    fn acquire_null_key() {
-        run("SELECT fence.lease_acquire(NULL, '10 s')");
-    }
-
-    #[pg_test(error = "key must not be empty")]
-    fn acquire_empty_key() {
-        run("SELECT fence.lease_acquire('', '10 s')");
-    }
-
-    #[pg_test(error = "key is 513 bytes long, more than the limit of 512")]
-    fn acquire_long_key() {
-        run("SELECT fence.lease_acquire(repeat('x', 513), '10 s')");
-    }
-
-    #[pg_test(error = "ttl must not be NULL")]
-    fn acquire_null_ttl() {
-        run("SELECT fence.lease_acquire('k', NULL)");
-    }
-
-    #[pg_test(error = "ttl must be positive, got 00:00:00")]
-    fn acquire_zero_ttl() {
-        run("SELECT fence.lease_acquire('k', '0 s')");
-    }
-
-    #[pg_test(error = "ttl must be positive, got -00:00:05")]
-    fn acquire_negative_ttl() {
-        run("SELECT fence.lease_acquire('k', '-5 s')");
-    }
-
-    #[pg_test(error = "ttl must be positive, got 1 day -25:00:00")]
-    fn acquire_ttl_that_sums_to_negative() {
-        run("SELECT fence.lease_acquire('k', '1 day -25 hours')");
-    }
-
-    #[pg_test(error = "ttl 1 day 00:00:01 exceeds pg_fence.max_ttl (86400 s)")]
-    fn acquire_ttl_above_max() {
-        run("SELECT fence.lease_acquire('k', '1 day 1 second')");
-    }
-
-    #[pg_test(error = "ttl 1000000 years exceeds pg_fence.max_ttl (86400 s)")]
-    fn acquire_huge_ttl() {
-        run("SELECT fence.lease_acquire('k', '1000000 years')");
-    }
-
-    #[pg_test(error = "owner is 257 bytes long, more than the limit of 256")]
-    fn acquire_long_owner() {
-        run("SELECT fence.lease_acquire('k', '10 s', repeat('o', 257))");
-    }
-
-    #[pg_test(error = "token must not be NULL")]
-    fn renew_null_token() {
-        run("SELECT fence.lease_renew('k', NULL, '10 s')");
-    }
-
-    #[pg_test(error = "key must not be NULL")]
-    fn renew_null_key() {
-        run("SELECT fence.lease_renew(NULL, gen_random_uuid(), '10 s')");
-    }
-
-    #[pg_test(error = "ttl must not be NULL")]
-    fn renew_null_ttl() {
-        run("SELECT fence.lease_renew('k', gen_random_uuid(), NULL)");
-    }
-
-    #[pg_test(error = "ttl must be positive, got -00:00:01")]
-    fn renew_negative_ttl() {
-        run("SELECT fence.lease_renew('k', gen_random_uuid(), '-1 s')");
-    }
-
-    #[pg_test(error = "token must not be NULL")]
-    fn release_null_token() {
-        run("SELECT fence.lease_release('k', NULL)");
-    }
-
-    #[pg_test(error = "key must not be empty")]
-    fn release_empty_key() {
-        run("SELECT fence.lease_release('', gen_random_uuid())");
-    }
-
-    #[pg_test(error = "key must not be NULL")]
-    fn current_fence_null_key() {
-        run("SELECT fence.current_fence(NULL)");
-    }
+    // Bad arguments are tested in tests/regress/sql/hostile.sql: each must be refused with its
+    // SQLSTATE before anything is locked or changed.
 
     // Fenced writes and optimistic concurrency.
 
@@ -479,47 +385,6 @@ mod tests {
         assert_eq!(notes.as_deref(), Some("1:bits,2:tag"));
     }
 
-    #[pg_test(error = "value too long for type character varying(5)")]
-    fn fenced_writes_check_a_columns_typmod() {
-        kinds();
-        run("SELECT fence.update_matching('kinds'::regclass, '{\"short\": \"toolong\"}', '{\"id\": 1}')");
-    }
-
-    #[pg_test(error = "value too long for type character varying(5)")]
-    fn fenced_writes_check_a_filter_columns_typmod() {
-        kinds();
-        run(
-            "SELECT fence.update_matching('kinds'::regclass, '{\"note\": \"x\"}', '{\"code\": \"toolong\"}')",
-        );
-    }
-
-    #[pg_test(error = "domain required does not allow null values")]
-    fn fenced_writes_check_a_domains_not_null() {
-        kinds();
-        run("SELECT fence.update_matching('kinds'::regclass, '{\"r\": null}', '{\"id\": 1}')");
-    }
-
-    #[pg_test(error = "value for domain positive violates check constraint \"positive_check\"")]
-    fn fenced_writes_check_a_domains_constraint() {
-        kinds();
-        run("SELECT fence.update_matching('kinds'::regclass, '{\"p\": -1}', '{\"id\": 1}')");
-    }
-
-    #[pg_test(error = "invalid input syntax for type integer: \"one\"")]
-    fn fenced_writes_refuse_a_value_not_of_the_columns_type() {
-        kinds();
-        run("SELECT fence.update_matching('kinds'::regclass, '{\"note\": \"x\"}', '{\"id\": \"one\"}')");
-    }
-
-    #[pg_test(error = "column \"stat us\" of public.invoices does not exist")]
-    fn fenced_update_refuses_unknown_columns() {
-        invoices();
-        let fence = granted("invoice:42", "10 s");
-        run(&format!(
-            "SELECT fence.fenced_update('invoice:42', {fence}, 'invoices', '{{\"stat us\": 1}}', '{{\"id\": 42}}')"
-        ));
-    }
-
     /// Two grants of a key, the second one's fence above the first one's.
     fn two_grants(key: &str) -> (i64, i64) {
         let first = granted(key, "10 s");
@@ -560,12 +425,6 @@ mod tests {
         let update =
             "SELECT fence.versioned_update('invoices', 'version', 1, '{\"status\": \"v2\"}', '{\"id\": 42}')";
         assert_eq!(one::<i64>(update), Some(2));
-    }
-
-    #[pg_test(error = "version conflict on public.invoices: expected version 5, the row has 1")]
-    fn versioned_update_refuses_another_version() {
-        invoices();
-        run("SELECT fence.versioned_update('invoices', 'version', 5, '{\"status\": \"x\"}', '{\"id\": 42}')");
     }
 
     #[pg_test]
@@ -693,11 +552,6 @@ mod tests {
         assert_eq!(one::<bool>(grants), Some(false));
     }
 
-    #[pg_test(error = "durable must not be NULL")]
-    fn acquire_null_durable() {
-        run("SELECT fence.lease_acquire('fast', '10 s', durable => NULL)");
-    }
-
     // The caller's own token: a retried acquire returns the lease it granted.
 
     fn acquire_with_token(key: &str, token: &str, ttl: &str) -> Option<String> {
@@ -719,11 +573,6 @@ mod tests {
         assert_eq!(one::<bool>(&renew), Some(true), "the caller's token releases it");
         let again = acquire_with_token("idem", token, "1 hour").expect("granted again");
         assert_ne!(again, first, "a new grant with the same token is a new lease");
-    }
-
-    #[pg_test(error = "token must not be the nil uuid")]
-    fn acquire_nil_token() {
-        run("SELECT fence.lease_acquire('k', '10 s', token => '00000000-0000-0000-0000-000000000000')");
     }
 
     // fence.stats, without preload (as `cargo pgrx test` runs): not kept, and it says so.

@@ -6,7 +6,10 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod lease;
 pub mod torture;
+
+pub use lease::{acquire, Acquire, Lease};
 
 /// A scratch cluster with pg_fence created in database `postgres`. Destroyed when dropped.
 pub struct Cluster {
@@ -386,11 +389,9 @@ pub fn next_history(client: &mut Client, issued: &[(String, i64)]) -> NextHistor
         issued.iter().filter(|(key, fence)| known[key.as_str()].is_none_or(|k| k < *fence)).count();
     let mut reissued = 0;
     for (key, highest) in &highest {
-        let next: Option<i64> = client
-            .query_one("SELECT (fence.lease_acquire($1, '1 minute', wait => '30 seconds')).fence", &[key])
-            .unwrap()
-            .get(0);
-        reissued += usize::from(next.unwrap_or_else(|| panic!("{key} still held after 30 s")) <= *highest);
+        let next = Acquire::new(key, "1 minute").wait("30 seconds").run(client);
+        reissued +=
+            usize::from(next.unwrap_or_else(|| panic!("{key} still held after 30 s")).fence <= *highest);
     }
     let mut stale_guards_accepted = 0;
     for (key, fence) in issued {

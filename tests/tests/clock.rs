@@ -3,7 +3,7 @@
 //! keeps running (FAKETIME_DONT_FAKE_MONOTONIC), as it does through a real step.
 //!
 //! - How long a wait lasts is measured on the monotonic clock: a step back must not stretch it. A
-//!   deadline on the wall clock made a 3 s wait last 23 s after a 20 s step back.
+//!   deadline on the wall clock would make a 3 s wait last 23 s after a 20 s step back.
 //! - Liveness is judged by the wall clock, the clock every `acquired_at` and `expires_at` is written
 //!   in. So a step forward ends leases early, and a step back makes an expired lease live again as
 //!   long as nobody took the key in between. A lease that was taken over stays lost whatever the
@@ -17,14 +17,15 @@
 //! After every step the test reads the server's clock to check that the step happened. If
 //! libfaketime were not loaded (say the environment stopped reaching the postmaster), the wait test
 //! would otherwise pass without testing anything.
-use pg_fence_integration::{backend_pid, comes_to_wait_on, eventually, sqlstate, Cluster};
+use pg_fence_integration::{
+    acquire, backend_pid, comes_to_wait_on, eventually, sqlstate, Acquire, Cluster, Lease,
+};
 use postgres::Client;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use uuid::Uuid;
 
 /// Bounds how long a broken test hangs; never a measure of speed.
 const GENEROUS: Duration = Duration::from_secs(20);
@@ -109,19 +110,9 @@ fn server_offset(client: &mut Client) -> f64 {
     server - SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
 }
 
-fn acquire(client: &mut Client, key: &str, ttl: &str) -> Option<(i64, Uuid)> {
-    let row = client
-        .query_one("SELECT fence, token FROM fence.lease_acquire($1, $2::text::interval)", &[&key, &ttl])
-        .unwrap();
-    row.get::<_, Option<i64>>(0).map(|fence| (fence, row.get(1)))
-}
-
 /// lease_renew with a 5-second TTL: Ok, or the SQLSTATE it failed with.
-fn renew(client: &mut Client, key: &str, token: Uuid) -> Result<(), String> {
-    client
-        .query_one("SELECT fence.lease_renew($1, $2, '5 seconds')", &[&key, &token])
-        .map(drop)
-        .map_err(|err| sqlstate(&err))
+fn renew(client: &mut Client, lease: &Lease) -> Result<(), String> {
+    lease.renew(client, "5 seconds").map(drop).map_err(|err| sqlstate(&err))
 }
 
 /// fence_guard: Ok (it returned true), or the SQLSTATE it failed with.
@@ -153,13 +144,8 @@ fn a_wait_runs_on_the_monotonic_clock() {
     let started = Instant::now();
     let waiter = thread::spawn(move || {
         let start = Instant::now();
-        let row = b
-            .query_one(
-                "SELECT (fence.lease_acquire('clock:wait', '1 minute', wait => '3 seconds')).fence",
-                &[],
-            )
-            .unwrap();
-        (row.get::<_, Option<i64>>(0), start.elapsed())
+        let lease = Acquire::new("clock:wait", "1 minute").wait("3 seconds").run(&mut b);
+        (lease.map(|lease| lease.fence), start.elapsed())
     });
     // The step must come after B has set its deadline, that is while it sleeps on its latch.
     assert!(comes_to_wait_on(&mut observer, b_pid, "Extension"), "B never went to sleep waiting for the key");
@@ -182,11 +168,12 @@ fn a_step_forward_expires_leases_and_a_step_back_revives_an_untaken_one() {
     let (mut a, mut b, mut observer) = (cluster.connect(), cluster.connect(), cluster.connect());
     // Each step below is seconds of real time from the last grant or renewal at most, well within
     // the 5-second TTL.
-    let (fence, token) = acquire(&mut a, KEY, "5 seconds").expect("the key is free");
+    let a_lease = acquire(&mut a, KEY, "5 seconds").expect("the key is free");
+    let fence = a_lease.fence;
 
     // Forward past the TTL: by the server's clock, the lease has expired.
     clock.step(&mut observer, 10);
-    assert_eq!(renew(&mut a, KEY, token), Err("PF001".into()));
+    assert_eq!(renew(&mut a, &a_lease), Err("PF001".into()));
     assert_eq!(guard(&mut a, KEY, fence), Err("PF002".into()));
     assert_eq!(lease(&mut observer, KEY), (fence, false));
 
@@ -196,16 +183,17 @@ fn a_step_forward_expires_leases_and_a_step_back_revives_an_untaken_one() {
     clock.step(&mut observer, 0);
     assert_eq!(lease(&mut observer, KEY), (fence, true));
     assert_eq!(guard(&mut a, KEY, fence), Ok(()));
-    assert_eq!(renew(&mut a, KEY, token), Ok(()), "the untaken lease is live again");
+    assert_eq!(renew(&mut a, &a_lease), Ok(()), "the untaken lease is live again");
 
     // Forward again, and this time B takes the key over.
     clock.step(&mut observer, 10);
-    let (b_fence, _) = acquire(&mut b, KEY, "1 minute").expect("A's lease has expired by the server's clock");
+    let b_fence =
+        acquire(&mut b, KEY, "1 minute").expect("A's lease has expired by the server's clock").fence;
     assert!(b_fence > fence, "the takeover got fence {b_fence}, not above {fence}");
 
     // Back: a lease taken over is never revived, whatever the clock does.
     clock.step(&mut observer, 0);
-    assert_eq!(renew(&mut a, KEY, token), Err("PF001".into()));
+    assert_eq!(renew(&mut a, &a_lease), Err("PF001".into()));
     assert_eq!(guard(&mut a, KEY, fence), Err("PF002".into()));
     assert_eq!(lease(&mut observer, KEY), (b_fence, true), "B's lease is live");
 }
@@ -231,7 +219,8 @@ fn fences_strictly_increase_through_clock_steps_and_deletions() {
                 .unwrap()
                 .get::<_, i64>(0)
                 == 1;
-            let (fence, token) = acquire(&mut client, &key, "1 hour").expect("the key was released");
+            let lease = acquire(&mut client, &key, "1 hour").expect("the key was released");
+            let fence = lease.fence;
             assert!(fence > *last, "{key} at {offset:+} s: fence {fence} after {last}");
             deleted_regrants += usize::from(!had_row && *last != i64::MIN);
             *last = fence;
@@ -240,9 +229,7 @@ fn fences_strictly_increase_through_clock_steps_and_deletions() {
                 .unwrap()
                 .get(0);
             assert_eq!(live, 1, "{key} at {offset:+} s");
-            let released: bool =
-                client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
-            assert!(released);
+            assert!(lease.release(&mut client));
         }
         // Every key loses its row: released just now, each ended before this sweep read the clock.
         thread::sleep(Duration::from_millis(5));
@@ -262,47 +249,38 @@ fn a_repeatable_read_acquire_never_reissues_a_fence_deleted_after_its_snapshot()
     let clock = FakeClock::new("clock_rr");
     let cluster = clock.start_cluster("clock_rr", 26954, &["pg_fence.retain_ended=0"]);
     let (mut client, mut observer) = (cluster.connect(), cluster.connect());
-    let release_and_sweep = |client: &mut Client, key: &str, token: Uuid| {
-        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
+    let release_and_sweep = |client: &mut Client, lease: Lease| {
+        lease.release(client);
         thread::sleep(Duration::from_millis(5));
         client.query_one("SELECT fence.sweep()", &[]).unwrap();
     };
     // A first high-water mark, from another key, then the clock far behind it.
-    let (mark, token) = acquire(&mut client, "clock:rr:other", "1 hour").unwrap();
-    release_and_sweep(&mut client, "clock:rr:other", token);
+    let other = acquire(&mut client, "clock:rr:other", "1 hour").unwrap();
+    let mark = other.fence;
+    release_and_sweep(&mut client, other);
     clock.step(&mut observer, -120);
 
     let mut old = cluster.connect();
     old.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").unwrap();
-    let (deleted, token) = acquire(&mut client, KEY, "1 hour").unwrap();
+    let lease = acquire(&mut client, KEY, "1 hour").unwrap();
+    let deleted = lease.fence;
     assert!(deleted > mark, "a key without a row starts above the high-water mark");
-    release_and_sweep(&mut client, KEY, token);
+    release_and_sweep(&mut client, lease);
     let rows: i64 =
         client.query_one("SELECT count(*) FROM fence.lease_state WHERE key = $1", &[&KEY]).unwrap().get(0);
     assert_eq!(rows, 0, "the sweep did not delete the key's row");
 
-    let granted = old.query_one("SELECT (fence.lease_acquire($1, '1 hour')).fence", &[&KEY]);
+    let granted = Acquire::new(KEY, "1 hour").try_run(&mut old);
     match granted {
-        Ok(row) => {
-            let fence: Option<i64> = row.get(0);
+        Ok(lease) => {
+            let fence = lease.map(|lease| lease.fence);
             panic!("the old snapshot's acquire got fence {fence:?}; {deleted} was deleted after it");
         }
         Err(err) => assert_eq!(sqlstate(&err), "40001", "{err}"),
     }
     old.batch_execute("ROLLBACK").unwrap();
-    let (fence, _) = acquire(&mut client, KEY, "1 hour").expect("the key is free");
+    let fence = acquire(&mut client, KEY, "1 hour").expect("the key is free").fence;
     assert!(fence > deleted, "retried in READ COMMITTED: fence {fence}, not above {deleted}");
-}
-
-/// Acquires `key` fast or durably for `ttl`: (fence, token), or None when it is held.
-fn acquire_kind(client: &mut Client, key: &str, ttl: &str, durable: bool) -> Option<(i64, Uuid)> {
-    let row = client
-        .query_one(
-            "SELECT fence, token FROM fence.lease_acquire($1, $2::text::interval, durable => $3)",
-            &[&key, &ttl, &durable],
-        )
-        .unwrap();
-    row.get::<_, Option<i64>>(0).map(|fence| (fence, row.get(1)))
 }
 
 /// A lease that expired unreleased stays ended once the other kind has granted the key: a step
@@ -313,14 +291,14 @@ fn a_step_back_revives_no_lease_the_other_kind_took_over() {
     let cluster = clock.start_cluster("clock_kinds", 26955, &[]);
     let mut client = cluster.connect();
     for (first_durable, key) in [(true, "durable-then-fast"), (false, "fast-then-durable")] {
-        let (old_fence, old_token) = acquire_kind(&mut client, key, "1 second", first_durable).unwrap();
+        let old = Acquire::new(key, "1 second").durable(first_durable).run(&mut client).unwrap();
         thread::sleep(Duration::from_millis(1_200));
-        let (fence, token) = acquire_kind(&mut client, key, "1 hour", !first_durable).expect("expired");
+        let new = Acquire::new(key, "1 hour").durable(!first_durable).run(&mut client).expect("expired");
         clock.step(&mut client, -30);
-        assert_eq!(renew(&mut client, key, old_token), Err("PF001".into()), "{key}: the expired lease");
-        assert_eq!(guard(&mut client, key, old_fence), Err("PF002".into()), "{key}: the expired lease");
-        assert_eq!(renew(&mut client, key, token), Ok(()), "{key}: the new lease");
-        assert_eq!(guard(&mut client, key, fence), Ok(()), "{key}: the new lease");
+        assert_eq!(renew(&mut client, &old), Err("PF001".into()), "{key}: the expired lease");
+        assert_eq!(guard(&mut client, key, old.fence), Err("PF002".into()), "{key}: the expired lease");
+        assert_eq!(renew(&mut client, &new), Ok(()), "{key}: the new lease");
+        assert_eq!(guard(&mut client, key, new.fence), Ok(()), "{key}: the new lease");
         clock.step(&mut client, 0);
     }
 }
@@ -333,17 +311,16 @@ fn a_crash_after_a_step_back_hands_out_no_fast_fence_again() {
     let cluster = clock.start_cluster("clock_fast_crash", 26956, &[]);
     let mut client = cluster.connect();
     // "only-fast" has only ever been granted fast; "mixed" also has a durable row, of a lower fence.
-    let (_, token) = acquire_kind(&mut client, "mixed", "1 hour", true).unwrap();
-    client.query_one("SELECT fence.lease_release('mixed', $1)", &[&token]).unwrap();
+    Acquire::new("mixed", "1 hour").durable(true).run(&mut client).unwrap().release(&mut client);
     let mut told = Vec::new();
     for key in ["only-fast", "mixed"] {
-        let (fence, token) = acquire_kind(&mut client, key, "1 hour", false).unwrap();
-        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
-        told.push((key, fence));
+        let lease = Acquire::new(key, "1 hour").durable(false).run(&mut client).unwrap();
+        lease.release(&mut client);
+        told.push((key, lease.fence));
     }
     clock.step(&mut client, -3600);
     for key in ["only-fast", "mixed"] {
-        let (fence, _) = acquire_kind(&mut client, key, "1 hour", false).unwrap();
+        let fence = Acquire::new(key, "1 hour").durable(false).run(&mut client).unwrap().fence;
         told.push((key, fence));
     }
     cluster.crash();
@@ -351,10 +328,12 @@ fn a_crash_after_a_step_back_hands_out_no_fast_fence_again() {
     let mut client = cluster.connect();
     assert!(server_offset(&mut client) < -3000.0, "the restarted server's clock is not stepped back");
     for (key, durable) in [("only-fast", true), ("mixed", true), ("only-fast", false), ("mixed", false)] {
-        let (fence, token) = acquire_kind(&mut client, key, "1 hour", durable).expect("the crash ended it");
+        let lease =
+            Acquire::new(key, "1 hour").durable(durable).run(&mut client).expect("the crash ended it");
+        let fence = lease.fence;
         let highest = told.iter().filter(|(k, _)| *k == key).map(|(_, f)| *f).max().unwrap();
         assert!(fence > highest, "{key}: granted {fence} (durable: {durable}) after {highest} was told");
-        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
+        lease.release(&mut client);
         told.push((key, fence));
     }
 }

@@ -6,25 +6,10 @@
 //! inserted. (The check runs right after each commit: a later flushed commit would hide an earlier
 //! unflushed one.) The cluster's WAL writer is made lazy (and autovacuum is off) so that a commit that
 //! skipped the flush stays visibly unflushed.
-use pg_fence_integration::{wal_flushed as flushed, wal_insert_position, Cluster};
+use pg_fence_integration::{acquire, wal_flushed as flushed, wal_insert_position, Acquire, Cluster};
 use postgres::Client;
-use uuid::Uuid;
 
 const TRIALS: usize = 20;
-
-fn acquire(client: &mut Client, key: &str) -> Uuid {
-    client
-        .query_one("SELECT (fence.lease_acquire($1, '1 minute')).token", &[&key])
-        .unwrap()
-        .get::<_, Option<Uuid>>(0)
-        .expect("key is free")
-}
-
-fn release(client: &mut Client, key: &str, token: Uuid) {
-    let released: bool =
-        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
-    assert!(released);
-}
 
 /// Runs `transaction` TRIALS times and counts the commits that were flushed when they returned.
 fn flushed_commits(client: &mut Client, mut transaction: impl FnMut(&mut Client, &str)) -> usize {
@@ -54,9 +39,8 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
         client.batch_execute(&format!("SET synchronous_commit = {synchronous_commit}")).unwrap();
         let grants = flushed_commits(&mut client, |c, key| {
             let key = format!("{key}-{synchronous_commit}");
-            let token = acquire(c, &key);
-            release(c, &key, token);
-            acquire(c, &key);
+            assert!(acquire(c, &key, "1 minute").expect("key is free").release(c));
+            acquire(c, &key, "1 minute").expect("key is free");
         });
         assert_eq!(
             grants, TRIALS,
@@ -74,8 +58,7 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
         .unwrap();
     let lowered_after = flushed_commits(&mut client, |c, key| {
         let mut tx = c.transaction().unwrap();
-        tx.query_one("SELECT (fence.lease_acquire($1, '1 minute')).fence", &[&format!("later-{key}")])
-            .unwrap();
+        acquire(&mut tx, &format!("later-{key}"), "1 minute");
         tx.batch_execute("SET LOCAL synchronous_commit = off").unwrap();
         tx.commit().unwrap();
     });
@@ -87,10 +70,10 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
 
     let renewals = flushed_commits(&mut client, |c, key| {
         let key = format!("renew-{key}");
-        let token = acquire(c, &key);
+        let lease = acquire(c, &key, "1 minute").expect("key is free");
         let mut tx = c.transaction().unwrap();
         tx.batch_execute("SET LOCAL synchronous_commit = off").unwrap();
-        tx.query_one("SELECT fence.lease_renew($1, $2, '1 minute')", &[&key, &token]).unwrap();
+        lease.renew(&mut tx, "1 minute").unwrap();
         tx.commit().unwrap();
     });
     assert_eq!(renewals, TRIALS, "renewal commits not flushed");
@@ -99,15 +82,13 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
     for order in ["write, then release", "release, then write"] {
         let mixed = flushed_commits(&mut client, |c, key| {
             let key = format!("{order}-{key}");
-            let token = acquire(c, &key);
+            let lease = acquire(c, &key, "1 minute").expect("key is free");
             let mut tx = c.transaction().unwrap();
             let write = "INSERT INTO audit VALUES ('another write')";
             if order.starts_with("write") {
                 tx.execute(write, &[]).unwrap();
             }
-            let released: bool =
-                tx.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
-            assert!(released);
+            assert!(lease.release(&mut tx));
             if order.starts_with("release") {
                 tx.execute(write, &[]).unwrap();
             }
@@ -119,26 +100,19 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
     // A release alone skips the flush. (The WAL writer may still flush now and then; most must not.)
     let alone = flushed_commits(&mut client, |c, key| {
         let key = format!("alone-{key}");
-        let token = acquire(c, &key);
-        release(c, &key, token);
+        assert!(acquire(c, &key, "1 minute").expect("key is free").release(c));
     });
     assert!(alone < TRIALS / 2, "{alone} of {TRIALS} release-only commits waited for a flush");
 
     // An acquire refused because the key is held, with or without waiting, changed nothing: it
     // writes no WAL at all, not even a commit record, so it has nothing to flush. (A background
     // process may write now and then; most trials must see the WAL untouched.)
-    acquire(&mut client, "held");
+    acquire(&mut client, "held", "1 minute").expect("key is free");
     for wait in ["0", "1 millisecond"] {
         let wrote = (0..TRIALS)
             .filter(|_| {
                 let before = wal_insert_position(&mut client);
-                let lease: Option<i64> = client
-                    .query_one(
-                        "SELECT (fence.lease_acquire('held', '1 minute', wait => $1::text::interval)).fence",
-                        &[&wait],
-                    )
-                    .unwrap()
-                    .get(0);
+                let lease = Acquire::new("held", "1 minute").wait(wait).run(&mut client);
                 assert!(lease.is_none());
                 wal_insert_position(&mut client) != before
             })

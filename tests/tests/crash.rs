@@ -1,7 +1,7 @@
 //! kill -9 of the whole server in the middle of a stream of grants and releases. After crash
 //! recovery, every fence handed out must be above every fence a client saw acknowledged (committed)
 //! before the crash, even for sessions that set synchronous_commit = off.
-use pg_fence_integration::Cluster;
+use pg_fence_integration::{Acquire, Cluster};
 use postgres::Client;
 use rand::Rng;
 use std::collections::HashMap;
@@ -25,18 +25,15 @@ const TTL_MS: u64 = 200;
 /// A grant, then its release: the release commits without a flush (it is all its transaction
 /// writes), so the crash also hits releases that were acknowledged but never flushed.
 fn pg_fence_grant(client: &mut Client, key: &str) -> Result<Option<i64>, postgres::Error> {
+    let ttl = format!("{TTL_MS} milliseconds");
     let mut tx = client.transaction()?;
-    let row = tx.query_one(
-        "SELECT (l).fence, (l).token FROM fence.lease_acquire($1, $2::text::interval) l",
-        &[&key, &format!("{TTL_MS} milliseconds")],
-    )?;
+    let lease = Acquire::new(key, &ttl).try_run(&mut tx)?;
     // Acknowledged only once COMMIT has returned: before that the grant may not exist.
     tx.commit()?;
-    let (fence, token): (Option<i64>, Option<uuid::Uuid>) = (row.get(0), row.get(1));
-    if let Some(token) = token {
-        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token])?;
+    if let Some(lease) = &lease {
+        lease.try_release(client)?;
     }
-    Ok(fence)
+    Ok(lease.map(|lease| lease.fence))
 }
 
 /// The same stream of grants, at a given synchronous_commit, until the server is killed. Returns

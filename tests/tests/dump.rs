@@ -6,9 +6,8 @@
 //! A dump is also an older history: grants made after it are not in it, and their holders still
 //! hold those fences when it is restored, into a new database or in place (`pg_restore --clean`).
 //! The restored database must hand none of them out again.
-use pg_fence_integration::{next_history, run_pg_program, sqlstate, Cluster};
+use pg_fence_integration::{acquire, next_history, run_pg_program, sqlstate, Cluster, Lease};
 use postgres::Client;
-use uuid::Uuid;
 
 /// Dumps database `db` of `cluster` to a fresh custom-format file, whose path it returns.
 fn dump(cluster: &Cluster, db: &str) -> String {
@@ -30,13 +29,6 @@ fn restore(cluster: &Cluster, db: &str, file: &str, options: &[&str]) {
     run_pg_program("pg_restore", &[&connection[..], options, &[file]].concat());
 }
 
-fn acquire(client: &mut Client, key: &str) -> (i64, Uuid) {
-    let row =
-        client.query_one("SELECT fence, token FROM fence.lease_acquire($1, '1 hour')", &[&key]).unwrap();
-    let (fence, token): (Option<i64>, Option<Uuid>) = (row.get(0), row.get(1));
-    (fence.unwrap_or_else(|| panic!("{key} is held")), token.unwrap())
-}
-
 #[test]
 fn a_restored_database_continues_fences_and_keeps_live_leases() {
     let cluster = Cluster::start_without_extension("dump", 27331, &[]);
@@ -51,17 +43,18 @@ fn a_restored_database_continues_fences_and_keeps_live_leases() {
     .unwrap();
     // 'busy' is granted five times, the last one still live; 'idle' three times, all released.
     let (mut busy, mut idle) = (Vec::new(), Vec::new());
-    let mut live = Uuid::nil();
+    let mut live: Option<Lease> = None;
     for (key, grants) in [("busy", 5), ("idle", 3)] {
         for i in 1..=grants {
-            let (fence, token) = acquire(&mut app, key);
+            let lease = acquire(&mut app, key, "1 hour").unwrap_or_else(|| panic!("{key} is held"));
+            let fence = lease.fence;
             let fences = if key == "busy" { &mut busy } else { &mut idle };
             assert!(fences.last().is_none_or(|last| fence > *last), "{key}: {fence} after {fences:?}");
             fences.push(fence);
             if key == "busy" && i == grants {
-                live = token;
+                live = Some(lease);
             } else {
-                app.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
+                lease.release(&mut app);
             }
         }
     }
@@ -87,12 +80,10 @@ fn a_restored_database_continues_fences_and_keeps_live_leases() {
     assert_eq!(fences, vec![("busy".into(), busy_fence, true), ("idle".into(), idle_fence, false)]);
 
     // The live lease is still held, by the same token; the other key continues above its fence.
-    let held: Option<i64> =
-        restored.query_one("SELECT (fence.lease_acquire('busy', '1 hour')).fence", &[]).unwrap().get(0);
+    let held = acquire(&mut restored, "busy", "1 hour").map(|lease| lease.fence);
     assert_eq!(held, None, "the restored database lost a live lease");
-    restored.query_one("SELECT fence.lease_renew('busy', $1, '1 hour')", &[&live]).unwrap();
-    let next: Option<i64> =
-        restored.query_one("SELECT (fence.lease_acquire('idle', '1 hour')).fence", &[]).unwrap().get(0);
+    live.expect("busy's last grant").renew(&mut restored, "1 hour").unwrap();
+    let next = acquire(&mut restored, "idle", "1 hour").map(|lease| lease.fence);
     assert!(next.is_some_and(|next| next > idle_fence), "idle: {next:?} after {idle:?}");
 
     // The fenced resource came along too, and still refuses a stale fence.
@@ -118,10 +109,10 @@ fn restore_an_older_dump(name: &str, port: u16, in_place: bool) {
     app.batch_execute("CREATE EXTENSION pg_fence").unwrap();
     let mut issued = Vec::new();
     let mut grant = |app: &mut Client, key: &str, release: bool| {
-        let (fence, token) = acquire(app, key);
-        issued.push((key.to_string(), fence));
+        let lease = acquire(app, key, "1 hour").unwrap_or_else(|| panic!("{key} is held"));
+        issued.push((key.to_string(), lease.fence));
         if release {
-            app.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
+            lease.release(app);
         }
     };
     for key in ["a", "b", "c", "a", "b", "c"] {

@@ -10,7 +10,7 @@
 //! promoted standby must hand out none of them again: every key's next grant is above every fence a
 //! client was given, and a guard under any of them is refused. (Writes lost with the WAL stay lost:
 //! fencing cannot bring data back, only keep a forgotten holder from writing.)
-use pg_fence_integration::{next_history, signal, Cluster, NextHistory};
+use pg_fence_integration::{next_history, signal, Acquire, Cluster, NextHistory};
 use postgres::{Client, NoTls};
 use rand::Rng;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -55,12 +55,10 @@ fn clients(port: u16, stop: &Arc<AtomicBool>, acked: &Arc<Mutex<Acked>>) -> Vec<
 
 fn round(client: &mut Client, acked: &Mutex<Acked>, ids: &AtomicI64) -> Result<(), postgres::Error> {
     let key = format!("key-{}", rand::thread_rng().gen_range(0..KEYS));
-    let row =
-        client.query_one("SELECT fence, token FROM fence.lease_acquire($1, '300 milliseconds')", &[&key])?;
-    let (Some(fence), Some(token)) = (row.get::<_, Option<i64>>(0), row.get::<_, Option<uuid::Uuid>>(1))
-    else {
+    let Some(lease) = Acquire::new(&key, "300 milliseconds").try_run(client)? else {
         return Ok(());
     };
+    let fence = lease.fence;
     acked.lock().unwrap().grants.push((key.clone(), fence));
     let id = ids.fetch_add(1, Ordering::Relaxed);
     let mut tx = client.transaction()?;
@@ -68,7 +66,7 @@ fn round(client: &mut Client, acked: &Mutex<Acked>, ids: &AtomicI64) -> Result<(
     tx.execute("INSERT INTO writes VALUES ($1, $2, $3)", &[&id, &key, &fence])?;
     tx.commit()?;
     acked.lock().unwrap().writes.push(id);
-    client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token])?;
+    lease.try_release(client)?;
     Ok(())
 }
 

@@ -3,14 +3,15 @@
 //! writes with PF002, no grant of either kind gets a fence that any client was told before, and
 //! durable leases held across the fault survive. And what a fast lease costs at commit: no WAL
 //! flush, and no WAL but the commit record.
-use pg_fence_integration::{eventually, next_history, sqlstate, wal_flushed, wal_insert_position, Cluster};
+use pg_fence_integration::{
+    eventually, next_history, sqlstate, wal_flushed, wal_insert_position, Acquire, Cluster, Lease,
+};
 use postgres::Client;
 use rand::Rng;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
-use uuid::Uuid;
 
 /// The WAL writer flushes rarely, so that a commit that skipped its flush stays visibly unflushed,
 /// and an acknowledged fast grant is most likely lost in the crash.
@@ -18,32 +19,8 @@ const LAZY_WAL_WRITER: &[&str] = &["wal_writer_delay=10s", "wal_writer_flush_aft
 
 const CHURN_KEYS: usize = 8;
 
-struct Held {
-    key: String,
-    fence: i64,
-    token: Uuid,
-}
-
-fn acquire(
-    client: &mut Client,
-    key: &str,
-    durable: bool,
-    ttl: &str,
-) -> Result<Option<Held>, postgres::Error> {
-    let row = client.query_one(
-        "SELECT (l).fence, (l).token FROM fence.lease_acquire($1, $2::text::interval, durable => $3) l",
-        &[&key, &ttl, &durable],
-    )?;
-    let (fence, token): (Option<i64>, Option<Uuid>) = (row.get(0), row.get(1));
-    Ok(fence.zip(token).map(|(fence, token)| Held { key: key.to_string(), fence, token }))
-}
-
-fn renew(client: &mut Client, lease: &Held) -> Result<(), postgres::Error> {
-    client.query_one("SELECT fence.lease_renew($1, $2, '1 hour')", &[&lease.key, &lease.token]).map(|_| ())
-}
-
 /// A write to the resource `target`, fenced by the lease.
-fn guarded_write(client: &mut Client, lease: &Held) -> Result<(), postgres::Error> {
+fn guarded_write(client: &mut Client, lease: &Lease) -> Result<(), postgres::Error> {
     client
         .query_one(
             "SELECT fence.fenced_update($1, $2, 'target', jsonb_build_object('fence', $2::bigint), '{\"id\": 1}')",
@@ -61,9 +38,9 @@ fn setup(client: &mut Client) {
 }
 
 /// Leases held across the fault: one fast and one durable per index, all with a long TTL.
-fn hold(client: &mut Client, count: usize) -> (Vec<Held>, Vec<Held>) {
+fn hold(client: &mut Client, count: usize) -> (Vec<Lease>, Vec<Lease>) {
     let mut grant = |name: &str, i: usize, durable: bool| {
-        acquire(client, &format!("{name}-{i}"), durable, "1 hour").unwrap().expect("a free key")
+        Acquire::new(&format!("{name}-{i}"), "1 hour").durable(durable).run(client).expect("a free key")
     };
     let fast = (0..count).map(|i| grant("held-fast", i, false)).collect();
     let durable = (0..count).map(|i| grant("held-durable", i, true)).collect();
@@ -87,17 +64,13 @@ fn churn(
                 let mut rng = rand::thread_rng();
                 while !stop.load(Ordering::Relaxed) {
                     let key = format!("churn-{}", rng.gen_range(0..CHURN_KEYS));
-                    match acquire(&mut client, &key, rng.gen_bool(0.7), "150 milliseconds") {
+                    match Acquire::new(&key, "150 milliseconds")
+                        .durable(rng.gen_bool(0.7))
+                        .try_run(&mut client)
+                    {
                         Ok(Some(lease)) => {
                             told.push((key, lease.fence));
-                            if rng.gen_bool(0.5)
-                                && client
-                                    .query_one(
-                                        "SELECT fence.lease_release($1, $2)",
-                                        &[&lease.key, &lease.token],
-                                    )
-                                    .is_err()
-                            {
+                            if rng.gen_bool(0.5) && lease.try_release(&mut client).is_err() {
                                 break;
                             }
                         }
@@ -113,15 +86,17 @@ fn churn(
 
 /// On the server after the fault: fast holders are told their lease is lost and their writes are
 /// refused; durable holders keep theirs; nothing shows a fast lease any more.
-fn assert_fast_leases_ended(client: &mut Client, fast: &[Held], durable: &[Held], when: &str) {
+fn assert_fast_leases_ended(client: &mut Client, fast: &[Lease], durable: &[Lease], when: &str) {
     for lease in fast {
-        let renewed = renew(client, lease).map_err(|err| sqlstate(&err));
+        let renewed = lease.renew(client, "1 hour").map(drop).map_err(|err| sqlstate(&err));
         assert_eq!(renewed, Err("PF001".to_string()), "{when}: renewal of fast lease {}", lease.key);
         let written = guarded_write(client, lease).map_err(|err| sqlstate(&err));
         assert_eq!(written, Err("PF002".to_string()), "{when}: guarded write of fast lease {}", lease.key);
     }
     for lease in durable {
-        renew(client, lease).unwrap_or_else(|err| panic!("{when}: durable lease {} lost: {err}", lease.key));
+        lease
+            .renew(client, "1 hour")
+            .unwrap_or_else(|err| panic!("{when}: durable lease {} lost: {err}", lease.key));
         guarded_write(client, lease)
             .unwrap_or_else(|err| panic!("{when}: durable lease {} refused: {err}", lease.key));
     }
@@ -141,7 +116,7 @@ fn assert_fast_grants_above(client: &mut Client, told: &[(String, i64)], when: &
         assert!(current > highest, "{when}: {key} granted {current}, but {highest} was told before");
         // next_history's grant is live for a minute: take it over by revoking it.
         client.query_one("SELECT fence.lease_revoke($1)", &[key]).unwrap();
-        let fast = acquire(client, key, false, "1 minute").unwrap().expect("revoked key is free");
+        let fast = Acquire::new(key, "1 minute").durable(false).run(client).expect("revoked key is free");
         assert!(fast.fence > current, "{when}: fast grant {} of {key} after {current}", fast.fence);
     }
 }
@@ -167,7 +142,7 @@ fn a_crash_ends_fast_leases_and_no_fence_comes_back() {
         let mut client = cluster.connect();
         assert_fast_leases_ended(&mut client, &fast, &durable, &when);
         for lease in &durable {
-            client.query_one("SELECT fence.lease_release($1, $2)", &[&lease.key, &lease.token]).unwrap();
+            lease.release(&mut client);
         }
         let outcome = next_history(&mut client, &told);
         assert_eq!((outcome.reissued, outcome.stale_guards_accepted), (0, 0), "{when}: {outcome:?}");
@@ -193,10 +168,12 @@ fn a_failover_ends_fast_leases_and_no_fence_comes_back() {
         fast.iter().chain(&durable).map(|l| (l.key.clone(), l.fence)).collect();
     // Fast grants and releases of the same keys, some released: their fences reach no standby.
     for i in 0..20 {
-        let lease =
-            acquire(&mut client, &format!("churn-{}", i % 4), i % 3 != 0, "1 minute").unwrap().unwrap();
+        let lease = Acquire::new(&format!("churn-{}", i % 4), "1 minute")
+            .durable(i % 3 != 0)
+            .run(&mut client)
+            .unwrap();
         told.push((lease.key.clone(), lease.fence));
-        client.query_one("SELECT fence.lease_release($1, $2)", &[&lease.key, &lease.token]).unwrap();
+        lease.release(&mut client);
     }
     let mut on_standby = standby.connect();
     // The insert position, not the write position: the releases commit without a flush, and reach
@@ -225,15 +202,18 @@ fn a_failover_ends_fast_leases_and_no_fence_comes_back() {
     };
     assert_eq!(current(&mut on_standby, &durable[0].key), Some(durable[0].fence));
     assert_eq!(current(&mut on_standby, &fast[0].key), None, "a fast lease's fence on the standby");
-    let refused =
-        acquire(&mut on_standby, "on-standby", false, "1 minute").map(|_| ()).map_err(|e| sqlstate(&e));
+    let refused = Acquire::new("on-standby", "1 minute")
+        .durable(false)
+        .try_run(&mut on_standby)
+        .map(|_| ())
+        .map_err(|e| sqlstate(&e));
     assert_eq!(refused, Err("25006".to_string()));
 
     standby.promote();
     let mut promoted = standby.connect();
     assert_fast_leases_ended(&mut promoted, &fast, &durable, "promoted");
     for lease in &durable {
-        promoted.query_one("SELECT fence.lease_release($1, $2)", &[&lease.key, &lease.token]).unwrap();
+        lease.release(&mut promoted);
     }
     let outcome = next_history(&mut promoted, &told);
     assert_eq!((outcome.reissued, outcome.stale_guards_accepted), (0, 0), "{outcome:?}");
@@ -279,21 +259,21 @@ fn fast_grants_renewals_and_releases_wait_for_no_flush_and_write_only_their_comm
     };
     for trial in 0..10 {
         let key = format!("fast-{trial}");
-        let lease = acquire(&mut client, &key, false, "1 minute").unwrap().unwrap();
-        let (key2, token) = (key.clone(), lease.token);
+        let lease = Acquire::new(&key, "1 minute").durable(false).run(&mut client).unwrap();
+        let renewed = lease.clone();
         check(&mut client, "renew", &move |c| {
-            c.query_one("SELECT fence.lease_renew($1, $2, '1 hour')", &[&key2, &token]).unwrap();
+            renewed.renew(c, "1 hour").unwrap();
         });
         check(&mut client, "release", &move |c| {
-            c.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
+            lease.release(c);
         });
         let key = format!("fast-{trial}");
         check(&mut client, "grant again", &move |c| {
-            acquire(c, &key, false, "1 minute").unwrap().unwrap();
+            Acquire::new(&key, "1 minute").durable(false).run(c).unwrap();
         });
         let key = format!("fast-new-{trial}");
         check(&mut client, "first grant", &move |c| {
-            acquire(c, &key, false, "1 minute").unwrap().unwrap();
+            Acquire::new(&key, "1 minute").durable(false).run(c).unwrap();
         });
     }
     assert_eq!(unexpected, Vec::<String>::new(), "fast calls that wrote more than their commit record");
@@ -301,7 +281,7 @@ fn fast_grants_renewals_and_releases_wait_for_no_flush_and_write_only_their_comm
 
     // The check can fail: a durable grant writes its row and waits for the flush.
     let start = wal_insert_position(&mut client);
-    acquire(&mut client, "durable", true, "1 minute").unwrap().unwrap();
+    Acquire::new("durable", "1 minute").durable(true).run(&mut client).unwrap();
     let end = wal_insert_position(&mut client);
     assert!(wal_flushed(&mut client), "a durable grant's commit was not flushed");
     let records = records_between(&mut client, &start, &end);

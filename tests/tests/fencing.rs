@@ -1,7 +1,7 @@
 //! Fenced writes seen from real clients and real processes: a holder paused past its TTL cannot
 //! write once another holder has taken over, increments are never lost, and a new grant waits for
 //! the writes made under the old fence.
-use pg_fence_integration::{signal, sqlstate, Cluster};
+use pg_fence_integration::{acquire, signal, sqlstate, Cluster};
 use postgres::Client;
 use rand::Rng;
 use std::io::{BufRead, BufReader};
@@ -68,15 +68,13 @@ fn a_paused_holder_never_writes_after_its_successor_was_granted() {
             let mut b = cluster.connect();
             thread::spawn(move || {
                 let mut tx = b.transaction().unwrap();
-                let (b_fence, b_token): (i64, uuid::Uuid) = loop {
-                    let lease = tx
-                        .query_one("SELECT (l).fence, (l).token FROM fence.lease_acquire('resource:1', '1 minute') l", &[])
-                        .unwrap();
-                    if let (Some(fence), Some(token)) = (lease.get(0), lease.get(1)) {
-                        break (fence, token);
+                let b_lease = loop {
+                    if let Some(lease) = acquire(&mut tx, "resource:1", "1 minute") {
+                        break lease;
                     }
                     thread::sleep(Duration::from_millis(2));
                 };
+                let b_fence = b_lease.fence;
                 tx.query_one(
                     "SELECT fence.fenced_update('resource:1', $1, 'resource',
                             jsonb_build_object('value', 'B-' || $1::bigint, 'last_fence', $1::bigint), '{\"id\": 1}')",
@@ -84,12 +82,13 @@ fn a_paused_holder_never_writes_after_its_successor_was_granted() {
                 )
                 .unwrap();
                 tx.commit().unwrap();
-                (b_fence, b_token)
+                b_lease
             })
         };
         thread::sleep(Duration::from_millis(30));
         signal(a.id(), "-CONT");
-        let (b_fence, b_token) = b_thread.join().unwrap();
+        let b_lease = b_thread.join().unwrap();
+        let b_fence = b_lease.fence;
         assert!(b_fence > a_fence, "round {round}: B got fence {b_fence} after A's {a_fence}");
         last_fence = b_fence;
         let outcome = a_out.next().unwrap().unwrap();
@@ -102,8 +101,7 @@ fn a_paused_holder_never_writes_after_its_successor_was_granted() {
         // B's write must be the last one: A's write, if accepted, came before B's grant.
         let value: String = b.query_one("SELECT value FROM resource WHERE id = 1", &[]).unwrap().get(0);
         assert_eq!(value, format!("B-{b_fence}"), "round {round}: a stale write landed after B's");
-        let released: bool =
-            b.query_one("SELECT fence.lease_release('resource:1', $1)", &[&b_token]).unwrap().get(0);
+        let released = b_lease.release(&mut b);
         assert!(released);
     }
     let history = assert_history_in_fence_order(&mut b);
@@ -127,15 +125,13 @@ fn counter_workload(cluster: &Cluster, fenced: bool) -> (i64, i64) {
                 let mut rng = rand::thread_rng();
                 let mut landed = 0;
                 for _ in 0..40 {
-                    let (fence, token): (i64, uuid::Uuid) = loop {
-                        let row = client
-                            .query_one("SELECT (l).fence, (l).token FROM fence.lease_acquire('counter', '30 milliseconds') l", &[])
-                            .unwrap();
-                        if let (Some(fence), Some(token)) = (row.get(0), row.get(1)) {
-                            break (fence, token);
+                    let lease = loop {
+                        if let Some(lease) = acquire(&mut client, "counter", "30 milliseconds") {
+                            break lease;
                         }
                         thread::sleep(Duration::from_millis(1));
                     };
+                    let fence = lease.fence;
                     let value: i64 = client.query_one("SELECT value FROM counter WHERE id = 1", &[]).unwrap().get(0);
                     if rng.gen_bool(0.15) {
                         thread::sleep(Duration::from_millis(45)); // past the TTL: another client takes over
@@ -153,7 +149,7 @@ fn counter_workload(cluster: &Cluster, fenced: bool) -> (i64, i64) {
                         Ok(()) => landed += 1,
                         Err(err) => assert_eq!(sqlstate(&err), "PF002", "{err}"),
                     }
-                    client.query_one("SELECT fence.lease_release('counter', $1)", &[&token]).unwrap();
+                    lease.release(&mut client);
                 }
                 landed
             })
@@ -195,10 +191,7 @@ fn a_new_grant_waits_for_the_writer_under_the_old_fence() {
     let cluster = Cluster::start("guard_wait", 26403, &[]);
     let mut writer = cluster.connect();
     writer.batch_execute(RESOURCE).unwrap();
-    let fence: i64 = writer
-        .query_one("SELECT (fence.lease_acquire('resource:1', '300 milliseconds')).fence", &[])
-        .unwrap()
-        .get(0);
+    let fence = acquire(&mut writer, "resource:1", "300 milliseconds").expect("the key is free").fence;
     let mut tx = writer.transaction().unwrap();
     tx.query_one("SELECT fence.fence_guard('resource:1', $1)", &[&fence]).unwrap();
 
@@ -340,15 +333,14 @@ fn the_guard_sees_the_latest_grant_under_repeatable_read() {
     let mut reader = cluster.connect();
     let mut other = cluster.connect();
     holder.batch_execute("SET lock_timeout = '2s'").unwrap();
-    let acquire = "SELECT (l).fence, (l).token FROM fence.lease_acquire('k', $1::text::interval) l";
-    let first: i64 = holder.query_one(acquire, &[&"200 milliseconds"]).unwrap().get(0);
+    let first = acquire(&mut holder, "k", "200 milliseconds").expect("the key is free").fence;
 
     let mut old_snapshot =
         reader.build_transaction().isolation_level(postgres::IsolationLevel::RepeatableRead).start().unwrap();
     old_snapshot.query_one("SELECT count(*) FROM fence.leases", &[]).unwrap();
     thread::sleep(Duration::from_millis(300));
-    let row = holder.query_one(acquire, &[&"1 minute"]).unwrap();
-    let (second, token): (i64, uuid::Uuid) = (row.get(0), row.get(1));
+    let lease = acquire(&mut holder, "k", "1 minute").expect("the first lease has expired");
+    let second = lease.fence;
     assert!(second > first, "fence {second} granted after {first}");
     let err = old_snapshot.query_one("SELECT fence.fence_guard('k', $1)", &[&first]).unwrap_err();
     assert_eq!(sqlstate(&err), "PF002", "a stale fence passed under an old snapshot: {err}");
@@ -362,8 +354,8 @@ fn the_guard_sees_the_latest_grant_under_repeatable_read() {
     let holds: bool = failed.query_one("SELECT fence.fence_holds('k', 0)", &[]).unwrap().get(0);
     assert!(!holds);
     // Both transactions are still open.
-    holder.query_one("SELECT fence.lease_renew('k', $1, '1 minute')", &[&token]).unwrap();
-    let released: bool = holder.query_one("SELECT fence.lease_release('k', $1)", &[&token]).unwrap().get(0);
+    lease.renew(&mut holder, "1 minute").unwrap();
+    let released = lease.release(&mut holder);
     assert!(released);
     passed.commit().unwrap();
     failed.commit().unwrap();
@@ -385,8 +377,7 @@ fn fenced_writes_follow_their_table_through_other_sessions_ddl() {
          INSERT INTO s.t VALUES (1, 0, '{}');",
     )
     .unwrap();
-    let fence: i64 =
-        writer.query_one("SELECT (fence.lease_acquire('k', '1 hour')).fence", &[]).unwrap().get(0);
+    let fence = acquire(&mut writer, "k", "1 hour").expect("the key is free").fence;
     let table: u32 = writer.query_one("SELECT 's.t'::regclass::oid", &[]).unwrap().get(0);
     let mut write = |changes: &str| -> Result<i64, postgres::Error> {
         let row = writer.query_one(
@@ -479,8 +470,7 @@ fn a_filter_follows_its_equality_operator_through_other_sessions_ddl() {
          INSERT INTO places VALUES (1, '(1,2)', 'before');",
     )
     .unwrap();
-    let fence: i64 =
-        writer.query_one("SELECT (fence.lease_acquire('k', '1 hour')).fence", &[]).unwrap().get(0);
+    let fence = acquire(&mut writer, "k", "1 hour").expect("the key is free").fence;
     let mut write = |name: &str| {
         writer.query_one(
             "SELECT fence.fenced_update('k', $1, 'places', jsonb_build_object('name', $2::text), '{\"at\": \"(1,2)\"}')",

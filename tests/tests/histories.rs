@@ -1,4 +1,4 @@
-//! Histories a server can be rolled onto (issue 15), made with real faults against real clusters: a
+//! Histories a server can be rolled onto, made with real faults against real clusters: a
 //! grant whose synchronous replication wait was cancelled or whose session was terminated, then a
 //! failover that loses it; point-in-time recovery to before some grants; the extension dropped and
 //! created again. (Failover to an asynchronous standby is in failover.rs, restored dumps in dump.rs.)
@@ -10,30 +10,25 @@
 //! fence it remembers; clock-floored fences pass because the clock has moved on meanwhile. Every
 //! test also checks that grants really were forgotten, so that it cannot pass by losing nothing.
 use pg_fence_integration::{
-    backend_pid, eventually, next_history, signal, sqlstate, wait_event, BaseBackup, Cluster, NextHistory,
-    ScratchDir,
+    acquire, backend_pid, eventually, next_history, signal, sqlstate, wait_event, Acquire, BaseBackup,
+    Cluster, Lease, NextHistory, ScratchDir,
 };
 use postgres::{Client, NoTls};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
-use uuid::Uuid;
 
-/// Grants `key` (it must be free) and records the fence in `issued`; returns the token.
-fn grant(client: &mut Client, key: &str, ttl: &str, issued: &mut Vec<(String, i64)>) -> Uuid {
-    let row = client
-        .query_one("SELECT fence, token FROM fence.lease_acquire($1, $2::text::interval)", &[&key, &ttl])
-        .unwrap();
-    let (fence, token): (Option<i64>, Option<Uuid>) = (row.get(0), row.get(1));
-    issued.push((key.to_string(), fence.unwrap_or_else(|| panic!("{key} is held"))));
-    token.unwrap()
+/// Grants `key` (it must be free) and records the fence in `issued`; returns the lease.
+fn grant(client: &mut Client, key: &str, ttl: &str, issued: &mut Vec<(String, i64)>) -> Lease {
+    let lease = acquire(client, key, ttl).unwrap_or_else(|| panic!("{key} is held"));
+    issued.push((key.to_string(), lease.fence));
+    lease
 }
 
 /// Grants and releases `key` `times` times, recording the fences.
 fn grant_and_release(client: &mut Client, key: &str, times: usize, issued: &mut Vec<(String, i64)>) {
     for _ in 0..times {
-        let token = grant(client, key, "1 hour", issued);
-        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap();
+        grant(client, key, "1 hour", issued).release(client);
     }
 }
 
@@ -85,9 +80,9 @@ fn interrupted_synchronous_wait(name: &str, ports: (u16, u16), interrupt: Interr
     let holder_pid = backend_pid(&mut holder);
     signal(walreceiver, "-STOP");
     let acquire = thread::spawn(move || {
-        holder
-            .query_one("SELECT (fence.lease_acquire('leader', '1 hour')).fence", &[])
-            .map(|row| row.get::<_, Option<i64>>(0).expect("leader is free"))
+        Acquire::new("leader", "1 hour")
+            .try_run(&mut holder)
+            .map(|lease| lease.expect("leader is free").fence)
     });
     let mut observer = primary.connect();
     let waits_for_standby = eventually(Duration::from_secs(20), || {

@@ -1,8 +1,8 @@
 //! Where pg_fence can be installed: only in UTF8 databases, whose text its Rust code reads as
 //! UTF-8. In any other encoding (LATIN1, or SQL_ASCII, which does not even check its bytes) a
-//! non-ASCII key made pg_fence 0.3.0 fail with an internal error (XX000); now CREATE EXTENSION
-//! refuses such a database up front, with the reason.
-use pg_fence_integration::{sqlstate, Cluster};
+//! non-ASCII key would fail with an internal error (XX000), so CREATE EXTENSION refuses such a
+//! database up front, with the reason.
+use pg_fence_integration::{acquire, sqlstate, Cluster};
 
 #[test]
 fn create_extension_refuses_a_database_that_is_not_utf8() {
@@ -31,9 +31,9 @@ fn create_extension_refuses_a_database_that_is_not_utf8() {
     client.batch_execute("CREATE EXTENSION pg_fence").unwrap();
     let keys = ["café", "cafe\u{301}", "Café", "ключ:1"];
     for key in keys {
-        let fence: Option<i64> =
-            client.query_one("SELECT (fence.lease_acquire($1, '1 minute')).fence", &[&key]).unwrap().get(0);
-        let fence = fence.unwrap_or_else(|| panic!("{key} was taken as another key"));
+        let fence = acquire(&mut client, key, "1 minute")
+            .unwrap_or_else(|| panic!("{key} was taken as another key"))
+            .fence;
         let current: Option<i64> =
             client.query_one("SELECT fence.current_fence($1)", &[&key]).unwrap().get(0);
         assert_eq!(current, Some(fence), "{key}");

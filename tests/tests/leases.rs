@@ -1,10 +1,9 @@
 //! Leases seen from real clients: many sessions racing for few keys, and a holder that outlives
 //! its TTL.
-use pg_fence_integration::{sqlstate, Cluster};
+use pg_fence_integration::{acquire, sqlstate, Acquire, Cluster, Lease};
 use rand::Rng;
 use std::thread;
 use std::time::Duration;
-use uuid::Uuid;
 
 /// 16 sessions x 2,000 attempts on 4 keys with short TTLs. Each grant is recorded in the same
 /// transaction that makes it, and each release records when the lease ended (server time), so the
@@ -29,22 +28,16 @@ fn racing_sessions_never_share_a_key_and_fences_strictly_increase() {
                 let mut rng = rand::thread_rng();
                 let mut granted = 0;
                 let mut stale_releases_accepted = 0;
-                let mut old_tokens: Vec<(String, Uuid)> = Vec::new();
+                let mut old_leases: Vec<Lease> = Vec::new();
                 for _ in 0..2_000 {
                     let key = format!("key-{}", rng.gen_range(0..4));
                     let ttl = format!("{} milliseconds", rng.gen_range(2..30));
                     let mut tx = client.transaction().unwrap();
-                    let row = tx
-                        .query_one(
-                            "SELECT (l).fence, (l).token FROM fence.lease_acquire($1, $2::text::interval) l",
-                            &[&key, &ttl],
-                        )
-                        .unwrap();
-                    let (fence, token): (Option<i64>, Option<Uuid>) = (row.get(0), row.get(1));
-                    let (Some(fence), Some(token)) = (fence, token) else {
+                    let Some(lease) = acquire(&mut tx, &key, &ttl) else {
                         tx.commit().unwrap();
                         continue;
                     };
+                    let (fence, token) = (lease.fence, lease.token);
                     tx.execute(
                         "INSERT INTO grants SELECT key, fence, acquired_at, expires_at
                            FROM fence.leases WHERE key = $1",
@@ -54,12 +47,8 @@ fn racing_sessions_never_share_a_key_and_fences_strictly_increase() {
                     tx.commit().unwrap();
                     granted += 1;
                     // A token whose lease was released must never end anyone's lease (invariant 4).
-                    if let Some((old_key, old_token)) = old_tokens.pop() {
-                        let ended: bool = client
-                            .query_one("SELECT fence.lease_release($1, $2)", &[&old_key, &old_token])
-                            .unwrap()
-                            .get(0);
-                        stale_releases_accepted += i32::from(ended);
+                    if let Some(old) = old_leases.pop() {
+                        stale_releases_accepted += i32::from(old.release(&mut client));
                     }
                     if rng.gen_bool(0.2) {
                         // Renew, recording the new end with it; the lease may already have expired
@@ -78,10 +67,8 @@ fn racing_sessions_never_share_a_key_and_fences_strictly_increase() {
                         thread::sleep(Duration::from_millis(rng.gen_range(1..20)));
                     }
                     let mut tx = client.transaction().unwrap();
-                    let released: bool =
-                        tx.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
-                    if released {
-                        old_tokens.push((key.clone(), token));
+                    if lease.release(&mut tx) {
+                        old_leases.push(lease);
                         // After release, the view's expires_at is the moment the lease ended.
                         tx.execute(
                             "UPDATE grants g SET ends_at = l.expires_at FROM fence.leases l
@@ -144,20 +131,19 @@ fn an_expired_holder_is_taken_over_and_cannot_renew_or_release() {
     let cluster = Cluster::start("takeover", 26102, &[]);
     let mut a = cluster.connect();
     let mut b = cluster.connect();
-    let acquire = "SELECT (l).fence, (l).token FROM fence.lease_acquire('job', '1 second', $1) l";
+    let acquire = |owner| Acquire::new("job", "1 second").owner(owner);
 
-    let row = a.query_one(acquire, &[&"A"]).unwrap();
-    let (a_fence, a_token): (i64, Uuid) = (row.get(0), row.get(1));
-    assert!(b.query_one(acquire, &[&"B"]).unwrap().get::<_, Option<i64>>(0).is_none(), "A still holds it");
+    let a_lease = acquire("A").run(&mut a).expect("the key is free");
+    let a_fence = a_lease.fence;
+    assert!(acquire("B").run(&mut b).is_none(), "A still holds it");
 
     thread::sleep(Duration::from_millis(1_500));
-    let row = b.query_one(acquire, &[&"B"]).unwrap();
-    let b_fence: i64 = row.get(0);
+    let b_fence = acquire("B").run(&mut b).expect("A's lease has expired").fence;
     assert!(b_fence > a_fence, "fence {b_fence} granted after {a_fence}");
 
-    let err = a.query_one("SELECT fence.lease_renew('job', $1, '1 second')", &[&a_token]).unwrap_err();
+    let err = a_lease.renew(&mut a, "1 second").unwrap_err();
     assert_eq!(sqlstate(&err), "PF001", "{err}");
-    let released: bool = a.query_one("SELECT fence.lease_release('job', $1)", &[&a_token]).unwrap().get(0);
+    let released = a_lease.release(&mut a);
     assert!(!released);
 
     let row = b.query_one("SELECT owner, fence, live FROM fence.leases WHERE key = 'job'", &[]).unwrap();
@@ -175,66 +161,55 @@ fn calls_that_change_nothing_never_hold_up_the_holder() {
     let mut holder = cluster.connect();
     let mut other = cluster.connect();
     holder.batch_execute("SET lock_timeout = '2s'").unwrap();
-    let row = holder
-        .query_one("SELECT (l).fence, (l).token FROM fence.lease_acquire('k', '1 minute') l", &[])
-        .unwrap();
-    let (fence, token): (i64, Uuid) = (row.get(0), row.get(1));
+    let lease = acquire(&mut holder, "k", "1 minute").expect("the key is free");
+    let fence = lease.fence;
 
     // (A renew with a wrong token raises PF001, and the failed transaction holds nothing.)
     let mut open = other.transaction().unwrap();
-    let refused: Option<i64> =
-        open.query_one("SELECT (fence.lease_acquire('k', '1 minute')).fence", &[]).unwrap().get(0);
+    let refused = acquire(&mut open, "k", "1 minute");
     assert!(refused.is_none());
     let released: bool =
         open.query_one("SELECT fence.lease_release('k', gen_random_uuid())", &[]).unwrap().get(0);
     assert!(!released);
 
     // The other session's transaction is still open; the holder goes on unhindered.
-    holder.query_one("SELECT fence.lease_renew('k', $1, '1 minute')", &[&token]).unwrap();
-    let released: bool = holder.query_one("SELECT fence.lease_release('k', $1)", &[&token]).unwrap().get(0);
+    lease.renew(&mut holder, "1 minute").unwrap();
+    let released = lease.release(&mut holder);
     assert!(released);
-    let next: Option<i64> =
-        holder.query_one("SELECT (fence.lease_acquire('k', '1 minute')).fence", &[]).unwrap().get(0);
-    let next = next.expect("the next grant was refused");
+    let next = acquire(&mut holder, "k", "1 minute").expect("the next grant was refused").fence;
     assert!(next > fence, "fence {next} granted after {fence}");
     open.rollback().unwrap();
 }
 
-/// Two keys whose public FNV-1a hashes collide (found by a one-core search in 40 s), as pg_fence
-/// 0.3.0 named their locks by: whoever held one in an open transaction held up the other's holder.
-/// With the lock hash keyed by the database's secret, the pair is just two keys.
+/// Two keys whose public FNV-1a hashes collide (found by a one-core search in 40 s): with locks named
+/// by a public hash, whoever held one in an open transaction would hold up the other's holder. With
+/// the lock hash keyed by the database's secret, the pair is just two keys.
 #[test]
 fn keys_with_colliding_public_hashes_do_not_share_a_lock() {
     let cluster = Cluster::start("collision", 26104, &[]);
     let (first, second) = ("job:s3vvE6-lLIJ", "job:QVOjj7kHtmH");
     let mut holder = cluster.connect();
     holder.batch_execute("SET lock_timeout = '2s'").unwrap();
-    let row = holder
-        .query_one("SELECT (l).fence, (l).token FROM fence.lease_acquire($1, '1 minute') l", &[&second])
-        .unwrap();
-    let (second_fence, token): (i64, Uuid) = (row.get(0), row.get(1));
+    let lease = acquire(&mut holder, second, "1 minute").expect("the key is free");
+    let second_fence = lease.fence;
 
     let mut other = cluster.connect();
     let mut open = other.transaction().unwrap();
-    let granted: Option<i64> =
-        open.query_one("SELECT (fence.lease_acquire($1, '1 minute')).fence", &[&first]).unwrap().get(0);
+    let granted = acquire(&mut open, first, "1 minute");
     assert!(granted.is_some(), "{first} was taken as {second}");
 
     // The other key's transaction is open and holds its key lock; the holder goes on unhindered.
-    holder.query_one("SELECT fence.lease_renew($1, $2, '1 minute')", &[&second, &token]).unwrap();
-    let released: bool =
-        holder.query_one("SELECT fence.lease_release($1, $2)", &[&second, &token]).unwrap().get(0);
+    lease.renew(&mut holder, "1 minute").unwrap();
+    let released = lease.release(&mut holder);
     assert!(released);
-    let next: Option<i64> =
-        holder.query_one("SELECT (fence.lease_acquire($1, '1 minute')).fence", &[&second]).unwrap().get(0);
-    let next = next.expect("the next grant was refused");
+    let next = acquire(&mut holder, second, "1 minute").expect("the next grant was refused").fence;
     assert!(next > second_fence, "fence {next} granted after {second_fence}");
     open.rollback().unwrap();
 }
 
 /// `wait => 0` (the default) answers at once: a key that another session's open transaction is
 /// granting, or releasing, counts as held, and a key whose expired lease is still being written under
-/// (a guard in an open transaction) too. pg_fence 0.3.0 waited for such transactions to end, forever
+/// (a guard in an open transaction) too. Waiting for such transactions to end could last forever
 /// without a statement_timeout.
 #[test]
 fn an_acquire_without_wait_never_waits() {
@@ -244,17 +219,16 @@ fn an_acquire_without_wait_never_waits() {
     client.batch_execute("SET statement_timeout = '5s'").unwrap();
     let try_acquire = |client: &mut postgres::Client, key: &str| -> (Option<i64>, std::time::Duration) {
         let started = std::time::Instant::now();
-        let fence = client
-            .query_one("SELECT (fence.lease_acquire($1, '1 minute')).fence", &[&key])
+        let lease = Acquire::new(key, "1 minute")
+            .try_run(client)
             .map_err(|e| sqlstate(&e))
-            .expect("the acquire waited")
-            .get(0);
-        (fence, started.elapsed())
+            .expect("the acquire waited");
+        (lease.map(|lease| lease.fence), started.elapsed())
     };
 
     // Granted in an open transaction.
     let mut open = other.transaction().unwrap();
-    open.query_one("SELECT fence.lease_acquire('granting', '1 minute')", &[]).unwrap();
+    acquire(&mut open, "granting", "1 minute");
     let (fence, took) = try_acquire(&mut client, "granting");
     assert_eq!(fence, None);
     assert!(took < Duration::from_secs(2), "took {took:?}");
@@ -262,22 +236,17 @@ fn an_acquire_without_wait_never_waits() {
     assert!(try_acquire(&mut client, "granting").0.is_some(), "not free again after the rollback");
 
     // Released in an open transaction: not released until it commits.
-    let row = other
-        .query_one("SELECT (l).fence, (l).token FROM fence.lease_acquire('releasing', '1 minute') l", &[])
-        .unwrap();
-    let (released, token): (i64, Uuid) = (row.get(0), row.get(1));
+    let releasing = acquire(&mut other, "releasing", "1 minute").expect("the key is free");
+    let released = releasing.fence;
     let mut open = other.transaction().unwrap();
-    open.query_one("SELECT fence.lease_release('releasing', $1)", &[&token]).unwrap();
+    releasing.release(&mut open);
     assert_eq!(try_acquire(&mut client, "releasing").0, None);
     open.commit().unwrap();
     let next = try_acquire(&mut client, "releasing").0.expect("not free after the release committed");
     assert!(next > released, "fence {next} granted after {released}");
 
     // Expired, with a write under its fence still open.
-    let fence: i64 = other
-        .query_one("SELECT (fence.lease_acquire('written', '200 milliseconds')).fence", &[])
-        .unwrap()
-        .get(0);
+    let fence = acquire(&mut other, "written", "200 milliseconds").expect("the key is free").fence;
     let mut open = other.transaction().unwrap();
     open.query_one("SELECT fence.fence_guard('written', $1)", &[&fence]).unwrap();
     thread::sleep(Duration::from_millis(300));

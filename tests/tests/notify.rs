@@ -1,6 +1,6 @@
 //! NOTIFY events on channel pg_fence, seen by a LISTENing client: one per lease change, delivered
 //! only when the change commits.
-use pg_fence_integration::Cluster;
+use pg_fence_integration::{acquire, Cluster};
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::Client;
 use std::time::Duration;
@@ -34,30 +34,28 @@ fn every_lease_change_is_announced_at_commit() {
     let mut listener = cluster.connect();
     listener.batch_execute("LISTEN pg_fence").unwrap();
     let mut client = cluster.connect();
-    client.query_one("SELECT fence.lease_acquire('quiet', '1 minute')", &[]).unwrap();
+    acquire(&mut client, "quiet", "1 minute");
     assert!(received(&mut listener).is_empty(), "announced with pg_fence.notify off (the default)");
     client.batch_execute("SET pg_fence.notify = on").unwrap();
 
     let mut tx = client.transaction().unwrap();
-    let row =
-        tx.query_one("SELECT (l).fence, (l).token FROM fence.lease_acquire('k', '1 minute') l", &[]).unwrap();
-    let (fence, token): (i64, uuid::Uuid) = (row.get(0), row.get(1));
+    let lease = acquire(&mut tx, "k", "1 minute").expect("the key is free");
+    let fence = lease.fence;
     assert!(received(&mut listener).is_empty(), "announced before commit");
     tx.commit().unwrap();
     let events = received(&mut listener);
     assert!(events.len() == 1 && event(&events[0], "acquired", "k", fence), "{events:?}");
 
-    client.query_one("SELECT fence.lease_release('k', $1)", &[&token]).unwrap();
+    lease.release(&mut client);
     let events = received(&mut listener);
     assert!(events.len() == 1 && event(&events[0], "released", "k", fence), "{events:?}");
 
     let mut tx = client.transaction().unwrap();
-    tx.query_one("SELECT fence.lease_acquire('rolled-back', '1 minute')", &[]).unwrap();
+    acquire(&mut tx, "rolled-back", "1 minute");
     tx.rollback().unwrap();
     assert!(received(&mut listener).is_empty(), "a rolled-back grant was announced");
 
-    let next: i64 =
-        client.query_one("SELECT (fence.lease_acquire('k', '1 minute')).fence", &[]).unwrap().get(0);
+    let next = acquire(&mut client, "k", "1 minute").expect("the key was released").fence;
     assert!(next > fence, "fence {next} granted after {fence}");
     client.query_one("SELECT fence.lease_revoke('k')", &[]).unwrap();
     let events = received(&mut listener);
@@ -68,10 +66,7 @@ fn every_lease_change_is_announced_at_commit() {
         "{events:?}"
     );
 
-    let short: i64 = client
-        .query_one("SELECT (fence.lease_acquire('short', '10 milliseconds')).fence", &[])
-        .unwrap()
-        .get(0);
+    let short = acquire(&mut client, "short", "10 milliseconds").expect("the key is free").fence;
     std::thread::sleep(Duration::from_millis(50));
     client.query_one("SELECT fence.sweep()", &[]).unwrap();
     let events = received(&mut listener);
@@ -89,8 +84,7 @@ fn a_forged_event_looks_real_and_fence_leases_tells_the_truth() {
     admin.batch_execute("CREATE ROLE forger LOGIN; SET pg_fence.notify = on").unwrap();
     let mut listener = cluster.connect();
     listener.batch_execute("LISTEN pg_fence").unwrap();
-    let fence: i64 =
-        admin.query_one("SELECT (fence.lease_acquire('job', '1 minute')).fence", &[]).unwrap().get(0);
+    let fence = acquire(&mut admin, "job", "1 minute").expect("the key is free").fence;
     let real = received(&mut listener);
     assert!(real.len() == 1 && event(&real[0], "acquired", "job", fence), "{real:?}");
 

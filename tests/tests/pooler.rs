@@ -7,7 +7,7 @@
 //!
 //! Needs Debian's pgbouncer at /usr/sbin/pgbouncer (pg_test/setup installs it). It refuses to run as
 //! root, so it runs as the postgres user, in the foreground, as a child process killed on drop.
-use pg_fence_integration::{eventually, sqlstate, Cluster};
+use pg_fence_integration::{acquire, eventually, sqlstate, Acquire, Cluster};
 use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls, Row};
 use std::collections::BTreeSet;
@@ -20,7 +20,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
-use uuid::Uuid;
 
 const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
 /// Bounds how long a broken test hangs; never a measure of speed.
@@ -136,26 +135,6 @@ fn one(
     client.query_typed_one(sql, params)
 }
 
-fn acquire(client: &mut Client, key: &str, session_bound: bool) -> Option<(i64, Uuid)> {
-    let row = one(
-        client,
-        "SELECT fence, token FROM fence.lease_acquire($1, '1 hour', session_bound => $2)",
-        &[(&key, Type::TEXT), (&session_bound, Type::BOOL)],
-    )
-    .unwrap();
-    row.get::<_, Option<i64>>(0).map(|fence| (fence, row.get(1)))
-}
-
-fn renew(client: &mut Client, key: &str, token: Uuid) -> Result<Row, postgres::Error> {
-    one(client, "SELECT fence.lease_renew($1, $2, '1 hour')", &[(&key, Type::TEXT), (&token, Type::UUID)])
-}
-
-fn release(client: &mut Client, key: &str, token: Uuid) -> bool {
-    one(client, "SELECT fence.lease_release($1, $2)", &[(&key, Type::TEXT), (&token, Type::UUID)])
-        .unwrap()
-        .get(0)
-}
-
 /// fenced_update of row `id` of table items: records the key as its writer.
 fn fenced_update(client: &mut Client, key: &str, fence: i64, id: i32) -> Result<i64, postgres::Error> {
     one(
@@ -209,21 +188,22 @@ fn leases_and_fenced_writes_work_across_pooled_connections() {
         .unwrap();
     let mut clients: Vec<Client> = (0..CLIENTS).map(|_| bouncer.connect()).collect();
 
-    let (fence, token) = acquire(&mut clients[0], "job", false).unwrap();
-    renew(&mut clients[1], "job", token).unwrap();
+    let job = acquire(&mut clients[0], "job", "1 hour").unwrap();
+    let fence = job.fence;
+    job.renew(&mut clients[1], "1 hour").unwrap();
     assert_eq!(guarded_increment(&mut clients[2], "job", fence, 0).unwrap(), 1);
     assert_eq!(fenced_update(&mut clients[3], "job", fence, 0).unwrap(), 1);
     let err = fenced_update(&mut clients[4], "job", fence + 1, 0).unwrap_err();
     assert_eq!(sqlstate(&err), "PF002", "a fence from the future: {err}");
-    assert!(release(&mut clients[5], "job", token), "the token from another client released nothing");
-    assert!(!release(&mut clients[6], "job", token), "a second release ended a lease");
-    let (next_fence, _) = acquire(&mut clients[7], "job", false).expect("the key was released");
+    assert!(job.release(&mut clients[5]), "the token from another client released nothing");
+    assert!(!job.release(&mut clients[6]), "a second release ended a lease");
+    let next_fence = acquire(&mut clients[7], "job", "1 hour").expect("the key was released").fence;
     assert!(next_fence > fence, "fence {next_fence} granted after {fence}");
     let err = fenced_update(&mut clients[0], "job", fence, 0).unwrap_err();
     assert_eq!(sqlstate(&err), "PF002", "the old holder's write: {err}");
     let err = guarded_increment(&mut clients[1], "job", fence, 0).unwrap_err();
     assert_eq!(sqlstate(&err), "PF002", "the old holder's guarded write: {err}");
-    let err = renew(&mut clients[2], "job", token).unwrap_err();
+    let err = job.renew(&mut clients[2], "1 hour").unwrap_err();
     assert_eq!(sqlstate(&err), "PF001", "the old holder's renewal: {err}");
 
     // All clients at once. Each records the server backends its statements ran on.
@@ -237,13 +217,13 @@ fn leases_and_fenced_writes_work_across_pooled_connections() {
                 let (key, id) = (format!("worker-{i}"), i as i32);
                 let mut fences = Vec::new();
                 for _ in 0..ROUNDS {
-                    let (fence, token) =
-                        acquire(&mut client, &key, false).expect("nobody else uses this key");
+                    let lease = acquire(&mut client, &key, "1 hour").expect("nobody else uses this key");
+                    let fence = lease.fence;
                     assert_eq!(guarded_increment(&mut client, &key, fence, id).unwrap(), 1);
                     assert_eq!(fenced_update(&mut client, &key, fence, id).unwrap(), 1);
-                    renew(&mut client, &key, token).unwrap();
+                    lease.renew(&mut client, "1 hour").unwrap();
                     backends.lock().unwrap().insert(backend_pid(&mut client));
-                    assert!(release(&mut client, &key, token));
+                    assert!(lease.release(&mut client));
                     fences.push(fence);
                 }
                 fences
@@ -287,7 +267,7 @@ fn a_session_bound_lease_behind_transaction_pooling_ends_with_the_server_connect
 
     let mut holder = bouncer.connect();
     let server_pid = backend_pid(&mut holder);
-    let (fence, _) = acquire(&mut holder, "leader", true).unwrap();
+    let fence = Acquire::new("leader", "1 hour").session_bound(true).run(&mut holder).unwrap().fence;
     let session_pid: Option<i32> =
         admin.query_one("SELECT session_pid FROM fence.leases WHERE key = 'leader'", &[]).unwrap().get(0);
     assert_eq!(session_pid, Some(server_pid), "the lease is bound to the server connection");
@@ -304,13 +284,16 @@ fn a_session_bound_lease_behind_transaction_pooling_ends_with_the_server_connect
     let live: bool =
         admin.query_one("SELECT live FROM fence.leases WHERE key = 'leader'", &[]).unwrap().get(0);
     assert!(live, "the lease ended with the client, although its server connection is still there");
-    assert!(acquire(&mut admin, "leader", false).is_none(), "a direct client took the key");
+    assert!(acquire(&mut admin, "leader", "1 hour").is_none(), "a direct client took the key");
 
     // The next client of the pool is served on the same server connection, the holder's "session":
     // it sees the lease as held too, although its own client never took it.
     let mut next = bouncer.connect();
     assert_eq!(backend_pid(&mut next), server_pid);
-    assert!(acquire(&mut next, "leader", true).is_none(), "the next client of the pool took the key");
+    assert!(
+        Acquire::new("leader", "1 hour").session_bound(true).run(&mut next).is_none(),
+        "the next client of the pool took the key"
+    );
     drop(next);
 
     // Ending the server connection ends the lease: a client of the pool (on a new server
@@ -320,9 +303,7 @@ fn a_session_bound_lease_behind_transaction_pooling_ends_with_the_server_connect
     let mut granted = None;
     let taken = eventually(GENEROUS, || {
         granted = bouncer.try_connect().ok().and_then(|mut client| {
-            one(&mut client, "SELECT fence FROM fence.lease_acquire('leader', '1 hour')", &[])
-                .ok()
-                .and_then(|row| row.get::<_, Option<i64>>(0))
+            Acquire::new("leader", "1 hour").try_run(&mut client).ok().flatten().map(|lease| lease.fence)
         });
         granted.is_some()
     });

@@ -1,7 +1,7 @@
 //! fence.stats: the counters move exactly as a workload says they should, they are not kept
 //! without preload (NULLs, not zeros) or with pg_fence.track_stats off, and any role may read
 //! them while only fence_admin may reset them.
-use pg_fence_integration::{comes_to_wait_on, sqlstate, Cluster};
+use pg_fence_integration::{acquire, backend_pid, comes_to_wait_on, sqlstate, Acquire, Cluster, Lease};
 use postgres::Client;
 use std::thread;
 use std::time::Duration;
@@ -38,12 +38,6 @@ fn counters(client: &mut Client) -> Vec<(String, f64)> {
     COUNTERS.iter().enumerate().map(|(i, name)| (name.to_string(), row.get::<_, f64>(i))).collect()
 }
 
-fn acquire(client: &mut Client, key: &str, extra: &str) -> Option<(i64, Uuid)> {
-    let sql = format!("SELECT fence, token FROM fence.lease_acquire($1, '30 s'{extra})");
-    let row = client.query_one(&sql, &[&key]).unwrap();
-    row.get::<_, Option<i64>>(0).map(|fence| (fence, row.get(1)))
-}
-
 #[test]
 fn the_counters_move_as_the_workload_says() {
     let cluster = preloaded("stats_moves", 27470);
@@ -52,19 +46,19 @@ fn the_counters_move_as_the_workload_says() {
     assert!(counters(&mut c).iter().all(|(_, value)| *value == 0.0), "reset to zero");
 
     // 5 durable and 2 fast grants; 3 refused acquires.
-    let mut held: Vec<(String, i64, Uuid)> = Vec::new();
+    let mut held: Vec<Lease> = Vec::new();
     for n in 0..7 {
         let key = format!("k{n}");
-        let extra = if n >= 5 { ", durable => false" } else { "" };
-        let (fence, token) = acquire(&mut c, &key, extra).unwrap();
-        held.push((key, fence, token));
+        let grant = Acquire::new(&key, "30 s");
+        let grant = if n >= 5 { grant.durable(false) } else { grant };
+        held.push(grant.run(&mut c).unwrap());
     }
     for n in 0..3 {
-        assert!(acquire(&mut c, &format!("k{n}"), "").is_none());
+        assert!(acquire(&mut c, &format!("k{n}"), "30 s").is_none());
     }
     // 4 renewals; 2 refused as lease lost.
-    for (key, _, token) in &held[..4] {
-        c.execute("SELECT fence.lease_renew($1, $2, '30 s')", &[key, token]).unwrap();
+    for lease in &held[..4] {
+        lease.renew(&mut c, "30 s").unwrap();
     }
     for _ in 0..2 {
         let err = c
@@ -73,7 +67,7 @@ fn the_counters_move_as_the_workload_says() {
         assert_eq!(sqlstate(&err), "PF001");
     }
     // 2 guards accepted, 1 refused; a fenced_write refused.
-    let (key0, fence0, _) = held[0].clone();
+    let (key0, fence0) = (held[0].key.clone(), held[0].fence);
     for _ in 0..2 {
         c.execute("SELECT fence.fence_guard($1, $2)", &[&key0, &fence0]).unwrap();
     }
@@ -88,33 +82,26 @@ fn the_counters_move_as_the_workload_says() {
         .unwrap_err();
     assert_eq!(sqlstate(&err), "PF002");
     // 3 releases, 1 stale (a second release of the same lease); 1 revocation.
-    for (key, _, token) in &held[1..4] {
-        c.execute("SELECT fence.lease_release($1, $2)", &[key, token]).unwrap();
+    for lease in &held[1..4] {
+        lease.release(&mut c);
     }
-    c.execute("SELECT fence.lease_release($1, $2)", &[&held[1].0, &held[1].2]).unwrap();
+    held[1].release(&mut c);
     c.execute("SELECT fence.lease_revoke('k4')", &[]).unwrap();
     // Waits: one that runs out, one granted when the holder releases.
-    assert!(acquire(&mut c, "k0", ", wait => '200 ms'").is_none());
-    let port = cluster.port();
-    let waiter = thread::spawn(move || {
-        let mut w = Client::connect(
-            &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
-            postgres::NoTls,
-        )
-        .unwrap();
-        acquire(&mut w, "k0", ", wait => '30 s'").is_some()
-    });
+    assert!(Acquire::new("k0", "30 s").wait("200 ms").run(&mut c).is_none());
+    let mut w = cluster.connect();
+    let waiter_pid = backend_pid(&mut w);
+    let waiter = thread::spawn(move || Acquire::new("k0", "30 s").wait("30 s").run(&mut w).is_some());
     let mut observer = cluster.connect();
-    let waiter_pid: i32 = eventually_waiting_pid(&mut observer);
     assert!(comes_to_wait_on(&mut observer, waiter_pid, "Extension"));
-    c.execute("SELECT fence.lease_release($1, $2)", &[&held[0].0, &held[0].2]).unwrap();
+    held[0].release(&mut c);
     assert!(waiter.join().unwrap(), "the waiter got the key");
     // A session-bound lease whose session ends; an expired lease the sweep ends.
     let mut bound = cluster.connect();
-    assert!(acquire(&mut bound, "bound", ", session_bound => true").is_some());
+    assert!(Acquire::new("bound", "30 s").session_bound(true).run(&mut bound).is_some());
     drop(bound);
     let mut expiring = cluster.connect();
-    expiring.execute("SELECT fence.lease_acquire('expiring', '1 ms')", &[]).unwrap();
+    acquire(&mut expiring, "expiring", "1 ms");
     thread::sleep(Duration::from_millis(50));
     let swept =
         |c: &mut Client| c.query_one("SELECT expiries_swept FROM fence.stats", &[]).unwrap().get::<_, i64>(0);
@@ -150,24 +137,11 @@ fn the_counters_move_as_the_workload_says() {
     assert!(value("wait_time_max_ms") <= value("wait_time_total_ms"));
 }
 
-/// The pid of the session waiting in lease_acquire.
-fn eventually_waiting_pid(observer: &mut Client) -> i32 {
-    let mut pid = None;
-    assert!(pg_fence_integration::eventually(Duration::from_secs(20), || {
-        pid = observer
-            .query_opt("SELECT pid FROM pg_stat_activity WHERE query LIKE '%wait => ''30 s''%' AND pid <> pg_backend_pid()", &[])
-            .unwrap()
-            .map(|row| row.get(0));
-        pid.is_some()
-    }));
-    pid.unwrap()
-}
-
 #[test]
 fn without_preload_or_with_tracking_off_nothing_is_counted() {
     let plain = Cluster::start("stats_plain", 27471, &[]);
     let mut c = plain.connect();
-    acquire(&mut c, "k", "").unwrap();
+    acquire(&mut c, "k", "30 s").unwrap();
     let row = c.query_one("SELECT available, since, grants_durable FROM fence.stats", &[]).unwrap();
     assert_eq!((row.get::<_, bool>(0), row.get::<_, Option<i64>>(2)), (false, None), "NULLs, not zeros");
     assert!(!c.query_one("SELECT fence.stats_reset()", &[]).unwrap().get::<_, bool>(0));
@@ -179,7 +153,7 @@ fn without_preload_or_with_tracking_off_nothing_is_counted() {
     let show = |c: &mut Client| c.query_one("SHOW pg_fence.track_stats", &[]).unwrap().get::<_, String>(0);
     assert!(pg_fence_integration::eventually(Duration::from_secs(20), || show(&mut off.connect()) == "off"));
     let mut c = off.connect();
-    acquire(&mut c, "k", "").unwrap();
+    acquire(&mut c, "k", "30 s").unwrap();
     let row = c.query_one("SELECT available, grants_durable FROM fence.stats", &[]).unwrap();
     assert_eq!((row.get::<_, bool>(0), row.get::<_, Option<i64>>(1)), (true, Some(0)));
 }
@@ -190,7 +164,7 @@ fn any_role_reads_them_and_only_fence_admin_resets_them() {
     let mut c = cluster.connect();
     c.batch_execute("CREATE ROLE watcher LOGIN; CREATE ROLE operator LOGIN IN ROLE fence_admin; CREATE ROLE app LOGIN IN ROLE fence_user")
         .unwrap();
-    acquire(&mut c, "k", "").unwrap();
+    acquire(&mut c, "k", "30 s").unwrap();
     let mut watcher = cluster.connect_as("watcher");
     let grants: i64 = watcher.query_one("SELECT grants_durable FROM fence.stats", &[]).unwrap().get(0);
     assert_eq!(grants, 1);
@@ -220,7 +194,7 @@ fn the_exporter_query_runs_and_lists_every_column_it_returns() {
         file.lines().filter_map(|l| l.trim().strip_prefix("- ").and_then(|m| m.strip_suffix(':'))).collect();
     let cluster = preloaded("stats_exporter", 27474);
     let mut c = cluster.connect();
-    acquire(&mut c, "k", "").unwrap();
+    acquire(&mut c, "k", "30 s").unwrap();
     let row = c.query_one(query, &[]).unwrap();
     let columns: Vec<&str> = row.columns().iter().map(|col| col.name()).collect();
     assert_eq!(columns, metrics);

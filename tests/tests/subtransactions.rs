@@ -1,8 +1,7 @@
 //! Invariant 3 under subtransactions: a guard taken inside a subtransaction that rolls back (ROLLBACK
 //! TO SAVEPOINT, or a PL/pgSQL EXCEPTION block that caught an error) still holds back the key's next
 //! grant until the top-level transaction ends, because the writes made after it are made under it.
-use pg_fence_integration::Cluster;
-use postgres::Client;
+use pg_fence_integration::{acquire, Acquire, Cluster};
 use std::thread;
 use std::time::Duration;
 
@@ -19,11 +18,6 @@ const SETUP: &str = "
     END $$;
     INSERT INTO resource VALUES (1, 'initial', 0);";
 
-/// Acquires the key with a 300 ms lease and returns its fence.
-fn acquire_briefly(client: &mut Client, key: &str) -> i64 {
-    client.query_one("SELECT (fence.lease_acquire($1, '300 milliseconds')).fence", &[&key]).unwrap().get(0)
-}
-
 /// After the lease under which `writer` wrote has expired, and while `writer`'s transaction is still
 /// open, another session's grant must wait for it: an acquire waiting half a second gets nothing.
 /// Then the writer commits, and the grant goes through with a higher fence.
@@ -38,12 +32,11 @@ fn assert_grant_waits_for(cluster: &Cluster, mut writer: postgres::Transaction, 
     assert_eq!(locks, 1, "the guard's key lock went with its subtransaction");
     thread::sleep(Duration::from_millis(400)); // the lease has expired
     let mut acquirer = cluster.connect();
-    let grant = "SELECT (fence.lease_acquire($1, '1 minute', wait => '500 milliseconds')).fence";
-    let granted: Option<i64> = acquirer.query_one(grant, &[&key]).unwrap().get(0);
+    let grant = Acquire::new(key, "1 minute").wait("500 milliseconds");
+    let granted = grant.run(&mut acquirer).map(|lease| lease.fence);
     assert_eq!(granted, None, "a grant went ahead while a write under fence {fence} was still to commit");
     writer.commit().unwrap();
-    let next: Option<i64> = acquirer.query_one(grant, &[&key]).unwrap().get(0);
-    let next = next.expect("not granted after the writer committed");
+    let next = grant.run(&mut acquirer).expect("not granted after the writer committed").fence;
     assert!(next > fence, "fence {next} granted after {fence}");
 }
 
@@ -52,7 +45,7 @@ fn a_guard_rolled_back_to_a_savepoint_still_holds_back_the_next_grant() {
     let cluster = Cluster::start("guard_savepoint", 26412, &[]);
     let mut client = cluster.connect();
     client.batch_execute(SETUP).unwrap();
-    let fence = acquire_briefly(&mut client, "sub:savepoint");
+    let fence = acquire(&mut client, "sub:savepoint", "300 milliseconds").expect("the key is free").fence;
     let mut writer = client.transaction().unwrap();
     writer.batch_execute("SAVEPOINT s").unwrap();
     writer.query_one("SELECT fence.fence_guard('sub:savepoint', $1)", &[&fence]).unwrap();
@@ -66,7 +59,7 @@ fn a_guard_in_an_exception_block_still_holds_back_the_next_grant() {
     let cluster = Cluster::start("guard_exception", 26413, &[]);
     let mut client = cluster.connect();
     client.batch_execute(SETUP).unwrap();
-    let fence = acquire_briefly(&mut client, "sub:upsert");
+    let fence = acquire(&mut client, "sub:upsert", "300 milliseconds").expect("the key is free").fence;
     let mut writer = client.transaction().unwrap();
     writer.execute("SELECT guarded_upsert('sub:upsert', $1, 'upserted')", &[&fence]).unwrap();
     let value: String = writer.query_one("SELECT value FROM resource WHERE id = 1", &[]).unwrap().get(0);

@@ -1,5 +1,5 @@
 //! The sweeper background worker, in a cluster with pg_fence in shared_preload_libraries.
-use pg_fence_integration::{eventually, sqlstate, Cluster};
+use pg_fence_integration::{acquire, eventually, sqlstate, Acquire, Cluster};
 use postgres::Client;
 use std::thread;
 use std::time::Duration;
@@ -30,7 +30,7 @@ fn the_sweeper_sweeps_reloads_and_comes_back() {
     let mut client = cluster.connect();
     assert!(eventually(Duration::from_secs(10), || worker_pid(&mut client).is_some()), "no sweeper worker");
 
-    client.query_one("SELECT fence.lease_acquire('k', '10 milliseconds')", &[]).unwrap();
+    acquire(&mut client, "k", "10 milliseconds");
     thread::sleep(Duration::from_millis(300));
     assert_eq!(unswept(&mut client), 1, "swept before its interval of an hour");
 
@@ -49,7 +49,7 @@ fn the_sweeper_sweeps_reloads_and_comes_back() {
         eventually(Duration::from_secs(15), || worker_pid(&mut client).is_some_and(|new| new != pid)),
         "the sweeper was not restarted"
     );
-    client.query_one("SELECT fence.lease_acquire('k2', '10 milliseconds')", &[]).unwrap();
+    acquire(&mut client, "k2", "10 milliseconds");
     assert!(
         eventually(Duration::from_secs(5), || unswept(&mut client) == 0),
         "the restarted sweeper does not sweep"
@@ -69,7 +69,7 @@ fn the_sweeper_waits_for_the_extension() {
     thread::sleep(Duration::from_millis(500));
     assert!(worker_pid(&mut client).is_some(), "the worker died without the extension");
     client.batch_execute("CREATE EXTENSION pg_fence").unwrap();
-    client.query_one("SELECT fence.lease_acquire('k', '10 milliseconds')", &[]).unwrap();
+    acquire(&mut client, "k", "10 milliseconds");
     assert!(
         eventually(Duration::from_secs(5), || unswept(&mut client) == 0),
         "nothing swept after CREATE EXTENSION"
@@ -102,9 +102,8 @@ fn a_sweep_by_hand_frees_expired_leases_and_is_for_fence_admin_in_its_own_transa
     assert_eq!((row.get::<_, i64>(2), row.get::<_, i64>(3)), (1, 0));
     let swept_fence: i64 =
         client.query_one("SELECT fence FROM fence.lease_state WHERE key = 'expired'", &[]).unwrap().get(0);
-    let next: Option<i64> =
-        client.query_one("SELECT (fence.lease_acquire('expired', '1 minute')).fence", &[]).unwrap().get(0);
-    assert!(next.expect("the swept key is free") > swept_fence, "sweeping lowered the fence");
+    let next = acquire(&mut client, "expired", "1 minute").expect("the swept key is free").fence;
+    assert!(next > swept_fence, "sweeping lowered the fence");
 
     let err = client.batch_execute("BEGIN; SELECT fence.sweep();").unwrap_err();
     assert_eq!(sqlstate(&err), "25001", "{err}");
@@ -119,8 +118,8 @@ fn a_sweep_by_hand_frees_expired_leases_and_is_for_fence_admin_in_its_own_transa
 }
 
 /// A sweep that finds the sweeper's figures locked (another sweep, or anyone holding that row)
-/// returns at once without sweeping. pg_fence 0.3.0 swept first and then waited for the figures'
-/// row, holding the rows it had swept, so the next acquirers of those keys waited too.
+/// returns at once without sweeping. A sweep that swept first and then waited for the figures' row
+/// would hold the rows it had swept, and the next acquirers of those keys would wait too.
 #[test]
 fn a_sweep_never_waits_while_holding_swept_leases() {
     let cluster = Cluster::start("sweep_no_wait", 26504, &[]);
@@ -142,10 +141,9 @@ fn a_sweep_never_waits_while_holding_swept_leases() {
     });
     thread::sleep(Duration::from_millis(300));
     client.batch_execute("SET lock_timeout = '2s'").unwrap();
-    let granted = client.query_one("SELECT (fence.lease_acquire('expired', '1 minute')).fence", &[]);
-    let granted: Option<i64> =
-        granted.map_err(|e| sqlstate(&e)).expect("the acquirer waited for the sweep").get(0);
-    assert!(granted.expect("the expired key is free") > old);
+    let granted = Acquire::new("expired", "1 minute").try_run(&mut client);
+    let granted = granted.map_err(|e| sqlstate(&e)).expect("the acquirer waited for the sweep");
+    assert!(granted.expect("the expired key is free").fence > old);
     figures.batch_execute("COMMIT").unwrap();
     assert_eq!(sweep.join().unwrap(), Ok(0), "a sweep ran while another held the figures");
 }
@@ -168,7 +166,7 @@ fn rows_of_long_ended_leases_are_deleted_and_their_keys_granted_above_them() {
     );
     let expired: i64 =
         count(&mut client, "SELECT fence FROM fence.lease_acquire('expired', '10 ms'), pg_sleep(0.03)");
-    client.query_one("SELECT fence.lease_acquire('live', '1 hour')", &[]).unwrap();
+    acquire(&mut client, "live", "1 hour");
 
     // Within the default hour: the expired lease is marked ended, no row goes.
     assert_eq!(count(&mut client, "SELECT fence.sweep()"), 1);
@@ -212,7 +210,7 @@ fn rows_of_long_ended_leases_are_deleted_and_their_keys_granted_above_them() {
 
 /// 100,000 distinct keys acquired and released: once their retention has passed, the sweeper
 /// worker leaves only the live leases in the table, and every key granted again gets a fence above
-/// its old one. (With pg_fence 0.3.0's counter every key kept its row forever.)
+/// its old one. (Fences counted per key would have to keep every key's row forever.)
 #[test]
 fn a_churn_of_keys_leaves_only_live_and_recent_leases() {
     const KEYS: i64 = 100_000;

@@ -1,9 +1,8 @@
 //! Versions and upgrades: the oldest kept version can be created, holds state, and upgrades to the
 //! current one with that state intact; and an upgraded installation is exactly a fresh one, so a
 //! schema change without an upgrade script fails here.
-use pg_fence_integration::{backend_pid, comes_to_wait_on, pg_program, sqlstate, Cluster};
+use pg_fence_integration::{acquire, backend_pid, comes_to_wait_on, pg_program, sqlstate, Cluster};
 use postgres::Client;
-use uuid::Uuid;
 
 /// The versions whose full install scripts are kept in sql/archive, oldest first.
 const OLD_VERSIONS: &[&str] = &["0.1.0", "0.2.0", "0.3.0"];
@@ -28,9 +27,9 @@ fn version(client: &mut Client) -> String {
 /// Grants `key`, which must be free, and checks that its fence is above `old_fence` and is now the
 /// key's current one; returns it.
 fn grant_above(client: &mut Client, key: &str, old_fence: i64, old: &str) -> i64 {
-    let fence: Option<i64> =
-        client.query_one("SELECT (fence.lease_acquire($1, '1 hour')).fence", &[&key]).unwrap().get(0);
-    let fence = fence.unwrap_or_else(|| panic!("{old}: {key} was not granted after the upgrade"));
+    let fence = acquire(client, key, "1 hour")
+        .unwrap_or_else(|| panic!("{old}: {key} was not granted after the upgrade"))
+        .fence;
     assert!(fence > old_fence, "{old}: {key} granted fence {fence} after {old_fence}");
     let current: Option<i64> = client.query_one("SELECT fence.current_fence($1)", &[&key]).unwrap().get(0);
     assert_eq!(current, Some(fence), "{old}: {key}");
@@ -50,13 +49,8 @@ fn every_kept_version_upgrades_to_the_current_one_with_its_state() {
 
         // State made by the old version: a released key, a live lease, a versioned table, and a
         // resource that took a fenced write.
-        let released: Uuid = client
-            .query_one("SELECT token FROM fence.lease_acquire('released', '1 hour')", &[])
-            .unwrap()
-            .get(0);
-        client.query_one("SELECT fence.lease_release('released', $1)", &[&released]).unwrap();
-        let live: Uuid =
-            client.query_one("SELECT token FROM fence.lease_acquire('live', '1 hour')", &[]).unwrap().get(0);
+        acquire(&mut client, "released", "1 hour").expect("released is free").release(&mut client);
+        let live = acquire(&mut client, "live", "1 hour").expect("live is free");
         // The old versions' SQL runs on this build's library, whose grants are already above the
         // clock; the small fences of their per-key counter are set by hand: 'released' as granted
         // three times, 'live' twice.
@@ -102,14 +96,13 @@ fn every_kept_version_upgrades_to_the_current_one_with_its_state() {
         // The state is intact: the live lease is still held by its token and its fence, the keys
         // continue above their old fences, versioning still guards the table; and the new
         // function works.
-        client.query_one("SELECT fence.lease_renew('live', $1, '1 hour')", &[&live]).unwrap();
-        let taken: Option<i64> =
-            client.query_one("SELECT (fence.lease_acquire('live', '1 hour')).fence", &[]).unwrap().get(0);
+        live.renew(&mut client, "1 hour").unwrap();
+        let taken = acquire(&mut client, "live", "1 hour").map(|lease| lease.fence);
         assert_eq!(taken, None, "{old}: the live lease was lost in the upgrade");
         let guarded: bool = client.query_one("SELECT fence.fence_guard('live', 2)", &[]).unwrap().get(0);
         assert!(guarded, "{old}: the live holder's fence no longer passes the guard");
         let next = grant_above(&mut client, "released", 3, old);
-        client.query_one("SELECT fence.lease_release('live', $1)", &[&live]).unwrap();
+        live.release(&mut client);
         grant_above(&mut client, "live", 2, old);
         let err = client.execute("UPDATE doc SET body = 'x', version = 5 WHERE id = 1", &[]).unwrap_err();
         assert_eq!(sqlstate(&err), "40001", "versioning no longer guards the table");
@@ -190,8 +183,7 @@ fn a_guard_that_raced_the_update_from_0_3_0_is_refused() {
     let cluster = Cluster::start_without_extension("upgrade_race", 26902, &[]);
     let mut holder = cluster.connect();
     holder.batch_execute("CREATE EXTENSION pg_fence VERSION '0.3.0'").unwrap();
-    let fence: i64 =
-        holder.query_one("SELECT (fence.lease_acquire('k', '1 hour')).fence", &[]).unwrap().get(0);
+    let fence = acquire(&mut holder, "k", "1 hour").expect("k is free").fence;
 
     let mut updater = cluster.connect();
     updater.batch_execute("BEGIN; ALTER EXTENSION pg_fence UPDATE;").unwrap();

@@ -2,35 +2,26 @@
 //! also when the release commits at the end of a longer transaction, waiters are granted in arrival
 //! order, a wait ends with NULL at its deadline, and cancel or statement_timeout end a wait leaving
 //! nothing behind.
-use pg_fence_integration::{backend_pid, eventually, signal, sqlstate, wait_event, Cluster};
+use pg_fence_integration::{
+    acquire, backend_pid, eventually, signal, sqlstate, wait_event, Acquire, Cluster, Lease,
+};
 use postgres::Client;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
-use uuid::Uuid;
 
 /// Bounds how long a broken test hangs; never a measure of speed.
 const GENEROUS: Duration = Duration::from_secs(20);
 
-/// A granted lease: (fence, token, acquired_at in seconds since the epoch).
-type Grant = (i64, Uuid, f64);
-
-const ACQUIRE: &str = "SELECT fence, token, extract(epoch FROM acquired_at)::float8
-                         FROM fence.lease_acquire($1, '1 minute', wait => $2::text::interval)";
-
-fn acquire(client: &mut Client, key: &str, wait: &str) -> Option<Grant> {
-    let row = client.query_one(ACQUIRE, &[&key, &wait]).unwrap();
-    row.get::<_, Option<i64>>(0).map(|fence| (fence, row.get(1), row.get(2)))
-}
-
-/// Runs `acquire` with `wait` on its own connection, in a thread; returns the connection's pid.
-fn waiter(cluster: &Cluster, key: &str, wait: &str) -> (i32, JoinHandle<(Client, Option<Grant>)>) {
+/// Runs a minute's acquire with `wait` on its own connection, in a thread; returns the connection's
+/// pid.
+fn waiter(cluster: &Cluster, key: &str, wait: &str) -> (i32, JoinHandle<(Client, Option<Lease>)>) {
     let mut client = cluster.connect();
     let pid = backend_pid(&mut client);
     let (key, wait) = (key.to_string(), wait.to_string());
     (
         pid,
         thread::spawn(move || {
-            let grant = acquire(&mut client, &key, &wait);
+            let grant = Acquire::new(&key, "1 minute").wait(&wait).run(&mut client);
             (client, grant)
         }),
     )
@@ -44,12 +35,6 @@ fn sleeping(observer: &mut Client, pid: i32) -> bool {
 /// Behind the first: queued for the key's waiting-room lock.
 fn queued(observer: &mut Client, pid: i32) -> bool {
     wait_event(observer, pid) == (Some("Lock".into()), Some("advisory".into()))
-}
-
-fn release(client: &mut Client, key: &str, token: Uuid) {
-    let released: bool =
-        client.query_one("SELECT fence.lease_release($1, $2)", &[&key, &token]).unwrap().get(0);
-    assert!(released);
 }
 
 /// pg_fence's advisory locks (key, waiting room, session) held or awaited by `pid`.
@@ -76,22 +61,24 @@ fn a_release_wakes_the_waiter_promptly() {
     let mut delays_ms = Vec::new();
     let mut previous_fence = i64::MIN;
     for _ in 0..200 {
-        let (fence, token, _) = acquire(&mut holder, "hot", "0").expect("the key is free");
+        let lease = acquire(&mut holder, "hot", "1 minute").expect("the key is free");
+        let fence = lease.fence;
         assert!(fence > previous_fence, "fence {fence} granted after {previous_fence}");
         let (pid, handle) = waiter(&cluster, "hot", "30 seconds");
         assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)), "the waiter never went to sleep");
         let released_at: f64 = holder
             .query_one(
                 "SELECT extract(epoch FROM clock_timestamp())::float8 FROM fence.lease_release('hot', $1) AS released WHERE released",
-                &[&token],
+                &[&lease.token],
             )
             .unwrap()
             .get(0);
         let (mut waiting_client, grant) = handle.join().unwrap();
-        let (waiter_fence, waiter_token, acquired_at) = grant.expect("the waiter was not granted the key");
+        let granted = grant.expect("the waiter was not granted the key");
+        let (waiter_fence, acquired_at) = (granted.fence, granted.acquired_at);
         assert!(waiter_fence > fence, "fence {waiter_fence} granted after {fence}");
         delays_ms.push((acquired_at - released_at) * 1000.0);
-        release(&mut waiting_client, "hot", waiter_token);
+        assert!(granted.release(&mut waiting_client));
         previous_fence = waiter_fence;
     }
     delays_ms.sort_by(f64::total_cmp);
@@ -115,26 +102,28 @@ fn a_release_in_a_transaction_wakes_the_waiter_at_its_commit() {
     let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
     let mut delays_ms = Vec::new();
     for _ in 0..10 {
-        let (fence, token, _) = acquire(&mut holder, "t", "0").expect("the key is free");
+        let lease = acquire(&mut holder, "t", "1 minute").expect("the key is free");
+        let fence = lease.fence;
         let (pid, handle) = waiter(&cluster, "t", "30 seconds");
         assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)), "the waiter never went to sleep");
 
         holder.batch_execute("BEGIN").unwrap();
-        release(&mut holder, "t", token);
+        assert!(lease.release(&mut holder));
         holder.batch_execute("ROLLBACK").unwrap();
         assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)), "the waiter left its sleep");
         assert!(!handle.is_finished(), "granted although the release was rolled back");
 
         holder.batch_execute("BEGIN").unwrap();
-        release(&mut holder, "t", token);
+        assert!(lease.release(&mut holder));
         let committing_at: f64 =
             holder.query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[]).unwrap().get(0);
         holder.batch_execute("COMMIT").unwrap();
         let (mut waiting_client, grant) = handle.join().unwrap();
-        let (waiter_fence, waiter_token, acquired_at) = grant.expect("the waiter was not granted the key");
+        let granted = grant.expect("the waiter was not granted the key");
+        let (waiter_fence, acquired_at) = (granted.fence, granted.acquired_at);
         assert!(waiter_fence > fence, "fence {waiter_fence} granted after {fence}");
         delays_ms.push((acquired_at - committing_at) * 1000.0);
-        release(&mut waiting_client, "t", waiter_token);
+        assert!(granted.release(&mut waiting_client));
     }
     delays_ms.sort_by(f64::total_cmp);
     let median = percentile(&delays_ms, 0.5);
@@ -147,21 +136,25 @@ fn a_release_in_a_transaction_wakes_the_waiter_at_its_commit() {
 fn waiters_are_granted_in_arrival_order() {
     let cluster = Cluster::start("wait_fifo", 26702, &[]);
     let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
-    let (first_fence, token, _) = acquire(&mut holder, "fifo", "0").unwrap();
+    let lease = acquire(&mut holder, "fifo", "1 minute").unwrap();
+    let first_fence = lease.fence;
     let mut handles = Vec::new();
     for i in 0..8 {
         let mut client = cluster.connect();
         let pid = backend_pid(&mut client);
         handles.push(thread::spawn(move || {
-            let (fence, token, _) = acquire(&mut client, "fifo", "1 minute").expect("waiter not granted");
-            release(&mut client, "fifo", token); // hands the key on to the next in line
-            fence
+            let lease = Acquire::new("fifo", "1 minute")
+                .wait("1 minute")
+                .run(&mut client)
+                .expect("waiter not granted");
+            assert!(lease.release(&mut client)); // hands the key on to the next in line
+            lease.fence
         }));
         let in_line =
             |observer: &mut Client| if i == 0 { sleeping(observer, pid) } else { queued(observer, pid) };
         assert!(eventually(GENEROUS, || in_line(&mut observer)), "waiter {i} never got in line");
     }
-    release(&mut holder, "fifo", token);
+    assert!(lease.release(&mut holder));
     // Fences strictly increase in grant order, so waiters granted in arrival order hold fences
     // that increase in arrival order.
     let fences: Vec<i64> = handles.into_iter().map(|handle| handle.join().unwrap()).collect();
@@ -178,7 +171,8 @@ fn waiters_are_granted_in_arrival_order() {
 fn a_wait_that_runs_out_returns_null_and_leaves_nothing_behind() {
     let cluster = Cluster::start("wait_timeout", 26703, &[]);
     let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
-    let (fence, token, _) = acquire(&mut holder, "busy", "0").unwrap();
+    let lease = acquire(&mut holder, "busy", "1 minute").unwrap();
+    let fence = lease.fence;
     const TIMED: &str = "SELECT extract(epoch FROM clock_timestamp())::float8,
                                 fence.lease_acquire('busy', '1 minute', wait => $1::text::interval) IS NULL,
                                 extract(epoch FROM clock_timestamp())::float8";
@@ -200,8 +194,8 @@ fn a_wait_that_runs_out_returns_null_and_leaves_nothing_behind() {
         assert!(waited >= wait, "gave up after {waited} s, before its wait of {wait} s");
         assert_eq!(fence_locks(&mut observer, pid), 0, "a timed-out wait left a lock behind");
     }
-    release(&mut holder, "busy", token);
-    let (next, _, _) = acquire(&mut observer, "busy", "0").expect("not granted after the release");
+    assert!(lease.release(&mut holder));
+    let next = acquire(&mut observer, "busy", "1 minute").expect("not granted after the release").fence;
     assert!(next > fence, "fence {next} granted after {fence}");
 }
 
@@ -211,14 +205,15 @@ fn a_wait_that_runs_out_returns_null_and_leaves_nothing_behind() {
 fn cancel_and_statement_timeout_end_a_wait_cleanly() {
     let cluster = Cluster::start("wait_cancel", 26704, &[]);
     let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
-    let (fence, token, _) = acquire(&mut holder, "c", "0").unwrap();
+    let lease = acquire(&mut holder, "c", "1 minute").unwrap();
+    let fence = lease.fence;
     let cancellable = |cluster: &Cluster| {
         let mut client = cluster.connect();
         let pid = backend_pid(&mut client);
         (
             pid,
             thread::spawn(move || {
-                let result = client.query_one(ACQUIRE, &[&"c", &"1 minute"]);
+                let result = Acquire::new("c", "1 minute").wait("1 minute").try_run(&mut client);
                 (client, result.map(|_| ()).map_err(|err| sqlstate(&err)))
             }),
         )
@@ -239,14 +234,18 @@ fn cancel_and_statement_timeout_end_a_wait_cleanly() {
 
     let mut timed = cluster.connect();
     timed.batch_execute("SET statement_timeout = '200ms'").unwrap();
-    let err = timed.query_one(ACQUIRE, &[&"c", &"1 minute"]).unwrap_err();
+    let err = Acquire::new("c", "1 minute").wait("1 minute").try_run(&mut timed).unwrap_err();
     assert_eq!(sqlstate(&err), "57014");
     let pid = backend_pid(&mut timed);
     let released = eventually(GENEROUS, || fence_locks(&mut observer, pid) == 0);
     assert!(released, "a timed-out statement left a lock behind");
 
-    release(&mut holder, "c", token);
-    let (next, _, _) = acquire(&mut timed, "c", "1 second").expect("not granted after the release");
+    assert!(lease.release(&mut holder));
+    let next = Acquire::new("c", "1 minute")
+        .wait("1 second")
+        .run(&mut timed)
+        .expect("not granted after the release")
+        .fence;
     assert!(next > fence, "fence {next} granted after {fence}");
 }
 
@@ -256,16 +255,12 @@ fn cancel_and_statement_timeout_end_a_wait_cleanly() {
 fn expiry_and_revocation_hand_the_key_to_the_waiter() {
     let cluster = Cluster::start("wait_ends", 26705, &[]);
     let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
-    let row = holder
-        .query_one(
-            "SELECT fence, extract(epoch FROM expires_at)::float8 FROM fence.lease_acquire('e', '500 milliseconds')",
-            &[],
-        )
-        .unwrap();
-    let (expired, expires_at): (i64, f64) = (row.get(0), row.get(1));
+    let expiring = acquire(&mut holder, "e", "500 milliseconds").expect("the key is free");
+    let (expired, expires_at) = (expiring.fence, expiring.expires_at);
     let (_, handle) = waiter(&cluster, "e", "30 seconds");
     let (_, grant) = handle.join().unwrap();
-    let (fence, _, acquired_at) = grant.expect("not granted after the lease expired");
+    let granted = grant.expect("not granted after the lease expired");
+    let (fence, acquired_at) = (granted.fence, granted.acquired_at);
     assert!(fence > expired, "fence {fence} granted after {expired}");
     assert!(acquired_at >= expires_at, "granted at {acquired_at}, before the lease expired at {expires_at}");
 
@@ -273,7 +268,7 @@ fn expiry_and_revocation_hand_the_key_to_the_waiter() {
     assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)));
     observer.query_one("SELECT fence.lease_revoke('e')", &[]).unwrap();
     let (_, grant) = handle.join().unwrap();
-    let (next, _, _) = grant.expect("not granted after the lease was revoked");
+    let next = grant.expect("not granted after the lease was revoked").fence;
     assert!(next > fence, "fence {next} granted after the revoked {fence}");
 }
 
@@ -283,18 +278,14 @@ fn expiry_and_revocation_hand_the_key_to_the_waiter() {
 fn a_renewal_that_shortens_the_lease_reaches_the_waiter() {
     let cluster = Cluster::start("wait_renew", 26707, &[]);
     let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
-    let (fence, token, _) = acquire(&mut holder, "r", "0").unwrap();
+    let lease = acquire(&mut holder, "r", "1 minute").unwrap();
+    let fence = lease.fence;
     let (pid, handle) = waiter(&cluster, "r", "30 seconds");
     assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)));
-    let new_expiry: f64 = holder
-        .query_one(
-            "SELECT extract(epoch FROM fence.lease_renew('r', $1, '200 milliseconds'))::float8",
-            &[&token],
-        )
-        .unwrap()
-        .get(0);
+    let new_expiry = lease.renew(&mut holder, "200 milliseconds").unwrap();
     let (_, grant) = handle.join().unwrap();
-    let (next_fence, _, acquired_at) = grant.expect("not granted after the shortened lease ran out");
+    let granted = grant.expect("not granted after the shortened lease ran out");
+    let (next_fence, acquired_at) = (granted.fence, granted.acquired_at);
     assert!(next_fence > fence, "fence {next_fence} granted after {fence}");
     assert!(
         acquired_at >= new_expiry,
@@ -308,17 +299,18 @@ fn a_renewal_that_shortens_the_lease_reaches_the_waiter() {
 fn an_acquire_without_wait_does_not_jump_the_queue() {
     let cluster = Cluster::start("wait_queue", 26706, &[]);
     let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
-    let (fence, token, _) = acquire(&mut holder, "q", "0").unwrap();
+    let lease = acquire(&mut holder, "q", "1 minute").unwrap();
+    let fence = lease.fence;
     let (pid, handle) = waiter(&cluster, "q", "1 minute");
     assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)));
     signal(pid as u32, "-STOP");
-    release(&mut holder, "q", token);
+    assert!(lease.release(&mut holder));
     let live: bool = observer.query_one("SELECT live FROM fence.leases WHERE key = 'q'", &[]).unwrap().get(0);
     assert!(!live);
-    let barged = acquire(&mut observer, "q", "0");
+    let barged = acquire(&mut observer, "q", "1 minute");
     signal(pid as u32, "-CONT");
     assert!(barged.is_none(), "an acquire without wait took the key from the waiter");
     let (_, grant) = handle.join().unwrap();
-    let (next, _, _) = grant.expect("the waiter was not granted the key");
+    let next = grant.expect("the waiter was not granted the key").fence;
     assert!(next > fence, "fence {next} granted after {fence}");
 }

@@ -5,14 +5,17 @@
 -- this session holds (same_locks).
 CREATE EXTENSION pg_fence;
 
+CREATE DOMAIN positive AS int CHECK (VALUE > 0);
+CREATE DOMAIN required AS text NOT NULL;
 CREATE TABLE target (id int PRIMARY KEY, status text NOT NULL, amount numeric, paid_on date, fence bigint,
                      version bigint NOT NULL DEFAULT 1, small smallint, label varchar(8), doc jsonb,
                      tags text[], gone int,
-                     "abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghij123" int);
+                     "abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghij123" int,
+                     quantity positive, note required);
 ALTER TABLE target DROP COLUMN gone;   -- leaves "........pg.dropped.11........" behind
 -- Row 2 sits at the top of its counters: the next version would overflow.
-INSERT INTO target VALUES (1, 'open', 100, NULL, 5, 1, 32767, 'a', '{}', '{}', 0),
-                          (2, 'open', 200, NULL, 5, 9223372036854775807, 1, 'b', '{}', '{}', 0);
+INSERT INTO target VALUES (1, 'open', 100, NULL, 5, 1, 32767, 'a', '{}', '{}', 0, 1, 'n'),
+                          (2, 'open', 200, NULL, 5, 9223372036854775807, 1, 'b', '{}', '{}', 0, 1, 'n');
 CREATE VIEW target_view AS SELECT * FROM target;
 CREATE SEQUENCE target_seq;
 CREATE ROLE fence_hostile IN ROLE fence_user;   -- an ordinary role that may use leases, for the cases that need one
@@ -281,12 +284,18 @@ INSERT INTO cases (block, expr) SELECT 'args', expr FROM (VALUES
     ($$fence.fenced_update('held', @fence@, 'target', '{"status": "x"}', '{"id": 999}')$$),
     ($$fence.fenced_update('held', @fence@, 'target', '{"status": "x"}', '{"id": 1, "id": 999}')$$),
     ($$fence.fenced_update('held', @fence@, 'target', '{"status": "x"}', '{"doc": {"id": 1}}')$$),
-    -- update_matching, fenced_update's core: no fence at all, so only the target checks stand
+    -- update_matching, fenced_update's core: no fence at all, so only the target checks stand; and
+    -- the values, which it converts itself, must meet their column's type, length and domain
     ($$fence.update_matching(NULL, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.update_matching(0, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.update_matching(4294967295, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.update_matching('target'::regclass, '{"status": "x"}', '[]')$$),
     ($$fence.update_matching('target'::regclass, '{"status": "x"}', '{"id": 999}')$$),
+    ($$fence.update_matching('target'::regclass, '{"label": "longer than eight"}', '{"id": 1}')$$),
+    ($$fence.update_matching('target'::regclass, '{"status": "x"}', '{"label": "longer than eight"}')$$),
+    ($$fence.update_matching('target'::regclass, '{"status": "x"}', '{"id": "one"}')$$),
+    ($$fence.update_matching('target'::regclass, '{"note": null}', '{"id": 1}')$$),
+    ($$fence.update_matching('target'::regclass, '{"quantity": -1}', '{"id": 1}')$$),
     -- fenced_write (row 1 holds fence 5)
     ($$fence.fenced_write(NULL, 'fence', 9, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.fenced_write('target', NULL, 9, '{"status": "x"}', '{"id": 1}')$$),
@@ -480,11 +489,24 @@ SELECT rows_digest() = :'rows_before_all' AS all_rows_unchanged,
        my_advisory_locks() = :'locks_before_all' AS no_lock_left;
 SELECT count(*) AS target_tables_left FROM pg_class WHERE relname = 'target';
 
+-- A renewal longer than pg_fence.max_ttl is refused for the limit's sake alone: under a raised limit
+-- the same renewal goes through.
+SET pg_fence.max_ttl = '3d';
+SELECT fence.lease_renew('held', :'held_token', '2 days') > clock_timestamp() + interval '47 hours' AS renewed_under_raised_limit;
+RESET pg_fence.max_ttl;
+
+-- The full error, with its DETAIL and HINT, as a client sees it.
+\set VERBOSITY default
+SELECT fence.lease_acquire('k', '0 s');
+SELECT fence.lease_renew('held', gen_random_uuid(), '1 s');
+SELECT fence.lease_acquire(NULL, '1 s');
+
 -- The checks can fail: a call that does write (and keeps the key's lock until it commits) is caught.
 SELECT * FROM run_case($$(fence.lease_acquire('control', '1 hour', 'control')).fence IS NOT NULL$$);
 
 DROP TABLE target CASCADE;
 DROP SEQUENCE target_seq;
+DROP DOMAIN positive, required;
 DROP TABLE cases, results, case_value;
 DROP FUNCTION run_block(text, bigint, uuid, uuid);
 DROP FUNCTION run_case(text);

@@ -136,8 +136,8 @@ SELECT * FROM ledger ORDER BY id;
 -- search_path attacks. The SQL shells (lease_renew, versioned_update) are LANGUAGE sql without SET
 -- search_path, so that PostgreSQL inlines them; they are parsed with the caller's search_path, and
 -- only their schema-qualified names keep them on pg_fence's objects. (fence_guard, fenced_update and
--- fenced_write were shells too until 0.3.0; the look-alikes of what they called stay, and must still
--- change nothing.) Role fence_mallory plants look-alikes of the names that the shells and
+-- fenced_write are C entry points, not shells; look-alikes of the names such shells would call are
+-- planted too, and must change nothing either.) Role fence_mallory plants look-alikes of the names that the shells and
 -- pg_fence's statements use, puts them on its search_path in three ways, and runs the same calls as
 -- with the default search_path: each call's outcome, and what it leaves behind, must be the same.
 CREATE ROLE fence_mallory LOGIN IN ROLE fence_user;
@@ -291,11 +291,11 @@ RESET search_path;
 RESET ROLE;
 
 -- The outcome with the default search_path, and whether each attacked search_path gave the same
--- outcome, value and state: every cell must be t. (An f here is a gap: in 0.1.0 the cores that run
--- with the caller's rights built statements with unqualified =, > and +, and enable_versioning
--- called format() unqualified, so an exact-match look-alike such as varchar = varchar won even with
--- pg_catalog first. Since 0.2.0 those operators are schema-qualified and the PL/pgSQL functions
--- pin search_path.)
+-- outcome, value and state: every cell must be t. (An f here is a gap: a core that runs with the
+-- caller's rights and builds a statement with an unqualified =, > or +, or a function that calls
+-- format() unqualified, loses to an exact-match look-alike such as varchar = varchar even with
+-- pg_catalog first. Hence those operators are schema-qualified and the PL/pgSQL functions pin
+-- search_path.)
 SELECT jsonb_build_object('@fence@', :m_fence, '@fence@ - -1', :m_fence + 1, 'other-key''s fence', :other_fence)
     AS fences \gset
 SELECT d.n, c.template AS call,
