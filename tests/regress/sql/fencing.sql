@@ -56,45 +56,9 @@ SELECT try(format($$SELECT fence.fenced_update('invoice:42', %s, '"Odd Table"', 
 DROP TABLE "Odd Table";
 DROP DOMAIN email;
 
--- Bad input: a clear error, and the table unchanged.
+-- A snapshot of the table, to show what the caller's privileges let through below (bad input is
+-- hostile.sql's, which checks every table unchanged after each case).
 CREATE TABLE snapshot AS SELECT * FROM invoices;
-CREATE VIEW invoices_view AS SELECT * FROM invoices;
-CREATE SEQUENCE some_seq;
-SELECT call, try(replace(call, 'F', :'b_fence'), :'fences') AS outcome FROM (VALUES
-    ($$SELECT fence.fence_guard(NULL, 1)$$),
-    ($$SELECT fence.fence_guard('invoice:42', NULL)$$),
-    ($$SELECT fence.fence_guard('', 1)$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, NULL, '{"status": "x"}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', NULL, '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": "x"}', NULL)$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'no_such_table', '{"status": "x"}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 12345::oid::regclass, '{"status": "x"}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices_view', '{"status": "x"}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'some_seq', '{"status": "x"}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"nope": "x"}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": "x"}', '{"nope": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"amount": "lots"}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"paid_on": 17}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": null}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": "x"}', '{}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '["status"]', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '"status"', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": "x"}', '{"id": null}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status\"; DROP TABLE invoices; --": "x"}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_update('invoice:42', F, 'invoices', '{"status": "x"}', '{"id = id OR true; --": 1}')$$),
-    ($$SELECT fence.fenced_update('invoice:42'' OR true --', F, 'invoices', '{"status": "x"}', '{"id": 42}')$$),
-    ($$SELECT fence.fenced_write(NULL, 'fence', 10, '{"status": "x"}', '{"id": 43}')$$),
-    ($$SELECT fence.fenced_write('invoices', NULL, 10, '{"status": "x"}', '{"id": 43}')$$),
-    ($$SELECT fence.fenced_write('invoices', 'fence', NULL, '{"status": "x"}', '{"id": 43}')$$),
-    ($$SELECT fence.fenced_write('invoices', 'nope', 10, '{"status": "x"}', '{"id": 43}')$$),
-    ($$SELECT fence.fenced_write('invoices', 'status', 10, '{"amount": 1}', '{"id": 43}')$$),
-    ($$SELECT fence.fenced_write('invoices', 'fence', 10, '{"fence": 1}', '{"id": 43}')$$),
-    ($$SELECT fence.fenced_write('invoices_view', 'fence', 10, '{"status": "x"}', '{"id": 43}')$$),
-    ($$SELECT fence.fenced_write('invoices', 'fence', 10, '{}', '{"id": 43}')$$)
-) AS cases(call);
-SELECT count(*) AS changed_rows FROM (SELECT * FROM invoices EXCEPT SELECT * FROM snapshot) changed;
-SELECT count(*) AS tables_left FROM pg_class WHERE relname = 'invoices';
 
 -- Writes run with the caller's privileges: table grants and row-level security apply.
 CREATE ROLE fence_clerk IN ROLE fence_user;
@@ -149,6 +113,5 @@ DROP TABLE narrow;
 
 DROP TABLE invoices CASCADE;
 DROP TABLE snapshot;
-DROP SEQUENCE some_seq;
 DROP ROLE fence_clerk;
 DROP EXTENSION pg_fence;

@@ -284,6 +284,8 @@ INSERT INTO cases (block, expr) SELECT 'args', expr FROM (VALUES
     ($$fence.fenced_update('held', @fence@, 'target', '{"status": "x"}', '{"id": 999}')$$),
     ($$fence.fenced_update('held', @fence@, 'target', '{"status": "x"}', '{"id": 1, "id": 999}')$$),
     ($$fence.fenced_update('held', @fence@, 'target', '{"status": "x"}', '{"doc": {"id": 1}}')$$),
+    ($$fence.fenced_update('held', @fence@, 'target', '{"status": "x"}', '{"nope": 1}')$$),
+    ($$fence.fenced_update('held'' OR true --', @fence@, 'target', '{"status": "x"}', '{"id": 1}')$$),
     -- update_matching, fenced_update's core: no fence at all, so only the target checks stand; and
     -- the values, which it converts itself, must meet their column's type, length and domain
     ($$fence.update_matching(NULL, '{"status": "x"}', '{"id": 1}')$$),
