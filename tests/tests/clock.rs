@@ -8,7 +8,7 @@
 //!   in. So a step forward ends leases early, and a step back makes an expired lease live again as
 //!   long as nobody took the key in between. A lease that was taken over stays lost whatever the
 //!   clock does, because its token no longer holds the key and its fence is no longer the current
-//!   one. README states all of this, and the second test pins it down.
+//!   one. docs/guarantees.md ("Clock steps") states all of this, and the second test pins it down.
 //!
 //! - Fences are greatest(previous + 1, clock): a step back makes them go on from the previous one,
 //!   never below it, and a key whose row the sweep deleted starts above the deleted fences
@@ -159,7 +159,7 @@ fn a_wait_runs_on_the_monotonic_clock() {
     assert!(elapsed < Duration::from_secs(10), "the step back stretched the wait: {elapsed:?}");
 }
 
-/// What a step of the server's clock does to a lease, exactly as README states it.
+/// What a step of the server's clock does to a lease, exactly as docs/guarantees.md ("Clock steps") states it.
 #[test]
 fn a_step_forward_expires_leases_and_a_step_back_revives_an_untaken_one() {
     const KEY: &str = "clock:step";
@@ -179,7 +179,7 @@ fn a_step_forward_expires_leases_and_a_step_back_revives_an_untaken_one() {
 
     // Back, with no grant in between: the lease row is unchanged and live again by the server's
     // clock, so A's fence passes the guard and its renewal succeeds. This is documented behaviour
-    // (README), not a bug: nobody else can have held the key, and nobody can get it while it is live.
+    // (docs/guarantees.md), not a bug: nobody else can have held the key, and nobody can get it while it is live.
     clock.step(&mut observer, 0);
     assert_eq!(lease(&mut observer, KEY), (fence, true));
     assert_eq!(guard(&mut a, KEY, fence), Ok(()));

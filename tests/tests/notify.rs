@@ -74,7 +74,7 @@ fn every_lease_change_is_announced_at_commit() {
 }
 
 /// Any role may NOTIFY on any channel, so an event on pg_fence can be forged and is not told apart
-/// from a real one: README says to treat events as hints and to confirm them in fence.leases. This
+/// from a real one: docs/reference.md (Notifications) says to treat events as hints and to confirm them in fence.leases. This
 /// shows both halves of that: the forgery arrives as a real event would, and fence.leases does not
 /// follow it.
 #[test]

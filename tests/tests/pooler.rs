@@ -2,7 +2,7 @@
 //! server connections and each transaction may run on another one. Plain leases and fenced writes
 //! carry all they need in their arguments (key, token, fence), so any client can use them on any
 //! server connection. A session-bound lease is bound to the server connection instead, which outlives
-//! the client: the README says so ("It needs a direct or session-pooled connection"), and the second
+//! the client: docs/reference.md says so ("It needs a direct or session-pooled connection"), and the second
 //! test shows what happens.
 //!
 //! Needs Debian's pgbouncer at /usr/sbin/pgbouncer (pg_test/setup installs it). It refuses to run as
@@ -256,7 +256,7 @@ fn leases_and_fenced_writes_work_across_pooled_connections() {
 /// A session-bound lease taken through PgBouncer in transaction mode is bound to the server
 /// connection, not to the client: when the client disconnects, the server connection stays in the
 /// pool and so does the lease, even for the next client served on that connection. Only the end of
-/// the server connection ends it. (The README documents session-bound leases as unsupported behind
+/// the server connection ends it. (docs/reference.md documents session-bound leases as unsupported behind
 /// transaction pooling for exactly this reason; this test pins what really happens.)
 #[test]
 fn a_session_bound_lease_behind_transaction_pooling_ends_with_the_server_connection() {

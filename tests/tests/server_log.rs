@@ -1,6 +1,6 @@
 //! Tokens and the server log. With statement logging on (log_min_duration_statement = 0, common on
 //! staging, or log_statement = 'all') PostgreSQL logs each statement's bind parameters, tokens
-//! included, where anyone who reads the log can use them. README's remedy, shown to work here:
+//! included, where anyone who reads the log can use them. docs/operations.md's remedy (Security), shown to work here:
 //! `ALTER ROLE <the roles that hold leases> SET log_parameter_max_length = 0`.
 use pg_fence_integration::Cluster;
 use uuid::Uuid;
