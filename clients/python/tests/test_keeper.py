@@ -56,6 +56,29 @@ def test_a_takeover_is_told_within_a_renewal(cluster, key):
         assert live_fence(cluster, key) == taker.fence
 
 
+def test_lost_is_set_for_whoever_acts_on_an_end_another_thread_declared(cluster, key):
+    with Client(cluster.conninfo) as client:
+        with client.lease(key, 30) as lease:
+            # The watchdog's first step, as when it is preempted before it sets `lost`.
+            assert lease._holding.declare("unknown")
+            with pytest.raises(LeaseLost):
+                lease.check()
+            assert lease.lost.is_set(), "check() raised LeaseLost while lost was still clear"
+
+
+def test_a_stale_fence_from_the_server_ends_the_kept_lease_at_once(cluster, key):
+    with Client(cluster.conninfo) as client:
+        with client.lease(key, 30) as lease:  # the keeper renews in 10 s: it has heard nothing yet
+            cluster.sql("SELECT fence.lease_revoke(%s)", (key,))
+            taker = client.acquire(key, 30)
+            with cluster.connect() as conn:
+                with pytest.raises(StaleFence):
+                    with conn.transaction():
+                        lease.guard(conn)
+            assert lease.lost.is_set() and lease.state == "lost"
+        assert live_fence(cluster, key) == taker.fence
+
+
 @pytest.mark.port(27510)
 def test_a_stopped_server_is_declared_unknown_before_the_lease_expires(own_cluster, key):
     client = Client(own_cluster.conninfo)

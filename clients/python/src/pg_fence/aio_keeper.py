@@ -34,12 +34,12 @@ class AsyncKeptLease(Kept):
         self._watchdog = asyncio.create_task(self._watch())
 
     async def guard(self, conn: psycopg.AsyncConnection) -> None:
-        self.check()
-        await fence_guard(conn, self.key, self.fence)
+        with self._fenced():
+            await fence_guard(conn, self.key, self.fence)
 
     async def fenced_update(self, conn: psycopg.AsyncConnection, table: str, changes: dict, filter: dict) -> int:
-        self.check()
-        return await fenced_update(conn, self.key, self.fence, table, changes, filter)
+        with self._fenced():
+            return await fenced_update(conn, self.key, self.fence, table, changes, filter)
 
     async def release(self) -> bool:
         """As KeptLease.release."""

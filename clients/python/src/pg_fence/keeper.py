@@ -52,13 +52,13 @@ class KeptLease(Kept):
 
     def guard(self, conn: Any) -> None:
         """fence_guard in your transaction on `conn`, after a local check."""
-        self.check()
-        calls.fence_guard(conn, self.key, self.fence)
+        with self._fenced():
+            calls.fence_guard(conn, self.key, self.fence)
 
     def fenced_update(self, conn: Any, table: str, changes: dict, filter: dict) -> int:
         """fenced_update in your transaction on `conn`, after a local check."""
-        self.check()
-        return calls.fenced_update(conn, self.key, self.fence, table, changes, filter)
+        with self._fenced():
+            return calls.fenced_update(conn, self.key, self.fence, table, changes, filter)
 
     def release(self) -> bool:
         """Stops renewing and releases (also a lease whose state is unknown: it may be live).

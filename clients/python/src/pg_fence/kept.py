@@ -5,9 +5,10 @@ deadline, and telling the work once when it is lost. Each subclass sets `_holdin
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
-from .errors import LeaseLost
+from .errors import LeaseLost, StaleFence
 from .holding import HELD, LOST, UNKNOWN, Holding
 from .lease import Lease
 
@@ -40,7 +41,12 @@ class Kept:
         """ "held", "lost" (the server said so), "unknown" (its deadline passed unconfirmed) or "released"."""
         if self._holding.state == HELD and self._holding.remaining() <= 0:
             self._declare(UNKNOWN)
-        return self._holding.state
+        state = self._holding.state
+        if state in (LOST, UNKNOWN):
+            # Another thread may have declared the end and not yet set `lost`: whoever acts on
+            # this state finds `lost` set, as it would be a moment later.
+            self.lost.set()
+        return state
 
     @property
     def deadline(self) -> float:
@@ -65,6 +71,17 @@ class Kept:
         state = self.state
         if state != HELD:
             raise LeaseLost(self.key, f"lease on {self.key!r} is {state}", state=state)
+
+    @contextmanager
+    def _fenced(self) -> Iterator[None]:
+        """Around a fenced call under this lease: a local check first; the server's StaleFence
+        means the lease is lost, whatever the keeper has heard yet."""
+        self.check()
+        try:
+            yield
+        except StaleFence:
+            self._declare(LOST)
+            raise
 
     def _stop_renewing(self) -> None:
         raise NotImplementedError
