@@ -235,9 +235,6 @@ mod tests {
         assert_eq!(one::<bool>(grants), Some(false));
     }
 
-    // Bad arguments are tested in tests/regress/sql/hostile.sql: each must be refused with its
-    // SQLSTATE before anything is locked or changed.
-
     // Fenced writes and optimistic concurrency.
 
     fn invoices() {
