@@ -67,8 +67,14 @@ pub fn init() {
     }
 }
 
+/// The counters, when this server keeps them (pg_fence preloaded).
+fn kept() -> Option<&'static Shared> {
+    AVAILABLE.load(Relaxed).then(|| STATS.get())
+}
+
+/// The counters to count in: kept, and pg_fence.track_stats on.
 fn shared() -> Option<&'static Shared> {
-    (AVAILABLE.load(Relaxed) && settings::stats()).then(|| STATS.get())
+    kept().filter(|_| settings::stats())
 }
 
 pub fn add(counter: Counter, n: u64) {
@@ -97,7 +103,7 @@ fn stats_values() -> TableIterator<
     'static,
     (name!(available, bool), name!(since, Option<TimestampWithTimeZone>), name!(counters, Option<Vec<i64>>)),
 > {
-    let row = match AVAILABLE.load(Relaxed).then(|| STATS.get()) {
+    let row = match kept() {
         Some(stats) => {
             let values = stats.counters.iter().map(|c| c.load(Relaxed).min(i64::MAX as u64) as i64).collect();
             (true, Some(clock::timestamp(stats.since.load(Relaxed))), Some(values))
@@ -110,7 +116,7 @@ fn stats_values() -> TableIterator<
 /// fence.stats_reset(): every counter back to zero, `since` now. False when they are not kept.
 #[pg_extern(volatile, parallel_unsafe)]
 fn stats_reset() -> bool {
-    let Some(stats) = AVAILABLE.load(Relaxed).then(|| STATS.get()) else {
+    let Some(stats) = kept() else {
         return false;
     };
     stats.counters.iter().for_each(|c| c.store(0, Relaxed));
