@@ -70,6 +70,15 @@ AS 'MODULE_PATHNAME', 'checked_version_wrapper';
 CREATE UNLOGGED TABLE fence.fast_lease_state (LIKE fence.lease_state INCLUDING ALL) WITH (fillfactor = 70);
 REVOKE ALL ON fence.fast_lease_state FROM PUBLIC;
 
+-- Every fast fence ever told is at most the highest fence here, a row written and flushed before a
+-- fast fence above it is told (src/leases/fences.rs). A crash forgets the fast leases, not this: the
+-- next grants start above it, even with the clock stepped back. A row per raise, so no raise waits
+-- for another; the sweep deletes all but the highest. Dumped, so a restore starts above it too.
+CREATE TABLE fence.fast_reserve (fence bigint NOT NULL);
+CREATE INDEX fast_reserve_fence ON fence.fast_reserve (fence);
+REVOKE ALL ON fence.fast_reserve FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('fence.fast_reserve', '');
+
 DROP FUNCTION fence.lease_acquire(text, interval, text, interval, boolean);
 CREATE  FUNCTION fence."lease_acquire"(
 	"key" TEXT, /* Option < & str > */

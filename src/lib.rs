@@ -43,9 +43,20 @@ extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    no_rust_backtraces_in_errors();
     pg::settings::init();
     stats::init();
     sweeper::worker::register();
+}
+
+/// pgrx attaches a Rust backtrace to the DETAIL of an error it passes on whenever
+/// `Backtrace::capture` says to, which RUST_BACKTRACE=1 in the server's environment does: a client
+/// would then read pg_fence's internals in every cancelled wait. RUST_LIB_BACKTRACE decides for
+/// `Backtrace::capture` ahead of RUST_BACKTRACE (which still governs panic messages in the log).
+fn no_rust_backtraces_in_errors() {
+    // A backend, and the postmaster loading preloaded libraries, run one thread: nothing reads the
+    // environment meanwhile.
+    std::env::set_var("RUST_LIB_BACKTRACE", "0");
 }
 
 /// Required by `cargo pgrx test`.

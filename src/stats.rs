@@ -77,6 +77,11 @@ fn shared() -> Option<&'static Shared> {
     kept().filter(|_| settings::stats())
 }
 
+/// Whether calls are being counted: for a count that costs work to make.
+pub fn counting() -> bool {
+    shared().is_some()
+}
+
 pub fn add(counter: Counter, n: u64) {
     if let Some(stats) = shared() {
         stats.counters[counter as usize].fetch_add(n, Relaxed);

@@ -69,17 +69,6 @@ macro_rules! end_unreleased {
     };
 }
 
-/// A fast grant whose fence is ahead of the clock keeps that fence in the key's durable row (ended,
-/// or made for it): a crash forgets the fast row, and the clock, being behind, would not put the
-/// next grant above it. A key's fences run ahead of the clock after a step back, each the previous
-/// one + 1 until the clock catches up.
-const KEEP_FENCE_DURABLY: &str = "
-    INSERT INTO fence.lease_state AS s (key, fence, owner, acquired_at, expires_at)
-    VALUES ($1, $3, $4, $2, $2)
-    ON CONFLICT (key) DO UPDATE
-       SET fence = greatest(s.fence, excluded.fence), token_hash = NULL,
-           expires_at = least(s.expires_at, excluded.expires_at)";
-
 /// A waiter is woken when the lease ends, but a few ends come without a wake-up: a session-bound
 /// lease whose session dropped its advisory locks, a release committed with COMMIT PREPARED, a
 /// wake-up consumed by one of PostgreSQL's own latch waits. So a waiter looks again at least this
@@ -170,10 +159,12 @@ impl Request<'_> {
         let wal_before = durability::wal_position();
         // A transaction that already holds the key's lock (it changed or guarded the key) would wait
         // for itself, or deadlock with the waiter it queues behind: it does not wait.
+        // A free key is granted at once; only an acquire that finds it held begins to wait.
         let lease = if wait == 0 || keylock::held_by_me(self.key) {
             self.grant_unless_held()
         } else {
-            self.grant_within(clock::deadline_after(wait))
+            let deadline = clock::deadline_after(wait);
+            self.grant_unless_held().or_else(|| self.grant_within(deadline))
         };
         if lease.is_none() || self.kind == Kind::Fast {
             // A fast grant writes no WAL of its own; reading the lease tables may (pruning a page,
@@ -225,6 +216,11 @@ impl Request<'_> {
                 break None;
             }
             keylock::unlock(self.key, Mode::Change);
+            // An earlier try of this same acquire (its reply lost, its call still queued here) may
+            // have been granted meanwhile: that lease is this call's answer.
+            if let Some(lease) = self.token.and_then(|token| lease_held_with(self.key, token)) {
+                break Some(lease);
+            }
             let now = clock::now();
             if let Some(held_until) = live_until(self.key, now) {
                 waiting::sleep((held_until - now).min(clock::micros_until(deadline)));
@@ -253,8 +249,7 @@ impl Request<'_> {
             keylock::unlock(self.key, Mode::Grant);
             return None;
         }
-        let floor =
-            fences::clock_floor(now).max(other.as_ref().map_or(0, |found| found.fence.saturating_add(1)));
+        let floor = fences::floor(now, other.as_ref().map(|found| found.fence));
         let token = self.token.unwrap_or_else(|| Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes()));
         let session = self.session_bound.then(sessions::hold_session_lock);
         let args = [
@@ -295,7 +290,7 @@ impl Request<'_> {
         if first {
             fences::check_first_grant(fence);
         }
-        self.settle_other_kind(other.as_ref(), fence, now);
+        self.settle(other.as_ref(), fence, now);
         if self.session_bound {
             sessions::bound(self.key);
         }
@@ -306,17 +301,21 @@ impl Request<'_> {
         Some(lease)
     }
 
-    /// What a grant of `fence` at `now` must change in the key's row of the other kind (see
-    /// `end_unreleased!` and KEEP_FENCE_DURABLY); nearly always nothing.
-    fn settle_other_kind(&self, other: Option<&row::Found>, fence: i64, now: i64) {
-        if self.kind == Kind::Fast && fence > fences::clock_floor(now) {
-            let args =
-                [self.key.into(), clock::timestamp(now).into(), fence.into(), self.owner.as_str().into()];
-            execute(KEEP_FENCE_DURABLY, &args, |_| ());
-            durability::require_durable_commit();
-        } else if other.is_some_and(|found| found.unreleased) {
+    /// What a grant of `fence` at `now` must settle beyond its own row: a fast fence covered by the
+    /// fast reservation (see `fences`), and the other kind's lease ended for good if it ended
+    /// without a release (see `end_unreleased!`); nearly always nothing.
+    fn settle(&self, other: Option<&row::Found>, fence: i64, now: i64) {
+        if self.kind == Kind::Fast {
+            fences::reserve_fast_fence(fence, now);
+        }
+        if other.is_some_and(|found| found.unreleased) {
             let args = [self.key.into(), clock::timestamp(now).into()];
             execute(by_kind!(self.kind.other(), end_unreleased), &args, |_| ());
+            // Lost in a crash, the end of a durable lease would let it live again after a step back
+            // of the clock, beside the new lease; a crash forgets a fast one anyway.
+            if self.kind.other() == Kind::Durable {
+                durability::require_durable_commit();
+            }
         }
     }
 }

@@ -12,39 +12,115 @@
 //! same microsecond or after a step back), so the new history's clock must read later than that at
 //! its first grant of the key (docs/guarantees.md, "Fences, and the one clock assumption").
 //!
-//! A key's row may be deleted once its lease has ended long enough ago (pg_fence.retain_ended, see
-//! `sweeper`). The sweep then raises the durable high-water mark, table fence.high_water, to the
-//! deleted fences in the same transaction, and the first grant of a key without a row starts above
-//! that mark: so a key granted again gets a fence above its old one even if the clock has stepped
-//! back meanwhile. (Over the objects of a version before 0.4.0, which has no such table, a first
-//! grant starts at the clock floor alone, and the sweep deletes nothing.)
+//! Two durable marks keep fences rising where the clock does not, after a step back:
+//! - A key's rows may be deleted once their leases ended long enough ago (pg_fence.retain_ended,
+//!   see `sweeper`), one kind's row before the other's. The sweep raises the high-water mark, table
+//!   fence.high_water, to the deleted fences in the same transaction, and every grant starts above
+//!   that mark (`floor`): so a key granted again gets a fence above its deleted ones.
+//! - A crash, an immediate shutdown or a failover forgets the fast leases and their fences (see
+//!   `kinds`). Every fast fence is at most the fast reservation, table fence.fast_reserve, raised
+//!   and flushed before a fast fence above it is told (`reserve_fast_fence`), a few seconds ahead of
+//!   the clock so that a steady stream of fast grants flushes once per RESERVE_AHEAD. A backend's
+//!   grants start above the reservation as it stood at its first grant (`reset_floor`): no backend
+//!   lives through a reset of the unlogged table (a crash restart ends them all; a standby's backends
+//!   cannot grant before its promotion), so that is above every fast fence a reset forgot.
+//!
+//! (Over the objects of a version before 0.4.0, which have neither table, grants start at the clock
+//! floor alone: those versions have no fast leases, and their sweep deletes nothing.)
 
-use pgrx::{pg_sys, FromDatum};
+use crate::leases::durability;
+use crate::pg::installed;
+use crate::pg::spi_plans::{execute, execute_first};
+use pgrx::{pg_sys, register_xact_callback, FromDatum, PgXactCallbackEvent};
+use std::cell::Cell;
 
 /// Microseconds from 1970-01-01 (the Unix epoch) to 2000-01-01 (PostgreSQL's).
 const UNIX_TO_POSTGRES_EPOCH: i64 = 946_684_800_000_000;
+
+/// How far ahead of the clock (µs) a raise of the fast reservation reaches.
+const RESERVE_AHEAD: i64 = 10_000_000;
+
+thread_local! {
+    /// `reset_floor` of this backend, with the OID of the fence.fast_reserve it was read from (DROP
+    /// and CREATE EXTENSION make a new table).
+    static RESET_FLOOR: Cell<Option<(pg_sys::Oid, i64)>> = const { Cell::new(None) };
+    /// The highest fast reservation this backend knows to be committed (and flushed).
+    static KNOWN_RESERVED: Cell<Option<(pg_sys::Oid, i64)>> = const { Cell::new(None) };
+}
 
 /// The lowest fence a grant at clock reading `now` (µs since PostgreSQL's epoch) may get.
 pub fn clock_floor(now: i64) -> i64 {
     now.saturating_add(UNIX_TO_POSTGRES_EPOCH)
 }
 
-/// A first grant (of a key without a row) made under REPEATABLE READ or SERIALIZABLE read the
-/// high-water mark in its snapshot, which may predate a sweep that deleted this key's row and raised
-/// the mark above the fence just chosen. Once the INSERT is done, every sweep that deleted an older
-/// row of the key has committed (the INSERT waited for it), so the latest committed mark tells.
-/// Such a grant fails with 40001 rather than issue a fence twice.
+/// The lowest fence any grant of a key at `now` may get, besides its own row's fence + 1: above the
+/// clock, the other kind's last fence (`other_fence`), every deleted row's, and every fast fence a
+/// reset may have forgotten. Read after the key's rows, so that a row found missing was deleted by
+/// a sweep whose raise of the high-water mark has committed too.
+pub fn floor(now: i64, other_fence: Option<i64>) -> i64 {
+    let above = |fence: Option<i64>| fence.map_or(i64::MIN, |fence| fence.saturating_add(1));
+    clock_floor(now).max(above(other_fence)).max(above(high_water())).max(reset_floor())
+}
+
+/// The high-water mark of deleted fences, as last committed.
+fn high_water() -> Option<i64> {
+    let table = installed::table(c"high_water")?;
+    // Column 2 is `fence bigint` (sql/schema.sql).
+    // SAFETY: a bigint datum of the row.
+    crate::pg::one_row::latest(table, |values, nulls| unsafe { i64::from_datum(values[1], nulls[1]) })
+        .flatten()
+}
+
+/// Above the fast reservation as this backend first read it (see the module's comment).
+fn reset_floor() -> i64 {
+    let Some(table) = installed::table(c"fast_reserve") else { return i64::MIN };
+    if let Some((_, floor)) = RESET_FLOOR.get().filter(|(read_from, _)| *read_from == table) {
+        return floor;
+    }
+    let floor = reserved().map_or(i64::MIN, |reserved| reserved.saturating_add(1));
+    RESET_FLOOR.set(Some((table, floor)));
+    floor
+}
+
+/// The fast reservation, as this statement sees it committed.
+fn reserved() -> Option<i64> {
+    execute_first::<i64>("SELECT max(fence) FROM fence.fast_reserve", &[])
+}
+
+/// Before fast fence `fence` (granted at `now`) is told: makes sure the fast reservation covers it,
+/// raising it and making this commit flush when it does not. Nearly every call finds it covered.
+pub fn reserve_fast_fence(fence: i64, now: i64) {
+    let Some(table) = installed::table(c"fast_reserve") else { return };
+    let covered = |known: Option<(pg_sys::Oid, i64)>| known.is_some_and(|(t, r)| t == table && fence <= r);
+    if covered(KNOWN_RESERVED.get()) {
+        return;
+    }
+    if let Some(reserved) = reserved().filter(|reserved| fence <= *reserved) {
+        KNOWN_RESERVED.set(Some((table, reserved)));
+        return;
+    }
+    // A row per raise, never an update of one row: a raise waits for no other raiser's transaction.
+    let raised = fence.max(clock_floor(now).saturating_add(RESERVE_AHEAD));
+    execute("INSERT INTO fence.fast_reserve (fence) VALUES ($1)", &[raised.into()], |_| ());
+    durability::require_durable_commit();
+    // Known only once committed: a rolled-back raise covers nothing.
+    register_xact_callback(PgXactCallbackEvent::Commit, move || {
+        let known = KNOWN_RESERVED.get().filter(|(t, _)| *t == table).map_or(raised, |(_, r)| r.max(raised));
+        KNOWN_RESERVED.set(Some((table, known)));
+    });
+}
+
+/// `floor` reads the high-water mark as last committed, but a sweep may delete the key's row after
+/// that read and before the grant's INSERT, whose own read of the mark (`above_deleted!`) then sees,
+/// under REPEATABLE READ or SERIALIZABLE, only its snapshot's. Once the INSERT is done, every sweep
+/// that deleted an older row of the key has committed (the INSERT waited for it), so the latest
+/// committed mark tells. Such a grant fails with 40001 rather than issue a fence twice.
 pub fn check_first_grant(fence: i64) {
     // SAFETY: reads the backend's transaction state.
     if unsafe { pg_sys::XactIsoLevel } < pg_sys::XACT_REPEATABLE_READ as i32 {
         return; // READ COMMITTED: the INSERT's own snapshot is taken after such a sweep committed
     }
-    let Some(table) = crate::pg::installed::table(c"high_water") else { return };
-    // Column 2 is `fence bigint` (sql/schema.sql).
-    // SAFETY: a bigint datum of the row.
-    let mark =
-        crate::pg::one_row::latest(table, |values, nulls| unsafe { i64::from_datum(values[1], nulls[1]) });
-    if mark.flatten().is_some_and(|mark| mark >= fence) {
+    if high_water().is_some_and(|mark| mark >= fence) {
         crate::pg::errors::deleted_since_snapshot();
     }
 }

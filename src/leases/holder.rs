@@ -1,12 +1,12 @@
 //! What the holder's token may do: the core of lease_renew (whose shell in sql/leases.sql turns
 //! "not held" into SQLSTATE PF001) and lease_release. Without the live holder's token neither
-//! changes anything, nor waits behind anyone (see `lock_key_unless_futile`).
+//! changes anything, nor waits behind anyone (see `lock_key_if_it_can_succeed`).
 use super::kinds::Kind;
 use super::notify::{self, Event};
-use super::{durability, lock_key_unless_futile, row, sessions, token_hash, token_holds, waiting};
+use super::{durability, lock_key_if_it_can_succeed, row, sessions, token_hash, token_holds, waiting};
 use crate::locks::keylock::{self, Mode};
 use crate::pg::spi_plans::execute_first;
-use crate::pg::{clock, input};
+use crate::pg::{clock, errors, input};
 use crate::stats::{self, Counter};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
@@ -57,7 +57,7 @@ fn renew_if_held(
 
 fn renew_checked(key: &str, token: Uuid, ttl: i64) -> Option<TimestampWithTimeZone> {
     let wal_before = durability::wal_position();
-    if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
+    if !lock_key_if_it_can_succeed(key, Mode::Change, |now| token_holds(key, token, now)) {
         return None;
     }
     let now = clock::now();
@@ -67,16 +67,15 @@ fn renew_checked(key: &str, token: Uuid, ttl: i64) -> Option<TimestampWithTimeZo
         return None;
     };
     let args = [key.into(), hash.into(), clock::timestamp(now).into(), clock::timestamp(now + ttl).into()];
-    let renewed = execute_first::<TimestampWithTimeZone>(by_kind!(held.kind, renew), &args);
-    match (renewed.is_some(), held.kind) {
-        (true, Kind::Durable) => durability::require_durable_commit(),
-        (true, Kind::Fast) => durability::skip_flush_if_alone(wal_before),
-        (false, _) => keylock::unlock(key, Mode::Change),
+    // Held as last committed, yet not in this transaction's snapshot: granted after it was taken.
+    let renewed = execute_first::<TimestampWithTimeZone>(by_kind!(held.kind, renew), &args)
+        .unwrap_or_else(|| errors::granted_after_snapshot());
+    match held.kind {
+        Kind::Durable => durability::require_durable_commit(),
+        Kind::Fast => durability::skip_flush_if_alone(wal_before),
     }
-    if renewed.is_some() {
-        waiting::wake_at_commit(key); // the lease may now end sooner than its waiter planned
-    }
-    renewed
+    waiting::wake_at_commit(key); // the lease may now end sooner than its waiter planned
+    Some(renewed)
 }
 
 /// Ends the lease held with `token`: true when this call ended it, false when that token no longer
@@ -94,14 +93,18 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
 
 fn release_checked(key: &str, token: Uuid) -> bool {
     let wal_before = durability::wal_position();
-    if !lock_key_unless_futile(key, Mode::Change, |now| token_holds(key, token, now)) {
+    if !lock_key_if_it_can_succeed(key, Mode::Change, |now| token_holds(key, token, now)) {
         return false;
     }
     let now = clock::now();
     let hash = token_hash(token);
     let held = row::held_with(key, &hash, now);
     let args = [key.into(), hash.into(), clock::timestamp(now).into()];
-    let ended_fence = held.and_then(|held| execute_first::<i64>(by_kind!(held.kind, release), &args));
+    // Held as last committed, yet not in this transaction's snapshot: granted after it was taken.
+    let ended_fence = held.map(|held| {
+        execute_first::<i64>(by_kind!(held.kind, release), &args)
+            .unwrap_or_else(|| errors::granted_after_snapshot())
+    });
     match ended_fence {
         Some(fence) => {
             sessions::unbound(key);

@@ -5,9 +5,9 @@
 //! Every change to a key follows the same steps, in this order:
 //! 1. check the arguments (nothing is touched when they are bad);
 //! 2. refuse read-only transactions and standbys;
-//! 3. take the key's lock (see `keylock`), waiting for the transaction that holds it to end only
-//!    when waiting can achieve something (see `lock_key_unless_futile`), and never for an acquire
-//!    without `wait`; and hold it only if something changed;
+//! 3. take the key's lock (see `keylock`) only when the last committed state says the call can
+//!    succeed (see `lock_key_if_it_can_succeed`), never waiting for it in an acquire without
+//!    `wait`; and hold it only if something changed;
 //! 4. only then read the clock, so a grant's acquired_at is never before the previous lease ended;
 //! 5. run one statement that decides liveness by that clock reading and changes the row;
 //! 6. settle what the commit needs (see `durability`): a flush for grants and renewals, none for
@@ -57,18 +57,14 @@ fn current_fence(key: Option<&str>) -> Option<i64> {
     execute_first::<i64>(statement, &[key.into()])
 }
 
-/// Takes the key's lock and returns true; or returns false, taking nothing, when the key is busy
-/// and `worth_waiting(clock now)`, a read of the last committed state, says that the call cannot
-/// succeed anyway. So a call without the live holder's token, or an acquire of a key whose lease is
-/// live, never queues behind a transaction that holds the key. And a call that then changes nothing
-/// gives the lock back at once (`keylock::unlock`), so keeping such a call's transaction open holds
-/// nobody up: without the token, nobody can stall a holder's renew or release. The decisive check is
-/// always the one made under the lock.
-fn lock_key_unless_futile(key: &str, mode: Mode, worth_waiting: impl FnOnce(i64) -> bool) -> bool {
-    if keylock::try_lock(key, mode) {
-        return true;
-    }
-    if !worth_waiting(clock::now()) {
+/// Takes the key's lock and returns true when `can_succeed(clock now)`, a read of the last
+/// committed state, says that the call can succeed; returns false, taking nothing, otherwise. So a
+/// call without the live holder's token, or a revoke of a key with no live lease, never takes the
+/// lock, and so holds up no acquirer, however often it is called. A call that then changes nothing
+/// gives the lock back at once (`keylock::unlock`), so keeping its transaction open holds nobody
+/// up either. The decisive check is always the one made under the lock.
+fn lock_key_if_it_can_succeed(key: &str, mode: Mode, can_succeed: impl FnOnce(i64) -> bool) -> bool {
+    if !can_succeed(clock::now()) {
         return false;
     }
     keylock::lock(key, mode);

@@ -2,11 +2,13 @@
 //! creates the role and grants EXECUTE to it alone).
 use crate::leases::durability;
 use crate::leases::kinds::Kind;
+use crate::leases::lock_key_if_it_can_succeed;
 use crate::leases::notify::{self, Event};
 use crate::leases::row;
 use crate::leases::waiting;
 use crate::locks::keylock::{self, Mode};
 use crate::pg::clock;
+use crate::pg::errors;
 use crate::pg::input;
 use crate::pg::spi_plans::execute_first;
 use crate::stats::{self, Counter};
@@ -32,12 +34,18 @@ macro_rules! revoke {
 fn lease_revoke(key: Option<&str>) -> bool {
     let key = input::key(key);
     durability::require_writable("revoke a lease");
-    keylock::lock(key, Mode::Change);
+    if !lock_key_if_it_can_succeed(key, Mode::Change, |now| row::live(key, now).is_some()) {
+        return false;
+    }
     let now = clock::now();
     let args = [key.into(), clock::timestamp(now).into()];
     let live = row::live(key, now);
-    let revoked =
-        live.and_then(|lease| Some((execute_first::<i64>(by_kind!(lease.kind, revoke), &args)?, lease.kind)));
+    // Live as last committed, yet not in this transaction's snapshot: granted after it was taken.
+    let revoked = live.map(|lease| {
+        let fence = execute_first::<i64>(by_kind!(lease.kind, revoke), &args)
+            .unwrap_or_else(|| errors::granted_after_snapshot());
+        (fence, lease.kind)
+    });
     let revoked_fence = revoked.map(|(fence, _)| fence);
     match revoked {
         Some((fence, kind)) => {

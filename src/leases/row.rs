@@ -26,6 +26,8 @@ pub struct Live {
     pub owner: String,
     /// When it was granted (microseconds, as clock::now()).
     pub acquired_at: i64,
+    /// For a session-bound lease, its session: (pid, session lock id), see `sessions`.
+    pub session: Option<(i32, i64)>,
 }
 
 /// What a key's row of one kind says at `now`: its last fence, and its lease if that is live.
@@ -143,16 +145,18 @@ impl Columns {
             if expires_at <= now {
                 return None;
             }
+            let mut session = None;
             if let Some(id) = get(self.session_id).and_then(|d| i64::from_datum(d, false)) {
                 let pid = get(self.session_pid).and_then(|d| i32::from_datum(d, false))?;
                 if !sessions::alive(pid, id) {
                     return None;
                 }
+                session = Some((pid, id));
             }
             let owner = get(self.owner).and_then(|d| String::from_datum(d, false)).unwrap_or_default();
             let acquired_at =
                 get(self.acquired_at).and_then(|d| i64::from_datum(d, false)).unwrap_or_default();
-            Some(Live { kind: self.kind, fence, expires_at, token_hash, owner, acquired_at })
+            Some(Live { kind: self.kind, fence, expires_at, token_hash, owner, acquired_at, session })
         };
         Found { fence, live: live(), unreleased: get(self.token_hash).is_some() }
     }

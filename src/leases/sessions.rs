@@ -12,12 +12,13 @@
 //! session-bound leases; a later session-bound grant takes a lock with the next generation, so those
 //! ended leases stay ended. Behind a pooler in transaction mode the "session" is a shared server
 //! connection, which is why session-bound leases need a direct or session-pooled connection.
-use crate::leases::waiting;
+use crate::leases::{row, waiting};
 use crate::locks::key_hash;
 use crate::locks::keylock::{self, Owner, SESSION_CLASS};
 use crate::pg::compat;
 use crate::stats::{self, Counter};
 use pgrx::prelude::*;
+use pgrx::PgTryBuilder;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
@@ -48,6 +49,7 @@ pub fn hold_session_lock() -> (i32, i64) {
             pg_sys::LockAcquire(&tag(pid, id), HOLDER_MODE, true, false);
         }
         if !EXIT_HOOK_SET.replace(true) {
+            pg_sys::before_shmem_exit(Some(count_held_at_exit), pg_sys::Datum::from(0));
             pg_sys::on_shmem_exit(Some(wake_waiters_at_exit), pg_sys::Datum::from(0));
         }
     }
@@ -104,12 +106,37 @@ fn tag(pid: i32, id: i64) -> pg_sys::LOCKTAG {
     tag
 }
 
+/// Counts, as the session exits, the session-bound leases it still holds (fence.stats.session_ends):
+/// not those it released, rolled back, or lost to expiry or revocation. It runs before PostgreSQL
+/// ends the session's transaction and drops its locks (before_shmem_exit callbacks run in reverse
+/// order of registration, and PostgreSQL registered its own at connection), in a transaction of its
+/// own, as PostgreSQL's clean-up of temporary tables does at exit. A counter is not worth an error
+/// at exit: any is swallowed, and the transaction it leaves is ended by PostgreSQL's own callback.
+#[pg_guard]
+unsafe extern "C-unwind" fn count_held_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    let keys: Vec<String> = BOUND_KEYS.with_borrow(|keys| keys.keys().cloned().collect());
+    if keys.is_empty() || !stats::counting() {
+        return;
+    }
+    let session = (pg_sys::MyProcPid, session_id(GENERATION.get()));
+    PgTryBuilder::new(|| {
+        pg_sys::AbortOutOfAnyTransaction();
+        pg_sys::StartTransactionCommand();
+        let now = crate::pg::clock::now();
+        let ours = |key: &&String| row::live(key, now).is_some_and(|lease| lease.session == Some(session));
+        let held = keys.iter().filter(ours).count();
+        pg_sys::CommitTransactionCommand();
+        stats::add(Counter::SessionEnds, held as u64);
+    })
+    .catch_others(|_| ())
+    .execute();
+}
+
 /// Runs at backend exit after PostgreSQL has dropped the session's locks (on_shmem_exit callbacks
 /// run after the before_shmem_exit one that releases advisory locks), so woken waiters find the
 /// holder's session gone.
 #[pg_guard]
 unsafe extern "C-unwind" fn wake_waiters_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
     let keys = BOUND_KEYS.take();
-    stats::add(Counter::SessionEnds, keys.len() as u64);
     keys.values().for_each(|&hash| waiting::wake(hash));
 }

@@ -3,17 +3,22 @@
 //! SQLSTATEs raised from Rust (pgrx can only raise codes it knows):
 //! - 22004 null_value_not_allowed: a required argument is NULL.
 //! - 22023 invalid_parameter_value: an argument is out of range (empty key, bad ttl, ...).
-//! - 25006 read_only_sql_transaction: a change was asked of a read-only transaction or a standby.
+//! - 25006 read_only_sql_transaction: a change was asked of a read-only transaction or a standby,
+//!   or a guard of a standby.
 //! - 0A000 feature_not_supported: lease_acquire with wait under REPEATABLE READ or SERIALIZABLE.
 //! - 42P01 undefined_table, 42703 undefined_column, 42809 wrong_object_type, 42804
 //!   datatype_mismatch: the target of a fenced or versioned write is not what it must be.
 //! - 42883 undefined_function: a filter column's type has no equality operator.
 //! - 40001 serialization_failure: versioned_update found another version, a guard raced the
-//!   update from 0.3.0, or a REPEATABLE READ acquire's snapshot predates the deletion of its key's
-//!   row (retry).
+//!   update from 0.3.0, a REPEATABLE READ acquire's snapshot predates the deletion of its key's
+//!   row, or a REPEATABLE READ renew, release or revoke's snapshot predates the lease's grant
+//!   (retry).
 //! - P0002 no_data_found, 21000 cardinality_violation: versioned_update matched no row, or several.
 //! - 25001 active_sql_transaction: fence.sweep() inside a transaction block.
 //! - 55000 object_not_in_prerequisite_state: a table of schema fence is missing or was edited by hand.
+//!
+//! PostgreSQL's own errors that pg_fence passes on: 57014 query_canceled (cancel or
+//! statement_timeout) and 55P03 lock_not_available (the caller's lock_timeout) from a waiting acquire.
 //!
 //! pg_fence's own codes (class PF): PF001 by lease_renew's SQL shell (sql/leases.sql), PF002 by the
 //! fenced writes' C entry points (src/pg/own_errors.rs):
@@ -157,6 +162,16 @@ pub fn deleted_since_snapshot() -> ! {
         PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
         "the key's lease row was deleted after this transaction's snapshot was taken".into(),
         "Retry the transaction, or acquire in READ COMMITTED.",
+    )
+}
+
+/// Under REPEATABLE READ or SERIALIZABLE: the key's live lease was granted after the snapshot, so
+/// the transaction's statements cannot see the row they must change.
+pub fn granted_after_snapshot() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        "the key's lease was granted after this transaction's snapshot was taken".into(),
+        "Retry the transaction, or call it in READ COMMITTED.",
     )
 }
 

@@ -21,6 +21,9 @@ static TRACK_STATS: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Whether lease changes are announced with NOTIFY on channel pg_fence.
 static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// Whether those announcements name the key.
+static NOTIFY_KEYS: GucSetting<bool> = GucSetting::<bool>::new(false);
+
 pub fn init() {
     GucRegistry::define_bool_guc(
         c"pg_fence.notify",
@@ -30,6 +33,15 @@ pub fn init() {
           so that every session, and the sweeper, announces.",
         &NOTIFY,
         GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_fence.notify_keys",
+        c"Name the key in pg_fence's NOTIFY announcements.",
+        c"Off by default: every role may LISTEN on channel pg_fence, including roles refused \
+          fence.leases, and keys are often business identifiers. Superuser-only.",
+        &NOTIFY_KEYS,
+        GucContext::Suset,
         GucFlags::default(),
     );
     // A postmaster-context setting can only be defined while the postmaster loads preloaded
@@ -115,6 +127,10 @@ pub fn stats() -> bool {
 
 pub fn notify() -> bool {
     NOTIFY.get()
+}
+
+pub fn notify_keys() -> bool {
+    NOTIFY_KEYS.get()
 }
 
 /// Sets one of PostgreSQL's own user-settable GUCs from inside pg_fence: `GUC_ACTION_LOCAL` is

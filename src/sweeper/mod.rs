@@ -84,6 +84,12 @@ const RAISE_HIGH_WATER: &str = "
     INSERT INTO fence.high_water AS h (one, fence) VALUES (true, $1)
     ON CONFLICT (one) DO UPDATE SET fence = greatest(h.fence, excluded.fence)";
 
+/// All fast reservations but the highest, which alone counts (see `leases::fences`).
+const TRIM_FAST_RESERVE: &str = "
+    DELETE FROM fence.fast_reserve WHERE ctid IN (
+        SELECT ctid FROM fence.fast_reserve
+         WHERE fence < (SELECT max(fence) FROM fence.fast_reserve) FOR UPDATE SKIP LOCKED)";
+
 /// The sweeper's figures, locked for this sweep unless another sweep holds them.
 const CLAIM: &str = "SELECT 1 FROM fence.sweeper_stats FOR UPDATE SKIP LOCKED";
 
@@ -125,6 +131,9 @@ fn sweep() -> i64 {
     stats::add(Counter::ExpiriesSwept, ended.len() as u64);
     if let Some(highest) = deleted.iter().map(|(_, fence, _)| *fence).max() {
         execute(RAISE_HIGH_WATER, &[highest.into()], |_| ());
+    }
+    if installed::table(c"fast_reserve").is_some() {
+        execute(TRIM_FAST_RESERVE, &[], |_| ());
     }
     let changed = rows.len() as i64;
     let record = [clock::timestamp(now).into(), (ended.len() as i64).into(), (deleted.len() as i64).into()];

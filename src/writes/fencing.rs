@@ -69,9 +69,23 @@ fn fence_holds(key: Option<&str>, fence: Option<i64>) -> bool {
 /// the old one while the update committed would hold back no grant made afterwards. Reading the
 /// lease row has locked fence.lease_state, which the update holds exclusively until it commits,
 /// and so brought in its catalog changes.
+///
+/// A fence that does not hold as last committed is refused before the lock is taken: a caller
+/// without the live fence never holds up a grant, however often it calls.
 fn guard(key: &str, fence: i64, owner: Owner) -> bool {
+    // SAFETY: reads shared state.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        // A standby may not have replayed the revocation or grant that made this fence stale, and
+        // its lock holds back no grant on the primary.
+        errors::read_only("guard a write", true);
+    }
+    let holds_now = || row::live(key, clock::now()).is_some_and(|lease| lease.fence == fence);
+    if !holds_now() {
+        stats::bump(Counter::GuardsRefused);
+        return false;
+    }
     let hash = keylock::lock_for(key, Mode::Guard, owner);
-    let holds = row::live(key, clock::now()).is_some_and(|lease| lease.fence == fence);
+    let holds = holds_now();
     if key_hash::of(key) != hash {
         keylock::unlock_hash(hash, Mode::Guard, owner);
         errors::lock_hash_changed();

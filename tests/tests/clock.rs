@@ -240,9 +240,10 @@ fn fences_strictly_increase_through_clock_steps_and_deletions() {
 }
 
 /// A REPEATABLE READ transaction whose snapshot predates both the first grant of a key and the
-/// sweep that deleted the key's row again: its acquire of the key finds no row and reads the
-/// high-water mark of its snapshot, older than the deleted fence. With the clock stepped back
-/// behind that fence, the fence it would get is the deleted one: it must fail with 40001 instead.
+/// sweep that deleted the key's row again: its acquire of the key finds no row, and its snapshot's
+/// high-water mark is older than the deleted fence. With the clock stepped back behind that fence,
+/// only the mark as last committed, which every grant reads, keeps it from handing that fence out
+/// again.
 #[test]
 fn a_repeatable_read_acquire_never_reissues_a_fence_deleted_after_its_snapshot() {
     const KEY: &str = "clock:rr";
@@ -270,14 +271,12 @@ fn a_repeatable_read_acquire_never_reissues_a_fence_deleted_after_its_snapshot()
         client.query_one("SELECT count(*) FROM fence.lease_state WHERE key = $1", &[&KEY]).unwrap().get(0);
     assert_eq!(rows, 0, "the sweep did not delete the key's row");
 
-    let granted = Acquire::new(KEY, "1 hour").try_run(&mut old);
-    match granted {
-        Ok(lease) => {
-            let fence = lease.map(|lease| lease.fence);
-            panic!("the old snapshot's acquire got fence {fence:?}; {deleted} was deleted after it");
-        }
-        Err(err) => assert_eq!(sqlstate(&err), "40001", "{err}"),
-    }
+    let granted = Acquire::new(KEY, "1 hour").try_run(&mut old).expect("the key is free").expect("granted");
+    assert!(
+        granted.fence > deleted,
+        "the old snapshot's acquire got fence {}; {deleted} was deleted after it",
+        granted.fence
+    );
     old.batch_execute("ROLLBACK").unwrap();
     let fence = acquire(&mut client, KEY, "1 hour").expect("the key is free").fence;
     assert!(fence > deleted, "retried in READ COMMITTED: fence {fence}, not above {deleted}");
@@ -336,4 +335,102 @@ fn a_crash_after_a_step_back_hands_out_no_fast_fence_again() {
         lease.release(&mut client);
         told.push((key, fence));
     }
+}
+
+/// A key's two rows are deleted one at a time (by their own end, which a step of the clock can
+/// order either way): the grant of the kind whose row stayed must start above the deleted row's
+/// fence, held now only by the high-water mark, though the clock has stepped back behind it.
+#[test]
+fn a_grant_starts_above_the_other_kinds_deleted_fence() {
+    let clock = FakeClock::new("clock_deleted_other");
+    // Rows of leases that ended more than 30 s ago are deleted; younger ones stay.
+    let cluster = clock.start_cluster("clock_deleted_other", 26957, &["pg_fence.retain_ended=30"]);
+    let mut client = cluster.connect();
+    for (kept_durable, key) in [(false, "fast-kept"), (true, "durable-kept")] {
+        // The kept row's lease ends at the real time; the other's, granted after it with the
+        // clock 60 s back, ends 60 s earlier by the clock, so the sweep deletes it first.
+        let kept = Acquire::new(key, "1 hour").durable(kept_durable).run(&mut client).unwrap();
+        kept.release(&mut client);
+        clock.step(&mut client, -60);
+        let deleted = Acquire::new(key, "1 hour").durable(!kept_durable).run(&mut client).unwrap();
+        assert!(deleted.fence > kept.fence);
+        deleted.release(&mut client);
+        clock.step(&mut client, 0);
+        client.query_one("SELECT fence.sweep()", &[]).unwrap();
+        let (durable_rows, fast_rows): (i64, i64) = {
+            let row = client
+                .query_one(
+                    "SELECT (SELECT count(*) FROM fence.lease_state WHERE key = $1),
+                            (SELECT count(*) FROM fence.fast_lease_state WHERE key = $1)",
+                    &[&key],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        };
+        assert_eq!((durable_rows, fast_rows), (i64::from(kept_durable), i64::from(!kept_durable)), "{key}");
+        clock.step(&mut client, -60);
+        let again = Acquire::new(key, "1 hour").durable(kept_durable).run(&mut client).unwrap();
+        assert!(
+            again.fence > deleted.fence,
+            "{key}: granted {} after {} was told",
+            again.fence,
+            deleted.fence
+        );
+        again.release(&mut client);
+        clock.step(&mut client, 0);
+    }
+}
+
+/// A fast lease granted at the clock, a step back, then a crash: the crash forgets the fast lease,
+/// and the clock is behind its fence; the next grant of the key, of either kind, must still be
+/// above it (the fast reservation, src/leases/fences.rs).
+#[test]
+fn a_crash_after_a_step_back_forgets_no_fast_fence_granted_at_the_clock() {
+    let clock = FakeClock::new("clock_fast_reserve");
+    let cluster = clock.start_cluster("clock_fast_reserve", 26958, &[]);
+    let mut client = cluster.connect();
+    let mut told = Vec::new();
+    for key in ["then-durable", "then-fast"] {
+        told.push(Acquire::new(key, "1 hour").durable(false).run(&mut client).unwrap().fence);
+    }
+    clock.step(&mut client, -600);
+    cluster.crash();
+    clock.restart(&cluster);
+    let mut client = cluster.connect();
+    assert!(server_offset(&mut client) < -500.0, "the restarted server's clock is not stepped back");
+    for ((key, durable), told) in [("then-durable", true), ("then-fast", false)].into_iter().zip(told) {
+        let fence = Acquire::new(key, "1 hour").durable(durable).run(&mut client).expect("crash").fence;
+        assert!(fence > told, "{key}: granted {fence} (durable: {durable}) after {told} was told");
+    }
+}
+
+/// A fast grant that takes over an expired, unreleased durable lease ends it in the durable row. A
+/// crash right after, and a restart with the clock back before that lease's expiry: the old lease
+/// must stay ended, not renew and pass its guard beside the new holder.
+#[test]
+fn a_durable_lease_a_fast_grant_took_over_stays_lost_after_a_crash() {
+    const KEY: &str = "clock:taken-over";
+    let clock = FakeClock::new("clock_taken_over");
+    // The WAL writer flushes an asynchronous commit within wal_writer_delay: keep it from doing so
+    // before the crash.
+    let cluster = clock.start_cluster("clock_taken_over", 26959, &["wal_writer_delay=10s"]);
+    let mut client = cluster.connect();
+    // A first fast grant reserves fast fences ahead of the clock and flushes; the takeover's own
+    // fence is then covered, so nothing but the takeover itself can make its commit flush.
+    Acquire::new("clock:warm-up", "1 hour").durable(false).run(&mut client).unwrap();
+    let old = Acquire::new(KEY, "2 seconds").run(&mut client).unwrap();
+    thread::sleep(Duration::from_millis(2_200));
+    let new = Acquire::new(KEY, "1 hour").durable(false).run(&mut client).expect("the old lease expired");
+    assert!(new.fence > old.fence);
+    cluster.crash();
+    clock.write(-10);
+    clock.restart(&cluster);
+    let mut client = cluster.connect();
+    assert!(server_offset(&mut client) < -5.0, "the restarted server's clock is not stepped back");
+    assert_eq!(renew(&mut client, &old), Err("PF001".into()), "the taken-over lease renewed");
+    assert_eq!(
+        guard(&mut client, KEY, old.fence),
+        Err("PF002".into()),
+        "the taken-over lease's guard passed"
+    );
 }

@@ -158,3 +158,24 @@ fn failover_to_an_asynchronous_standby_loses_grants_but_reissues_no_fence() {
         "keys whose next grant reissued a fence, and stale guards accepted: {outcome:?}"
     );
 }
+
+/// A standby refuses fence_guard as it refuses every other call (25006): it may not have replayed
+/// the revocation or the grant that made a fence stale, and its lock holds back no grant made on
+/// the primary.
+#[test]
+fn a_standby_refuses_the_guard() {
+    let primary = Cluster::start("guard_primary", 27308, &[]);
+    let standby = Cluster::start_standby("guard_standby", &primary, 27309, &[]);
+    let mut client = primary.connect();
+    let lease = Acquire::new("k", "1 hour").run(&mut client).expect("the key is free");
+    let (mut on_standby, fence) = (standby.connect(), lease.fence);
+    let replayed = pg_fence_integration::eventually(Duration::from_secs(20), || {
+        let seen = "SELECT count(*) FROM fence.lease_state WHERE key = 'k'";
+        on_standby.query_one(seen, &[]).unwrap().get::<_, i64>(0) == 1
+    });
+    assert!(replayed, "the standby never replayed the grant");
+    for call in ["SELECT fence.fence_guard('k', $1)", "SELECT fence.fence_holds('k', $1)"] {
+        let err = on_standby.query_one(call, &[&fence]).expect_err("a standby must refuse the guard");
+        assert_eq!(pg_fence_integration::sqlstate(&err), "25006", "{call}: {err}");
+    }
+}

@@ -255,3 +255,67 @@ fn an_acquire_without_wait_never_waits() {
     let next = try_acquire(&mut client, "written").0.expect("not free after the write committed");
     assert!(next > fence, "fence {next} granted after {fence}");
 }
+
+/// Calls that can change nothing (a guard without the live fence, a release without the live
+/// token) take no lock: however fast a session loops them on a free key, another role's acquires
+/// without `wait` of that key are all granted.
+#[test]
+fn calls_that_change_nothing_hold_up_no_acquire() {
+    let cluster = Cluster::start("change_nothing", 26106, &[]);
+    cluster
+        .connect()
+        .batch_execute("CREATE ROLE looper LOGIN; GRANT fence_user TO looper; CREATE ROLE taker LOGIN; GRANT fence_user TO taker")
+        .unwrap();
+    for (call, what) in [
+        ("PERFORM fence.fence_guard('free', 0)", "fence_guard"),
+        ("PERFORM fence.lease_release('free', gen_random_uuid())", "lease_release"),
+        ("PERFORM fence.lease_renew('free', gen_random_uuid(), '1 s')", "lease_renew"),
+    ] {
+        let mut looper = cluster.connect_as("looper");
+        let looping = format!(
+            "DO $$ BEGIN FOR i IN 1..200000 LOOP
+                 BEGIN {call}; EXCEPTION WHEN OTHERS THEN NULL; END;
+                 EXIT WHEN i % 1000 = 0 AND clock_timestamp() > now() + interval '3 s';
+             END LOOP; END $$"
+        );
+        let looping = thread::spawn(move || looper.batch_execute(&looping).unwrap());
+        let mut taker = cluster.connect_as("taker");
+        let refused = (0..1_000)
+            .filter(|_| match acquire(&mut taker, "free", "1 minute") {
+                Some(lease) => !lease.release(&mut taker),
+                None => true,
+            })
+            .count();
+        looping.join().unwrap();
+        assert_eq!(refused, 0, "{what} in a loop: {refused} of 1,000 acquires of a free key refused");
+    }
+}
+
+/// Under REPEATABLE READ, a lease granted after the snapshot is invisible to the transaction's
+/// statements: its holder's renew and release, and a revoke, fail with 40001 (retry), never
+/// "lost" (PF001, false), which would make a live holder stop.
+#[test]
+fn a_lease_granted_after_a_repeatable_read_snapshot_is_a_serialization_failure() {
+    let cluster = Cluster::start("rr_holder", 26107, &[]);
+    let mut client = cluster.connect();
+    let calls = [
+        ("lease_renew", "SELECT fence.lease_renew($1, $2, '1 minute')::text"),
+        ("lease_release", "SELECT fence.lease_release($1, $2)::text"),
+        ("lease_revoke", "SELECT fence.lease_revoke($1)::text WHERE $2::uuid IS NOT NULL"),
+    ];
+    for (n, (what, call)) in calls.into_iter().enumerate() {
+        let key = format!("rr:{n}");
+        let mut old = cluster.connect();
+        old.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").unwrap();
+        let lease = acquire(&mut client, &key, "1 hour").expect("the key is free");
+        let result = old.query_one(call, &[&key, &lease.token]).map(|row| row.get::<_, Option<String>>(0));
+        match result {
+            Err(err) => assert_eq!(sqlstate(&err), "40001", "{what}: {err}"),
+            Ok(answer) => panic!("{what} answered {answer:?} for a live lease granted after the snapshot"),
+        }
+        old.batch_execute("ROLLBACK").unwrap();
+        let live: bool =
+            client.query_one("SELECT live FROM fence.leases WHERE key = $1", &[&key]).unwrap().get(0);
+        assert!(live, "{what}: the failed call changed the lease");
+    }
+}

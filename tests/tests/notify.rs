@@ -36,7 +36,7 @@ fn every_lease_change_is_announced_at_commit() {
     let mut client = cluster.connect();
     acquire(&mut client, "quiet", "1 minute");
     assert!(received(&mut listener).is_empty(), "announced with pg_fence.notify off (the default)");
-    client.batch_execute("SET pg_fence.notify = on").unwrap();
+    client.batch_execute("SET pg_fence.notify = on; SET pg_fence.notify_keys = on").unwrap();
 
     let mut tx = client.transaction().unwrap();
     let lease = acquire(&mut tx, "k", "1 minute").expect("the key is free");
@@ -81,7 +81,9 @@ fn every_lease_change_is_announced_at_commit() {
 fn a_forged_event_looks_real_and_fence_leases_tells_the_truth() {
     let cluster = Cluster::start("notify_forged", 26602, &[]);
     let mut admin = cluster.connect();
-    admin.batch_execute("CREATE ROLE forger LOGIN; SET pg_fence.notify = on").unwrap();
+    admin
+        .batch_execute("CREATE ROLE forger LOGIN; SET pg_fence.notify = on; SET pg_fence.notify_keys = on")
+        .unwrap();
     let mut listener = cluster.connect();
     listener.batch_execute("LISTEN pg_fence").unwrap();
     let fence = acquire(&mut admin, "job", "1 minute").expect("the key is free").fence;
@@ -98,4 +100,27 @@ fn a_forged_event_looks_real_and_fence_leases_tells_the_truth() {
     let live: bool =
         listener.query_one("SELECT live FROM fence.leases WHERE key = 'job'", &[]).unwrap().get(0);
     assert!(live, "the lease the forged event called revoked is live");
+}
+
+/// Every role may LISTEN on channel pg_fence, including a role refused fence.leases: unless a
+/// superuser turns pg_fence.notify_keys on, an event names its kind and fence, never the key.
+#[test]
+fn events_name_no_key_unless_a_superuser_says_so() {
+    let cluster = Cluster::start("notify_keys", 26603, &[]);
+    let mut admin = cluster.connect();
+    admin
+        .batch_execute("CREATE ROLE outsider LOGIN; CREATE ROLE app LOGIN; GRANT fence_user TO app")
+        .unwrap();
+    let mut outsider = cluster.connect_as("outsider");
+    let refused = outsider.query_one("SELECT count(*) FROM fence.leases", &[]).unwrap_err();
+    assert_eq!(pg_fence_integration::sqlstate(&refused), "42501");
+    outsider.batch_execute("LISTEN pg_fence").unwrap();
+    let mut app = cluster.connect_as("app");
+    app.batch_execute("SET pg_fence.notify = on").unwrap();
+    let fence = acquire(&mut app, "customer:4711", "1 minute").expect("the key is free").fence;
+    let events = received(&mut outsider);
+    assert!(events.len() == 1 && events[0].contains(&format!("\"fence\":{fence}")), "{events:?}");
+    assert!(!events[0].contains("customer:4711") && !events[0].contains("\"key\""), "{events:?}");
+    let err = app.batch_execute("SET pg_fence.notify_keys = on").unwrap_err();
+    assert_eq!(pg_fence_integration::sqlstate(&err), "42501", "an application turned keys on itself");
 }

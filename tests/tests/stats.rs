@@ -202,3 +202,37 @@ fn the_exporter_query_runs_and_lists_every_column_it_returns() {
     let plain = Cluster::start("stats_exporter_plain", 27475, &[]);
     assert!(plain.connect().query(query, &[]).unwrap().is_empty(), "no row without preload");
 }
+
+/// session_ends counts the session-bound leases a session still held when it exited, and no other:
+/// not one it released, rolled back, let expire or saw revoked. waits_begun counts acquires that
+/// began to wait, not an acquire with `wait` of a free key.
+#[test]
+fn session_ends_and_waits_begun_count_only_what_they_name() {
+    let cluster = preloaded("stats_exact", 27472);
+    let mut c = cluster.connect();
+    assert!(c.query_one("SELECT fence.stats_reset()", &[]).unwrap().get::<_, bool>(0));
+    let mut session = cluster.connect();
+    fn bound<'a>(key: &'a str, ttl: &'a str) -> Acquire<'a> {
+        Acquire::new(key, ttl).session_bound(true)
+    }
+    let released = bound("released", "30 s").run(&mut session).unwrap();
+    assert!(released.release(&mut session));
+    let mut tx = session.transaction().unwrap();
+    bound("rolled-back", "30 s").run(&mut tx).unwrap();
+    tx.rollback().unwrap();
+    bound("expired", "1 ms").run(&mut session).unwrap();
+    bound("revoked", "30 s").run(&mut session).unwrap();
+    assert!(c.query_one("SELECT fence.lease_revoke('revoked')", &[]).unwrap().get::<_, bool>(0));
+    bound("held", "30 s").run(&mut session).unwrap();
+    thread::sleep(Duration::from_millis(50));
+    drop(session);
+    let ends =
+        |c: &mut Client| c.query_one("SELECT session_ends FROM fence.stats", &[]).unwrap().get::<_, i64>(0);
+    assert!(pg_fence_integration::eventually(Duration::from_secs(20), || ends(&mut c) > 0), "no session end");
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(ends(&mut c), 1, "only the held lease's session ended it");
+
+    Acquire::new("free", "30 s").wait("5 s").run(&mut c).expect("the key is free");
+    let begun: i64 = c.query_one("SELECT waits_begun FROM fence.stats", &[]).unwrap().get(0);
+    assert_eq!(begun, 0, "an acquire of a free key began to wait");
+}

@@ -174,12 +174,12 @@ fn fresh_schema(cluster: &Cluster, admin: &mut Client) -> String {
     schema(cluster, "fresh")
 }
 
-/// The update from 0.3.0 changes the hash that names key locks. A guard that took its key lock by
-/// the old hash while the update ran (it then waits for the update's lock on fence.lease_state)
-/// must not pass once the update has committed: its lock would hold back no later grant. It raises
-/// 40001, and a retry passes under the new hash.
+/// The update from 0.3.0 changes the hash that names key locks. A guard that runs while the update
+/// does must not pass holding a lock named by the old hash, which would hold back no grant made
+/// after the update. It reads the lease (waiting for the update's lock on fence.lease_state) before
+/// it names its lock, so it names it by the new hash: its transaction holds back the next grant.
 #[test]
-fn a_guard_that_raced_the_update_from_0_3_0_is_refused() {
+fn a_guard_that_raced_the_update_from_0_3_0_holds_the_new_lock() {
     let cluster = Cluster::start_without_extension("upgrade_race", 26902, &[]);
     let mut holder = cluster.connect();
     holder.batch_execute("CREATE EXTENSION pg_fence VERSION '0.3.0'").unwrap();
@@ -190,13 +190,19 @@ fn a_guard_that_raced_the_update_from_0_3_0_is_refused() {
     let mut guard = cluster.connect();
     let pid = backend_pid(&mut guard);
     let guarded = std::thread::spawn(move || {
-        let outcome = guard.query_one("SELECT fence.fence_guard('k', $1)", &[&fence]).map(|_| ());
+        let outcome = guard.batch_execute(&format!("BEGIN; SELECT fence.fence_guard('k', {fence})"));
         (outcome.map_err(|e| sqlstate(&e)), guard)
     });
     let mut observer = cluster.connect();
     assert!(comes_to_wait_on(&mut observer, pid, "Lock"), "the guard never waited for the update");
     updater.batch_execute("COMMIT").unwrap();
     let (outcome, mut guard) = guarded.join().unwrap();
-    assert_eq!(outcome, Err("40001".into()), "a guard holding a lock named by the old hash passed");
-    guard.query_one("SELECT fence.fence_guard('k', $1)", &[&fence]).unwrap();
+    assert_eq!(outcome, Ok(()), "the guard of the live lease was refused");
+    observer.query_one("SELECT fence.lease_revoke('k')", &[]).unwrap();
+    assert!(acquire(&mut observer, "k", "1 hour").is_none(), "a grant got past the open guard");
+    guard.batch_execute("COMMIT").unwrap();
+    assert!(
+        acquire(&mut observer, "k", "1 hour").is_some(),
+        "the key is free once the guard's transaction ended"
+    );
 }

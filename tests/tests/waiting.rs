@@ -314,3 +314,49 @@ fn an_acquire_without_wait_does_not_jump_the_queue() {
     let next = grant.expect("the waiter was not granted the key").fence;
     assert!(next > fence, "fence {next} granted after {fence}");
 }
+
+/// A retried acquire that brings the token of an earlier try still queued on the server (its
+/// client gave up on it): when that try is granted first, the retry's answer is its lease, not a
+/// wait for it to end.
+#[test]
+fn a_waiting_retry_returns_the_lease_its_earlier_try_was_granted() {
+    const KEY: &str = "retry";
+    let cluster = Cluster::start("wait_retry", 26710, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let held = acquire(&mut holder, KEY, "1 hour").expect("the key is free");
+    let token = uuid::Uuid::from_u128(rand::random());
+    let queue = |wait: &'static str| {
+        let mut client = cluster.connect();
+        let pid = backend_pid(&mut client);
+        let call =
+            thread::spawn(move || Acquire::new(KEY, "1 minute").wait(wait).token(token).run(&mut client));
+        (pid, call)
+    };
+    let (first_pid, first) = queue("1 minute");
+    assert!(eventually(GENEROUS, || sleeping(&mut observer, first_pid)), "the first try never waited");
+    let (retry_pid, retry) = queue("10 seconds");
+    assert!(eventually(GENEROUS, || queued(&mut observer, retry_pid)), "the retry never queued");
+    assert!(held.release(&mut holder));
+    let granted = first.join().unwrap().expect("the first try is granted at the release");
+    let answered = retry.join().unwrap().map(|lease| (lease.fence, lease.token));
+    assert_eq!(answered, Some((granted.fence, token)), "the retry did not return its own lease");
+}
+
+/// Errors pg_fence passes on carry no Rust backtrace, even with RUST_BACKTRACE=1 in the server's
+/// environment: a cancelled wait's error is PostgreSQL's own, passed through pg_fence's wait.
+#[test]
+fn a_cancelled_wait_carries_no_rust_backtrace() {
+    let cluster = Cluster::start_with_env("wait_backtrace", 26711, &[], &[("RUST_BACKTRACE", "1")]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    acquire(&mut holder, "held", "1 hour").expect("the key is free");
+    let mut client = cluster.connect();
+    let pid = backend_pid(&mut client);
+    let call = thread::spawn(move || Acquire::new("held", "1 minute").wait("1 minute").try_run(&mut client));
+    assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)), "the waiter never waited");
+    observer.execute("SELECT pg_cancel_backend($1)", &[&pid]).unwrap();
+    let err = call.join().unwrap().expect_err("the cancel ends the wait with an error");
+    assert_eq!(sqlstate(&err), "57014");
+    let db = err.as_db_error().expect("a server error");
+    let said = format!("{:?} {:?} {:?}", db.message(), db.detail(), db.hint());
+    assert!(!said.contains("backtrace") && !said.contains("::"), "the error carries Rust internals: {said}");
+}
