@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import timedelta
 
 import psycopg
 import pytest
+from conftest import eventually
 
 import pg_fence
 from pg_fence import Client, LeaseLost, Retry, StaleFence, WaitCancelled, WaitTimedOut
@@ -84,6 +86,21 @@ def test_a_cancelled_wait_is_wait_cancelled_not_a_broken_connection(cluster, key
         with pytest.raises(WaitCancelled):
             pg_fence.acquire(conn, key, 30, wait=10)
         assert not conn.broken
+
+
+def test_lock_timeout_while_queued_behind_another_waiter_is_wait_cancelled(cluster, key):
+    with Client(cluster.conninfo) as holder, cluster.connect() as first, cluster.connect() as second:
+        assert holder.acquire(key, 30)
+        ahead = threading.Thread(target=pg_fence.acquire, args=(first, key, 30), kwargs={"wait": 3})
+        ahead.start()
+        waiting = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s"
+        assert eventually(lambda: cluster.sql(waiting, (first.info.backend_pid,)) == ("Extension",))
+        # Second in line, it queues for a lock behind the first, which its lock_timeout bounds.
+        second.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(WaitCancelled) as cancelled:
+            pg_fence.acquire(second, key, 30, wait=10)
+        assert cancelled.value.sqlstate == "55P03" and not second.broken
+        ahead.join()
 
 
 def test_lease_raises_wait_timed_out_when_not_granted(cluster, key):

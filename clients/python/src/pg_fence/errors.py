@@ -1,7 +1,8 @@
 """pg_fence's failures as Python types, and which of psycopg's errors mean what.
 
-psycopg knows PF001 and PF002 only as ProgrammingError, and reports a cancelled wait (57014) and a
-dropped connection both as OperationalError; a caller must treat them differently:
+psycopg knows PF001 and PF002 only as ProgrammingError, and reports an acquire's wait ended by the
+server (57014, 55P03) and a dropped connection both as OperationalError; a caller must treat them
+differently:
 - LeaseLost, StaleFence: the server said so; stop the work done under that lease.
 - WaitTimedOut, WaitCancelled: the acquire did not grant; nothing is held.
 - OutcomeUnknown: the connection broke while the call was in flight, and retries ran out; the
@@ -38,7 +39,12 @@ class WaitTimedOut(PgFenceError):
 
 
 class WaitCancelled(PgFenceError):
-    """A waiting acquire was cancelled or hit statement_timeout (57014); it granted nothing."""
+    """A waiting acquire was cancelled or hit statement_timeout (57014), or lock_timeout while queued
+    behind other waiters (55P03); it granted nothing. `sqlstate` says which."""
+
+    def __init__(self, message: str, sqlstate: Optional[str] = None):
+        super().__init__(message)
+        self.sqlstate = sqlstate
 
 
 class OutcomeUnknown(PgFenceError):
@@ -56,6 +62,7 @@ class CallTimedOut(TimeoutError):
 LEASE_LOST = "PF001"
 STALE_FENCE = "PF002"
 QUERY_CANCELED = "57014"
+LOCK_NOT_AVAILABLE = "55P03"
 READ_ONLY = "25006"
 
 
@@ -88,13 +95,13 @@ def retryable(err: BaseException) -> bool:
 
 
 def translate(err: BaseException, key: str, *, waiting: bool = False) -> BaseException:
-    """pg_fence's own SQLSTATEs as their types (57014 as WaitCancelled only for a `waiting`
-    acquire); every other error as it is."""
+    """pg_fence's own SQLSTATEs as their types (57014 and 55P03 as WaitCancelled only for a
+    `waiting` acquire); every other error as it is."""
     state = sqlstate(err)
     if state == LEASE_LOST:
         return LeaseLost(key, str(err).strip())
     if state == STALE_FENCE:
         return StaleFence(str(err).strip())
-    if state == QUERY_CANCELED and waiting:
-        return WaitCancelled(str(err).strip())
+    if state in (QUERY_CANCELED, LOCK_NOT_AVAILABLE) and waiting:
+        return WaitCancelled(str(err).strip(), state)
     return err
