@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from datetime import timedelta
@@ -118,3 +119,9 @@ def test_full_jitter_stays_within_its_bounds():
         assert all(0 <= p <= bound for p in pauses) and max(pauses) > bound / 2
     assert len(list(retry.pauses())) == 7
     assert list(Retry(attempts=1).pauses()) == []
+
+
+def test_the_default_retry_is_bounded_by_its_total_time_not_a_count():
+    # Tries at once take no time: only the 15 s total would end them.
+    assert len(list(itertools.islice(Retry().pauses(), 100))) == 100
+    assert list(Retry(total=0.0).pauses()) == []

@@ -7,11 +7,13 @@ differently:
 - WaitTimedOut, WaitCancelled: the acquire did not grant; nothing is held.
 - OutcomeUnknown: the connection broke while the call was in flight, and retries ran out; the
   server may or may not have done it.
+- ConnectFailed: no connection could be made, and retries ran out; nothing reached the server.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import psycopg
 
@@ -55,6 +57,20 @@ class OutcomeUnknown(PgFenceError):
     token = None
 
 
+class ConnectFailed(PgFenceError):
+    """No connection could be made (refused, unreachable, a pool with none to give): nothing was
+    sent. The error from psycopg is the cause."""
+
+
+@contextmanager
+def connecting() -> Iterator[None]:
+    """Around the making (or taking from a pool) of a connection, whose failure sent nothing."""
+    try:
+        yield
+    except psycopg.OperationalError as err:
+        raise ConnectFailed(f"could not connect: {str(err).strip()}") from err
+
+
 class CallTimedOut(TimeoutError):
     """A call got no answer within its time limit; it may or may not have happened."""
 
@@ -84,11 +100,12 @@ def outcome_unknown(err: BaseException) -> bool:
 
 
 def retryable(err: BaseException) -> bool:
-    """Whether trying again (on a new connection) can succeed: a broken connection, a server
-    starting up (57P03), or a standby reached where the primary was meant (25006, as after a
-    failover)."""
+    """Whether trying again (on a new connection) can succeed: a broken connection, none made, a
+    server starting up (57P03), or a standby reached where the primary was meant (25006, as after
+    a failover)."""
     return (
         outcome_unknown(err)
+        or isinstance(err, ConnectFailed)
         or sqlstate(err) in (READ_ONLY, "57P03")
         or (isinstance(err, psycopg.InterfaceError) and "closed" in str(err))
     )
