@@ -73,3 +73,13 @@ async def test_async_session_bound_lease_is_lost_at_once_when_its_session_ends(o
             await asyncio.wait_for(lease.lost.wait(), 5)  # the next renewal is 10 s away
             print(f"\nasync session ended: told {1000 * (lease.lost_at - ended):.0f} ms after pg_terminate_backend")
             assert lease.state == "lost"
+
+
+async def test_async_release_whose_connection_broke_is_retried_on_a_new_one(cluster, key):
+    async with AsyncClient(cluster.conninfo, application_name="async_broken_release") as client:
+        lease = await client.lease(key, 30)
+        (pid,) = cluster.backend_pids("async_broken_release")
+        cluster.sql("SELECT pg_terminate_backend(%s)", (pid,))
+        assert await lease.release() is True, "the release was not tried again on a new connection"
+        assert lease.state == "released"
+        assert cluster.sql("SELECT count(*) FROM fence.leases WHERE key = %s AND live", (key,)) == (0,)

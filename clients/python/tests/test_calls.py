@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
 import uuid
 from datetime import timedelta
 
 import psycopg
 import pytest
+from conftest import eventually
 
 import pg_fence
 from pg_fence import Client, LeaseLost, Retry, StaleFence, WaitCancelled, WaitTimedOut
@@ -86,6 +89,21 @@ def test_a_cancelled_wait_is_wait_cancelled_not_a_broken_connection(cluster, key
         assert not conn.broken
 
 
+def test_lock_timeout_while_queued_behind_another_waiter_is_wait_cancelled(cluster, key):
+    with Client(cluster.conninfo) as holder, cluster.connect() as first, cluster.connect() as second:
+        assert holder.acquire(key, 30)
+        ahead = threading.Thread(target=pg_fence.acquire, args=(first, key, 30), kwargs={"wait": 3})
+        ahead.start()
+        waiting = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s"
+        assert eventually(lambda: cluster.sql(waiting, (first.info.backend_pid,)) == ("Extension",))
+        # Second in line, it queues for a lock behind the first, which its lock_timeout bounds.
+        second.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(WaitCancelled) as cancelled:
+            pg_fence.acquire(second, key, 30, wait=10)
+        assert cancelled.value.sqlstate == "55P03" and not second.broken
+        ahead.join()
+
+
 def test_lease_raises_wait_timed_out_when_not_granted(cluster, key):
     with Client(cluster.conninfo) as client:
         assert client.acquire(key, 30)
@@ -101,3 +119,9 @@ def test_full_jitter_stays_within_its_bounds():
         assert all(0 <= p <= bound for p in pauses) and max(pauses) > bound / 2
     assert len(list(retry.pauses())) == 7
     assert list(Retry(attempts=1).pauses()) == []
+
+
+def test_the_default_retry_is_bounded_by_its_total_time_not_a_count():
+    # Tries at once take no time: only the 15 s total would end them.
+    assert len(list(itertools.islice(Retry().pauses(), 100))) == 100
+    assert list(Retry(total=0.0).pauses()) == []

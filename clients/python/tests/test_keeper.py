@@ -147,3 +147,21 @@ def test_renewals_run_in_the_background_while_the_work_computes(cluster, key):
             while time.monotonic() < end:  # pure Python that never sleeps: the GIL is shared
                 pass
             assert lease.held()
+
+
+def test_a_release_whose_connection_broke_is_retried_on_a_new_one(cluster, key):
+    with Client(cluster.conninfo, application_name="broken_release") as client:
+        lease = client.lease(key, 30)  # the next renewal is 10 s away: nobody has noticed by then
+        (pid,) = cluster.backend_pids("broken_release")
+        cluster.sql("SELECT pg_terminate_backend(%s)", (pid,))
+        assert eventually(lambda: not cluster.backend_pids("broken_release"))
+        assert lease.release() is True, "the release was not tried again on a new connection"
+        assert lease.state == "released" and live_fence(cluster, key) is None
+
+
+def test_a_release_that_finds_the_lease_gone_says_lost_not_released(cluster, key):
+    with Client(cluster.conninfo) as client:
+        lease = client.lease(key, 30)
+        cluster.sql("SELECT fence.lease_revoke(%s)", (key,))
+        assert lease.release() is False
+        assert lease.state == "lost" and lease.lost.is_set()

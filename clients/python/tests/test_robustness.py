@@ -5,7 +5,9 @@ failover, a stopped server under a plain call, input that never reached the serv
 from __future__ import annotations
 
 import signal
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
@@ -13,6 +15,7 @@ from conftest import eventually
 from proxy import Proxy
 from psycopg_pool import ConnectionPool
 
+import pg_fence
 from pg_fence import Client, OutcomeUnknown, Retry
 
 
@@ -89,3 +92,32 @@ def test_a_plain_call_on_a_stopped_server_ends_in_time_with_its_token(own_cluste
         own_cluster.signal_server(signal.SIGCONT)
     client.close()
     assert unknown.value is not None
+
+
+@pytest.mark.port(27514)
+def test_the_default_retry_outlives_a_restart_of_several_seconds(own_cluster, key):
+    with Client(own_cluster.conninfo) as client:
+        assert client.current_fence(key) is None
+        own_cluster.run("stop", own_cluster.name)
+        restart = threading.Timer(3.0, own_cluster.start)
+        restart.start()
+        try:
+            # A call on the kept connection, which the server ended, and a kept lease's acquire,
+            # on a new one: both refused until the server is back.
+            with ThreadPoolExecutor(2) as calls:
+                acquired = calls.submit(client.acquire, key, 30)
+                kept = calls.submit(client.lease, f"{key}:kept", 30)
+                assert acquired.result() is not None
+                assert kept.result().release()
+        finally:
+            restart.join()
+
+
+def test_a_refused_connection_is_not_an_unknown_outcome(key):
+    nowhere = "host=127.0.0.1 port=27549 user=postgres dbname=postgres"  # nothing listens there
+    with Client(nowhere, retry=Retry(total=0.5)) as client:
+        for call in (lambda: client.acquire(key, 30), lambda: client.lease(key, 30)):
+            with pytest.raises(Exception) as failed:
+                call()
+            assert not isinstance(failed.value, OutcomeUnknown), "nothing reached the server"
+            assert isinstance(failed.value, pg_fence.ConnectFailed)

@@ -16,8 +16,9 @@ pub enum Error {
     /// An acquire (through `hold`) that did not get the lease before its wait ran out.
     #[error("lease on {key:?} not granted within the wait")]
     WaitTimedOut { key: String },
-    /// 57014: a waiting acquire was cancelled or hit statement_timeout; nothing was granted.
-    #[error("waiting acquire cancelled (57014)")]
+    /// A waiting acquire ended by the server: 57014 (cancelled, or statement_timeout) or 55P03
+    /// (lock_timeout while queued behind other waiters); nothing was granted. `sqlstate` says which.
+    #[error("waiting acquire cancelled ({})", code(.0).unwrap_or("?"))]
     WaitCancelled(#[source] tokio_postgres::Error),
     /// The connection broke (or hung) mid-call and the retries ran out: the server may or may not
     /// have done it.
@@ -41,8 +42,7 @@ impl Error {
         match self {
             Error::LeaseLost { .. } => Some("PF001"),
             Error::StaleFence { .. } => Some("PF002"),
-            Error::WaitCancelled(_) => Some("57014"),
-            Error::Db(err) => err.code().map(|code| code.code()),
+            Error::WaitCancelled(err) | Error::Db(err) => code(err),
             _ => None,
         }
     }

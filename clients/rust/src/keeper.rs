@@ -21,12 +21,14 @@ pub enum LeaseState {
         fence: i64,
         expires_at: SystemTime,
     },
-    /// The server said the token no longer holds the lease (PF001): someone else may hold it now.
+    /// The server said the token no longer holds the lease (PF001, or the holder's release found
+    /// it held nothing): someone else may hold it now.
     Lost,
     /// The local deadline passed without a renewal: the server may still count it as held, but its
-    /// holder cannot know, so it must stop as if lost.
+    /// holder cannot know, so it must stop as if lost. Also a lease whose holder's release got no
+    /// answer: it may stay live until its TTL.
     Unknown,
-    /// Given up by its holder (`release`, or the HeldLease dropped).
+    /// Ended by its holder (`release`, or the HeldLease dropped): the server said so.
     Released,
 }
 
@@ -100,25 +102,39 @@ impl Shared {
         self.state.send_replace(LeaseState::Held { fence, expires_at });
     }
 
-    /// Moves to an end state: from Held to any, from Unknown only to Released (a release after the
-    /// deadline settles it); the first end from Held is what `on_lost` hears of.
+    /// Moves a held lease to Lost or Unknown, which `on_lost` hears of.
     fn end(&self, end: LeaseState) {
-        let mut from = None;
-        self.state.send_if_modified(|state| {
-            let moves = matches!(state, LeaseState::Held { .. })
-                || (*state == LeaseState::Unknown && end == LeaseState::Released);
+        if self.move_to(end, |state| matches!(state, LeaseState::Held { .. })) {
+            if let Some(callback) = &self.on_lost {
+                callback(end);
+            }
+        }
+    }
+
+    /// Takes the outcome of the holder's release: Released only when the server said the release
+    /// ended the lease, Lost when it said the token no longer held it, Unknown when no answer came
+    /// (the lease may stay live until its TTL); a lease already Unknown moves on only on an answer.
+    /// `on_lost` is not called: the holder has stopped using the lease.
+    fn released(&self, answer: &Result<bool, Error>) {
+        let end = match answer {
+            Ok(true) => LeaseState::Released,
+            Ok(false) => LeaseState::Lost,
+            Err(_) => LeaseState::Unknown,
+        };
+        self.move_to(end, |state| matches!(state, LeaseState::Held { .. } | LeaseState::Unknown));
+    }
+
+    /// Moves to `end` from a state `from` accepts; whether it moved. Ended either way.
+    fn move_to(&self, end: LeaseState, from: impl Fn(&LeaseState) -> bool) -> bool {
+        let moved = self.state.send_if_modified(|state| {
+            let moves = from(state) && *state != end;
             if moves {
-                from = Some(*state);
                 *state = end;
             }
             moves
         });
         self.ended.cancel();
-        if matches!(from, Some(LeaseState::Held { .. })) && end != LeaseState::Released {
-            if let Some(callback) = &self.on_lost {
-                callback(end);
-            }
-        }
+        moved
     }
 
     /// The state, by the deadline as much as by the keeper: the keeper may not have run yet.
@@ -182,8 +198,10 @@ impl HeldLease {
         self.state()
     }
 
-    /// Stops the keeper and releases the lease: true when the release ended it. Bounded by
-    /// `KeepOptions::timeout`: when the server cannot be reached, `OutcomeUnknown` (the TTL ends it).
+    /// Stops the keeper and releases the lease, on a new connection if its own broke: true when the
+    /// server said the release ended it. Bounded by `KeepOptions::timeout`: when the server cannot be
+    /// reached, `OutcomeUnknown` (the TTL ends it). The state (see `watch`) ends Released only when
+    /// the server said so: Lost when the token no longer held the lease, Unknown with no answer.
     pub async fn release(mut self) -> Result<bool, Error> {
         self.stop.cancel();
         let task = self.task.take().expect("the keeper task is taken only here");
@@ -299,7 +317,7 @@ impl<C: Connector> Keeper<C> {
         }
         // Unknown or still held: the lease may be live, and releasing it frees the key at once.
         let released = self.release().await;
-        self.shared.end(LeaseState::Released);
+        self.shared.released(&released);
         released
     }
 

@@ -98,7 +98,7 @@ pub async fn acquire(
         (&token, Type::UUID),
     ];
     let row = client.query_typed_one(ACQUIRE, &params).await.map_err(|err| match code(&err) {
-        Some("57014") => Error::WaitCancelled(err),
+        Some("57014" | "55P03") => Error::WaitCancelled(err),
         _ => classify(err),
     })?;
     let Some(fence) = row.try_get::<_, Option<i64>>("fence").map_err(Error::Db)? else {

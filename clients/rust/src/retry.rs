@@ -4,21 +4,23 @@ use std::time::{Duration, Instant};
 /// Exponential backoff with full jitter: before retry `n` (from 0) sleep a uniformly random time in
 /// `[0, min(cap, base * 2^n)]`. Full jitter spreads clients that failed together (a server restart)
 /// so their retries do not arrive together. Retries end after `max_attempts` tries or once
-/// `max_elapsed` has passed since the first, whichever comes first.
+/// `max_elapsed` has passed since the first, whichever comes first (None: no such bound).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     pub base: Duration,
     pub cap: Duration,
-    pub max_attempts: u32,
+    pub max_attempts: Option<u32>,
     pub max_elapsed: Option<Duration>,
 }
 
+/// By default the time is the bound: tries go on for 30 s, which a restart or a failover of
+/// several seconds fits in, however quickly each try fails (a refused connection fails at once).
 impl Default for Backoff {
     fn default() -> Self {
         Backoff {
             base: Duration::from_millis(50),
             cap: Duration::from_secs(2),
-            max_attempts: 10,
+            max_attempts: None,
             max_elapsed: Some(Duration::from_secs(30)),
         }
     }
@@ -39,7 +41,7 @@ impl Backoff {
 
     /// The sleep before the next try, after `tries` tries since `started`; None when retries ran out.
     pub fn next(&self, tries: u32, started: Instant) -> Option<Duration> {
-        if tries >= self.max_attempts {
+        if self.max_attempts.is_some_and(|max| tries >= max) {
             return None;
         }
         let delay = self.delay(tries.saturating_sub(1));
@@ -58,7 +60,7 @@ mod tests {
         Backoff {
             base: Duration::from_millis(10),
             cap: Duration::from_millis(300),
-            max_attempts: 5,
+            max_attempts: Some(5),
             max_elapsed: None,
         }
     }
@@ -90,9 +92,18 @@ mod tests {
         let now = Instant::now();
         assert!((1..5).all(|tries| b.next(tries, now).is_some()));
         assert_eq!(b.next(5, now), None);
-        let b = Backoff { max_elapsed: Some(Duration::from_millis(50)), max_attempts: 100, ..b };
+        let b = Backoff { max_elapsed: Some(Duration::from_millis(50)), max_attempts: Some(100), ..b };
         let long_ago = now - Duration::from_secs(1);
         assert_eq!(b.next(1, long_ago), None);
         assert!(b.next(1, Instant::now()).unwrap() <= b.ceiling(0));
+    }
+
+    #[test]
+    fn by_default_only_the_time_ends_retries() {
+        // Tries that fail at once (a refused connection) use up no time: only max_elapsed ends them.
+        let b = Backoff::default();
+        let now = Instant::now();
+        assert!(b.next(1000, now).is_some(), "gave up after a number of tries, not after max_elapsed");
+        assert_eq!(b.next(1, now - b.max_elapsed.unwrap()), None);
     }
 }

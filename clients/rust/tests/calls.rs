@@ -1,6 +1,6 @@
 //! The one-statement calls of `lease`, against a real server.
 mod common;
-use common::{cluster, connect, run, server_lease};
+use common::{cluster, connect, eventually, run, server_lease};
 use pg_fence_client::{lease, AcquireOptions, Error, APPLICATION_NAME};
 use std::time::{Duration, SystemTime};
 use uuid::Uuid;
@@ -80,5 +80,21 @@ fn defaults_fast_leases_bad_input_and_cancelled_waits() {
         assert!(matches!(err, Error::WaitCancelled(_)), "{err:?}");
         conn.batch_execute("RESET statement_timeout").await.unwrap();
         assert_eq!(lease::current_fence(&*conn, "cache:1").await.unwrap(), Some(lease.fence));
+
+        // So is one that lock_timeout ends: second in line, it queues for a lock behind the first.
+        let first = connect(cluster.port()).await;
+        let ahead = waiting.clone().wait(Duration::from_secs(3));
+        let ahead = tokio::spawn(async move { lease::acquire(&*first, "cache:1", &ahead).await.map(drop) });
+        let first_in_line = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Extension' \
+                             AND query LIKE '%lease_acquire%'";
+        let queued = eventually(Duration::from_secs(10), || async {
+            conn.query_one(first_in_line, &[]).await.unwrap().get::<_, i64>(0) == 1
+        });
+        assert!(queued.await, "the first waiter never waited");
+        conn.batch_execute("SET lock_timeout = '200ms'").await.unwrap();
+        let err = lease::acquire(&*conn, "cache:1", &waiting).await.unwrap_err();
+        assert!(matches!(err, Error::WaitCancelled(_)), "{err:?}");
+        assert_eq!(err.sqlstate(), Some("55P03"));
+        ahead.await.unwrap().unwrap();
     });
 }

@@ -156,10 +156,27 @@ fn release_drop_and_a_held_key() {
         assert!(token.is_cancelled());
         assert_eq!(*watch.borrow_and_update(), LeaseState::Released);
 
-        let held = hold(connector, "k", &opts, KeepOptions::default()).await.unwrap();
+        let held = hold(connector.clone(), "k", &opts, KeepOptions::default()).await.unwrap();
         assert!(held.fence() > fence);
         assert!(held.release().await.unwrap());
         assert_eq!(server_lease(&admin, "k").await.map(|(live, _)| live), Some(false));
+
+        // A release on a connection the server ended is tried again on a new one.
+        let held = hold(connector.clone(), "k", &opts, KeepOptions::default()).await.unwrap();
+        let terminate =
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'rc_keeper'";
+        admin.execute(terminate, &[]).await.unwrap();
+        let watch = held.watch();
+        assert!(held.release().await.unwrap(), "the release was not tried again on a new connection");
+        assert_eq!(*watch.borrow(), LeaseState::Released);
+        assert_eq!(server_lease(&admin, "k").await.map(|(live, _)| live), Some(false));
+
+        // A release that finds the lease gone says so: the state is not Released.
+        let held = hold(connector, "k", &opts, KeepOptions::default()).await.unwrap();
+        admin.execute("SELECT fence.lease_revoke('k')", &[]).await.unwrap();
+        let watch = held.watch();
+        assert!(!held.release().await.unwrap());
+        assert_eq!(*watch.borrow(), LeaseState::Lost, "the server said the token held nothing");
     });
 }
 

@@ -2,8 +2,8 @@
 //! token, chosen by the library before the first try) returns the lease that reply carried.
 mod common;
 use common::proxy::{Cut, Proxy};
-use common::{backends, cluster, config, eventually, plain, run};
-use pg_fence_client::{lease, AcquireOptions, Backoff, Error, FenceClient};
+use common::{backends, cluster, config, eventually, plain, run, stop};
+use pg_fence_client::{hold, lease, AcquireOptions, Backoff, Error, FenceClient, KeepOptions};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -45,7 +45,7 @@ fn a_retried_acquire_returns_the_lease_whose_reply_was_lost() {
 }
 
 #[test]
-fn same_token_same_lease_and_reconnect_after_terminate() {
+fn same_token_same_lease_and_reconnects_after_a_terminate_or_a_restart() {
     let cluster = cluster("rc_same_token", 27553);
     run(async {
         let client = FenceClient::new(config(cluster.port(), "rc_retrying"));
@@ -63,7 +63,33 @@ fn same_token_same_lease_and_reconnect_after_terminate() {
             .get(0);
         assert!(killed);
         assert!(client.renew(&first, Duration::from_secs(60)).await.is_ok());
-        assert!(client.release(&first).await.unwrap());
+
+        // A restart longer than the pauses of the old default's ten tries add up to (9.15 s at
+        // most): the default retries until its 30 s have passed, so the call outlives it.
+        tokio::task::block_in_place(|| stop(&cluster));
+        let restart = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(10));
+            cluster.restart();
+            cluster
+        });
+        let released = client.release(&first).await;
+        let _cluster = tokio::task::block_in_place(|| restart.join().unwrap());
+        assert!(released.unwrap(), "gave up before the server was back");
+    });
+}
+
+#[test]
+fn a_refused_connection_is_not_an_unknown_outcome() {
+    run(async {
+        let nowhere = config(27569, "rc_nowhere"); // nothing listens there
+        let briefly = Backoff { max_elapsed: Some(Duration::from_millis(500)), ..Backoff::default() };
+        let client = FenceClient::with_backoff(nowhere.clone(), briefly.clone());
+        let opts = AcquireOptions::new(Duration::from_secs(60));
+        let err = client.acquire("k", &opts).await.unwrap_err();
+        assert!(matches!(err, Error::Connect(_)), "nothing reached the server: {err:?}");
+        let keep = KeepOptions { retry: briefly, ..KeepOptions::default() };
+        let err = hold(nowhere, "k", &opts, keep).await.err().unwrap();
+        assert!(matches!(err, Error::Connect(_)), "nothing reached the server: {err:?}");
     });
 }
 
@@ -74,7 +100,7 @@ fn a_session_ended_by_the_server_mid_call_leaves_the_outcome_unknown() {
         let admin = plain(cluster.port()).await;
         lease::acquire(&admin, "w", &AcquireOptions::new(Duration::from_secs(60))).await.unwrap().unwrap();
         // One try: the 57P01 that ends it is what is left at the end of the retries.
-        let once = Backoff { max_attempts: 1, ..Backoff::default() };
+        let once = Backoff { max_attempts: Some(1), ..Backoff::default() };
         let client = FenceClient::with_backoff(config(cluster.port(), "rc_waiter"), once);
         let opts = AcquireOptions::new(Duration::from_secs(60)).wait(Duration::from_secs(30));
         let waiting = tokio::spawn(async move { client.acquire("w", &opts).await });

@@ -3,7 +3,7 @@ retry safely. See README.md beside this package."""
 
 from .calls import acquire, current_fence, fence_guard, fenced_update, fenced_write, release, renew
 from .client import Client
-from .errors import LeaseLost, OutcomeUnknown, PgFenceError, StaleFence, WaitCancelled, WaitTimedOut
+from .errors import ConnectFailed, LeaseLost, OutcomeUnknown, PgFenceError, StaleFence, WaitCancelled, WaitTimedOut
 from .keeper import KeptLease
 from .lease import Lease
 from .retry import Retry
@@ -19,6 +19,7 @@ __all__ = [
     "WaitTimedOut",
     "WaitCancelled",
     "OutcomeUnknown",
+    "ConnectFailed",
     "acquire",
     "renew",
     "release",

@@ -14,10 +14,10 @@ import psycopg
 
 from . import lease as q
 from .connections import APPLICATION_NAME, connect_kwargs
-from .errors import CallTimedOut, OutcomeUnknown, WaitTimedOut, outcome_unknown, retryable, translate
+from .errors import CallTimedOut, OutcomeUnknown, WaitTimedOut, connecting, outcome_unknown, retryable, translate
 from .holding import Holding, check_timing, clock
 from .lease import Lease, Seconds, interval, new_token
-from .retry import Retry, pause_or_raise
+from .retry import Retry, Tries
 
 T = TypeVar("T")
 
@@ -96,13 +96,15 @@ class AsyncConnections:
 
     async def checkout(self) -> psycopg.AsyncConnection:
         if self.pool is not None and not self.pinned:
-            return await self.pool.getconn()
+            with connecting():
+                return await self.pool.getconn()
         if self._conn is None or self._conn.closed or self._conn.broken:
             await self.close()
-            if self.pool is None:
-                self._conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.kwargs)
-            else:
-                self._conn = await self.pool.getconn()
+            with connecting():
+                if self.pool is None:
+                    self._conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.kwargs)
+                else:
+                    self._conn = await self.pool.getconn()
                 self._autocommit[id(self._conn)] = self._conn.autocommit
                 await self._conn.set_autocommit(True)
         return self._conn
@@ -162,13 +164,15 @@ async def retrying(
     retry: Retry,
     call: Callable[[psycopg.AsyncConnection], Awaitable[T]],
     limit: Optional[float],
+    end: Optional[float] = None,
 ) -> T:
-    pauses = retry.pauses()
+    """As connections.retrying."""
+    tries = Tries(retry, end)
     while True:
         try:
-            return await bounded(connections, call, limit)
+            return await bounded(connections, call, tries.limit(limit))
         except Exception as err:
-            await asyncio.sleep(pause_or_raise(err, pauses))
+            await asyncio.sleep(tries.pause_or_raise(err))
 
 
 class AsyncClient:
@@ -261,14 +265,14 @@ class AsyncClient:
         self, connections: AsyncConnections, request: q.Acquire
     ) -> Tuple[Optional[Lease], float]:
         """As Client._acquire_to_keep."""
-        pauses, token, anchor = self.retry.pauses(), new_token(), clock()
+        tries, token, anchor = Tries(self.retry), new_token(), clock()
         while True:
             try:
                 call = functools.partial(acquire_with, request=request, token=token)
                 return await bounded(connections, call, self._limit(request.wait)), anchor
             except Exception as err:
                 try:
-                    pause = pause_or_raise(err, pauses)
+                    pause = tries.pause_or_raise(err)
                 except OutcomeUnknown as unknown:
                     await self._give_up(connections, request.key, token)
                     unknown.token = token

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any, Callable, Optional
 
 import psycopg
 
-from .aio import AsyncConnections, bounded, fence_guard, fenced_update, release, renew
+from .aio import AsyncConnections, bounded, fence_guard, fenced_update, release, renew, retrying
 from .errors import LeaseLost
 from .holding import HELD, LOST, UNKNOWN, Holding, clock
 from .kept import Kept
@@ -43,17 +44,19 @@ class AsyncKeptLease(Kept):
 
     async def release(self) -> bool:
         """As KeptLease.release."""
-        was = self._holding.finish()
+        end = time.monotonic() + self._release_timeout
+        wanted = self._holding.release_wanted()
         for task in (self._watchdog, self._renewer):
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
-        released = False
-        if was in (HELD, UNKNOWN):
+        answer = None
+        if wanted:
             with contextlib.suppress(Exception):
-                released = await bounded(self._connections, self._release, self._release_timeout)
+                answer = await retrying(self._connections, self._retry, self._release, None, end)
+            self._released_as(answer)
         await self._connections.close()
-        return released
+        return bool(answer)
 
     async def __aenter__(self) -> "AsyncKeptLease":
         return self

@@ -1,8 +1,8 @@
 """The SQL functions on a connection you give, in your transaction, without retries: for writes
 under a fence inside your own transaction, or when you manage connections yourself.
 
-PF001, PF002 and 57014 come back as LeaseLost, StaleFence and WaitCancelled; everything else as
-psycopg raised it."""
+PF001, PF002 and an acquire's 57014 or 55P03 come back as LeaseLost, StaleFence and WaitCancelled;
+everything else as psycopg raised it."""
 
 from __future__ import annotations
 

@@ -6,33 +6,15 @@ import contextlib
 import functools
 import time
 import uuid
-from typing import Any, Callable, Optional, Tuple, TypeVar
-
-import psycopg
+from typing import Any, Callable, Optional, Tuple
 
 from . import calls
-from .connections import APPLICATION_NAME, Connections, bounded
+from .connections import APPLICATION_NAME, Connections, bounded, retrying
 from .errors import OutcomeUnknown, WaitTimedOut, outcome_unknown
 from .holding import Holding, check_timing, clock
 from .keeper import KeptLease
 from .lease import Acquire, Lease, Seconds, interval, new_token
-from .retry import Retry, pause_or_raise
-
-T = TypeVar("T")
-
-
-def retrying(
-    connections: Connections, retry: Retry, call: Callable[[psycopg.Connection], T], limit: Optional[float]
-) -> T:
-    """`call` in its own transaction, each try given `limit` seconds, tried again on a new
-    connection while the failure is a broken connection, no answer in time, or a standby (25006);
-    OutcomeUnknown when the tries run out on one that may have taken effect."""
-    pauses = retry.pauses()
-    while True:
-        try:
-            return bounded(connections, call, limit)
-        except Exception as err:
-            time.sleep(pause_or_raise(err, pauses))
+from .retry import Retry, Tries
 
 
 class Client:
@@ -136,14 +118,14 @@ class Client:
     def _acquire_to_keep(self, connections: Connections, request: Acquire) -> Tuple[Optional[Lease], float]:
         """The lease and the instant its deadline counts from: before the first try that carried
         its token, since any of those tries may be the one that granted it."""
-        pauses, token, anchor = self.retry.pauses(), new_token(), clock()
+        tries, token, anchor = Tries(self.retry), new_token(), clock()
         while True:
             try:
                 call = functools.partial(calls.acquire_with, request=request, token=token)
                 return bounded(connections, call, self._limit(request.wait)), anchor
             except Exception as err:
                 try:
-                    pause = pause_or_raise(err, pauses)
+                    pause = tries.pause_or_raise(err)
                 except OutcomeUnknown as unknown:
                     self._give_up(connections, request.key, token)
                     unknown.token = token

@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import psycopg
 
-from .errors import READ_ONLY, CallTimedOut, sqlstate
+from .errors import READ_ONLY, CallTimedOut, connecting, sqlstate
+from .retry import Retry, Tries
 
 T = TypeVar("T")
 
@@ -71,7 +73,8 @@ class Connections:
 
     def checkout(self) -> psycopg.Connection:
         if self.pool is not None and not self.pinned:
-            return self.pool.getconn()
+            with connecting():
+                return self.pool.getconn()
         return self._current_or_new()
 
     def checkin(self, conn: psycopg.Connection, failure: Optional[BaseException] = None) -> None:
@@ -133,9 +136,10 @@ class Connections:
         return conn
 
     def _new(self) -> psycopg.Connection:
-        if self.pool is None:
-            return psycopg.connect(self.conninfo, **self.kwargs)
-        conn = self.pool.getconn()
+        with connecting():
+            if self.pool is None:
+                return psycopg.connect(self.conninfo, **self.kwargs)
+            conn = self.pool.getconn()
         self._autocommit[id(conn)] = conn.autocommit
         conn.autocommit = True
         return conn
@@ -211,3 +215,22 @@ def bounded(connections: Connections, call: Callable[[psycopg.Connection], T], l
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def retrying(
+    connections: Connections,
+    retry: Retry,
+    call: Callable[[psycopg.Connection], T],
+    limit: Optional[float],
+    end: Optional[float] = None,
+) -> T:
+    """`call` in its own transaction, each try given `limit` seconds, tried again on a new
+    connection while the failure is a broken connection, none made, no answer in time, or a
+    standby (25006), until the tries run out or `end` (time.monotonic()) passes; OutcomeUnknown
+    when they run out after one that may have taken effect."""
+    tries = Tries(retry, end)
+    while True:
+        try:
+            return bounded(connections, call, tries.limit(limit))
+        except Exception as err:
+            time.sleep(tries.pause_or_raise(err))

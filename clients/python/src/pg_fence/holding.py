@@ -88,14 +88,21 @@ class Holding:
         retries after a lost reply): then it needs a renewal at once to count from now."""
         return clock() - self.sent_at > self.renew_every / 2
 
-    def finish(self) -> str:
-        """Moves a held or unknown lease to released, returning the state it had: an unknown one
-        may still be live on the server, and releasing it frees the key at once."""
+    def release_wanted(self) -> bool:
+        """Whether the holder's release must ask the server: for a held lease, and an unknown one,
+        which may still be live there (releasing it frees the key at once)."""
+        return self.state in (HELD, UNKNOWN)
+
+    def released(self, answer: Optional[bool]) -> None:
+        """Takes the outcome of the holder's release: "released" only when the server said that it
+        ended the lease; "lost" when it said the token no longer held it; "unknown" when no answer
+        came, as the lease may then stay live until its TTL."""
         with self._lock:
-            state = self.state
-            if state in (HELD, UNKNOWN):
-                self.state = RELEASED
-            return state
+            if self.state not in (HELD, UNKNOWN) or (answer is None and self.state == UNKNOWN):
+                return
+            self.state = UNKNOWN if answer is None else RELEASED if answer else LOST
+            if self.state != RELEASED and self.lost_at is None:
+                self.lost_at = clock()
 
     def remaining(self) -> float:
         return self.deadline - clock()

@@ -12,12 +12,13 @@ import contextlib
 import selectors
 import socket
 import threading
+import time
 from typing import Any, Callable, Optional
 
 from . import calls
-from .connections import Connections, bounded
+from .connections import Connections, bounded, retrying
 from .errors import LeaseLost
-from .holding import HELD, LOST, UNKNOWN, Holding, clock
+from .holding import LOST, UNKNOWN, Holding, clock
 from .kept import Kept
 from .lease import Lease
 from .retry import Retry
@@ -61,17 +62,21 @@ class KeptLease(Kept):
             return calls.fenced_update(conn, self.key, self.fence, table, changes, filter)
 
     def release(self) -> bool:
-        """Stops renewing and releases (also a lease whose state is unknown: it may be live).
-        Waits release_timeout at most: a release that takes longer goes on in the background,
-        and the TTL ends the lease anyway."""
-        self._release_wanted = self._holding.finish() in (HELD, UNKNOWN) or self._release_wanted
+        """Stops renewing and releases (also a lease whose state is unknown: it may be live),
+        trying again on a new connection while the connection breaks; True when the server said
+        this release ended the lease. Waits release_timeout at most: a release still waiting for
+        a renewal in flight goes on in the background, and the TTL ends the lease anyway."""
+        end = time.monotonic() + self._release_timeout
+        self._release_wanted = self._holding.release_wanted() or self._release_wanted
         self._stop.set()
         renewer = self._threads[0]
         renewer.join(self._release_timeout)
         if not renewer.is_alive():
             # The renewer had stopped already (the lease was declared lost), or has just
             # released; the connections are no one else's now.
-            self._release_if_wanted()
+            self._release_if_wanted(end)
+        elif self._release_wanted:
+            self._released_as(None)
         return bool(self._released)
 
     def __enter__(self) -> "KeptLease":
@@ -83,12 +88,17 @@ class KeptLease(Kept):
     def _release(self, conn: Any) -> bool:
         return calls.release(conn, self.lease)
 
-    def _release_if_wanted(self) -> None:
+    def _release_if_wanted(self, end: Optional[float] = None) -> None:
+        """The holder's release, by `end` (time.monotonic(); release_timeout from now by default)."""
         with self._release_lock:
             if self._release_wanted and self._released is None:
                 self._released = False
+                end = time.monotonic() + self._release_timeout if end is None else end
+                answer = None
                 with contextlib.suppress(Exception):
-                    self._released = bounded(self._connections, self._release, self._release_timeout)
+                    answer = retrying(self._connections, self._retry, self._release, None, end)
+                self._released = bool(answer)
+                self._released_as(answer)
             self._connections.close()
 
     def _stop_renewing(self) -> None:

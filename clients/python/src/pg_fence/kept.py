@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 from .errors import LeaseLost, StaleFence
-from .holding import HELD, LOST, UNKNOWN, Holding
+from .holding import HELD, LOST, RELEASED, UNKNOWN, Holding
 from .lease import Lease
 
 log = logging.getLogger("pg_fence")
@@ -85,6 +85,13 @@ class Kept:
 
     def _stop_renewing(self) -> None:
         raise NotImplementedError
+
+    def _released_as(self, answer: Optional[bool]) -> None:
+        """Takes the outcome of the holder's release (Holding.released). A lease it leaves lost or
+        unknown sets `lost`, but on_lost is not called: the holder has stopped using it."""
+        self._holding.released(answer)
+        if self._holding.state != RELEASED:
+            self.lost.set()
 
     def _declare(self, state: str) -> None:
         if not self._holding.declare(state):

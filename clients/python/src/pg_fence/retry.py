@@ -4,19 +4,22 @@ back in lockstep."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from .errors import OutcomeUnknown, outcome_unknown, retryable
 
 
 @dataclass(frozen=True)
 class Retry:
-    """How often and how long to try again after a broken connection."""
+    """How often and how long to try again after a broken connection. By default `total` is the
+    bound: tries go on for 15 s, which a restart or a failover of several seconds fits in."""
 
-    attempts: int = 6
+    #: Tries at most, the first included (None: as many as `total` allows).
+    attempts: Optional[int] = None
     base: float = 0.05
     cap: float = 2.0
     #: Give up once this many seconds have passed since the first try (None: attempts only).
@@ -24,14 +27,22 @@ class Retry:
 
     def pause(self, attempt: int) -> float:
         """The pause before retry number `attempt` (0 for the first retry)."""
-        return random.uniform(0.0, min(self.cap, self.base * (2**attempt)))
+        # The exponent is bounded: past the cap it changes nothing, and a float overflows.
+        return random.uniform(0.0, min(self.cap, self.base * (2 ** min(attempt, 64))))
 
-    def pauses(self) -> Iterator[float]:
-        """The pauses between tries, stopping when attempts or the total time run out."""
-        started = time.monotonic()
-        for attempt in range(self.attempts - 1):
+    def pauses(self, end: Optional[float] = None) -> Iterator[float]:
+        """The pauses between tries, stopping when attempts run out or a pause would end past
+        `total` seconds from now, or past `end` (time.monotonic())."""
+        if self.total is not None:
+            by_total = time.monotonic() + self.total
+            end = by_total if end is None else min(end, by_total)
+        attempts: Iterable[int] = itertools.count() if self.attempts is None else range(self.attempts - 1)
+        return self._pauses(attempts, end)
+
+    def _pauses(self, attempts: Iterable[int], end: Optional[float]) -> Iterator[float]:
+        for attempt in attempts:
             pause = self.pause(attempt)
-            if self.total is not None and time.monotonic() + pause - started > self.total:
+            if end is not None and time.monotonic() + pause > end:
                 return
             yield pause
 
@@ -39,12 +50,32 @@ class Retry:
 NO_RETRY = Retry(attempts=1)
 
 
-def pause_or_raise(err: Exception, pauses: Iterator[float]) -> float:
-    """The pause before trying again after `err`, or raises: `err` itself when trying again cannot
-    help, OutcomeUnknown when the tries ran out on a broken connection."""
-    pause = next(pauses, None) if retryable(err) else None
-    if pause is not None:
-        return pause
-    if retryable(err) and outcome_unknown(err):
-        raise OutcomeUnknown(f"connection failed and retries ran out: {err}") from err
-    raise err
+class Tries:
+    """The tries of one call: the pause before each retry, the time each try may take, and what to
+    raise when they run out."""
+
+    def __init__(self, retry: Retry, end: Optional[float] = None):
+        self._pauses = retry.pauses(end)
+        self._end = end
+        # Whether a try failed in a way that leaves it open what the server did: then running out
+        # of retries leaves the call's outcome unknown, even if the later tries never connected.
+        self._unsure = False
+
+    def limit(self, limit: Optional[float]) -> Optional[float]:
+        """How long the next try may take: `limit` (None: no limit), and no later than `end`."""
+        if self._end is None:
+            return limit
+        left = max(0.0, self._end - time.monotonic())
+        return left if limit is None else min(limit, left)
+
+    def pause_or_raise(self, err: Exception) -> float:
+        """The pause before trying again after `err`, or raises: `err` itself when trying again
+        cannot help or nothing reached the server, OutcomeUnknown when the tries ran out after one
+        that may have taken effect."""
+        self._unsure = self._unsure or outcome_unknown(err)
+        pause = next(self._pauses, None) if retryable(err) else None
+        if pause is not None:
+            return pause
+        if retryable(err) and self._unsure:
+            raise OutcomeUnknown(f"connection failed and retries ran out: {err}") from err
+        raise err

@@ -14,6 +14,13 @@ pub fn cluster(name: &str, port: u16) -> Cluster {
     Cluster::start(name, port, &["fsync=off"])
 }
 
+/// A fast shutdown of the server (`pg_test/cluster stop`); `Cluster::restart` starts it again.
+pub fn stop(cluster: &Cluster) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../pg_test/cluster");
+    let status = std::process::Command::new(script).args(["stop", cluster.name()]).status().unwrap();
+    assert!(status.success(), "pg_test/cluster stop {} failed", cluster.name());
+}
+
 /// Runs an async test body on a two-worker runtime (so blocking harness calls in `block_in_place`
 /// leave the keeper a thread).
 pub fn run<F: Future>(body: F) -> F::Output {
