@@ -98,7 +98,6 @@ impl Overruns {
             if guard.now - since < timeout_us || self.acted_on.contains(&guard.id) {
                 continue;
             }
-            self.acted_on.insert(guard.id.clone());
             let database = guard.database.unwrap_or_default();
             match (guard.pid, guard.gid) {
                 (Some(pid), _) => {
@@ -106,9 +105,11 @@ impl Overruns {
                     to_terminate.push(pid);
                 }
                 (None, Some(gid)) => report_prepared(&gid, &database, held_back_ms, timeout),
-                // A prepared transaction that ended between the two reads.
-                (None, None) => {}
+                // A prepared transaction that ended while pg_prepared_xacts was read: looked at
+                // again next time, if its guard is still listed.
+                (None, None) => continue,
             }
+            self.acted_on.insert(guard.id);
         }
         self.held_back_since = since_now;
         self.acted_on.retain(|id| self.held_back_since.contains_key(id));
