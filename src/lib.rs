@@ -2,8 +2,8 @@
 //!
 //! The tree is the map: `leases` (who holds a key, under which fence), `writes` (writes a stale
 //! holder cannot make), `locks` (the advisory locks behind both), `sweeper` (tidying ended leases,
-//! and its background worker), `stats` (the counters of fence.stats) and `pg` (PostgreSQL
-//! plumbing). Each folder's mod.rs says what it holds and what may depend on it. `sql/` holds the
+//! and its background worker, which also bounds how long a guard may hold back a grant), `stats`
+//! (the counters of fence.stats) and `pg` (PostgreSQL plumbing). Each folder's mod.rs says what it holds and what may depend on it. `sql/` holds the
 //! tables, types and views (schema.sql) and, per concept, the functions written in SQL or declared
 //! over C entry points.
 use pgrx::prelude::*;
@@ -46,7 +46,7 @@ pub extern "C-unwind" fn _PG_init() {
     no_rust_backtraces_in_errors();
     pg::settings::init();
     stats::init();
-    sweeper::worker::register();
+    sweeper::launcher::register();
 }
 
 /// pgrx attaches a Rust backtrace to the DETAIL of an error it passes on whenever

@@ -24,6 +24,10 @@ static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// Whether those announcements name the key.
 static NOTIFY_KEYS: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// How long, in milliseconds, a guard may hold back a waiting grant before the sweeper worker ends
+/// its backend (0: never).
+static GUARD_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+
 pub fn init() {
     GucRegistry::define_bool_guc(
         c"pg_fence.notify",
@@ -99,6 +103,18 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::UNIT_S,
     );
+    GucRegistry::define_int_guc(
+        c"pg_fence.guard_timeout",
+        c"How long a guard may hold back a waiting grant before the sweeper worker ends its backend.",
+        c"0 (the default) never ends one. The sweeper worker (preload) terminates the backend whose \
+          transaction holds a key's guard while a grant of that key has waited this long; a prepared \
+          transaction is only reported. Reloadable (SIGHUP).",
+        &GUARD_TIMEOUT_MS,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
     // SAFETY: reserves the prefix, as an extension's _PG_init does after defining its settings.
     unsafe {
         pgrx::pg_sys::MarkGUCPrefixReserved(c"pg_fence".as_ptr());
@@ -119,6 +135,12 @@ pub fn database() -> String {
 
 pub fn sweep_interval() -> Duration {
     Duration::from_millis(SWEEP_INTERVAL_MS.get().max(10) as u64)
+}
+
+/// pg_fence.guard_timeout; None when off.
+pub fn guard_timeout() -> Option<Duration> {
+    let ms = GUARD_TIMEOUT_MS.get();
+    (ms > 0).then(|| Duration::from_millis(ms as u64))
 }
 
 pub fn stats() -> bool {

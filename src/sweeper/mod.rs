@@ -2,9 +2,10 @@
 //! per call. Correctness never depends on it (an expired lease is free the moment it expires,
 //! judged by the clock; a key without a row is granted above every fence it had, see
 //! `leases::fences`); sweeping marks such leases free, keeps the table to the keys in use
-//! (pg_fence.retain_ended) and keeps the sweeper's figures. The background worker (`worker`)
-//! calls it every pg_fence.sweep_interval; without the worker, superusers and fence_admin call it
-//! (or pg_cron does).
+//! (pg_fence.retain_ended) and keeps the sweeper's figures. The background worker (`worker`,
+//! started by `launcher` while its database exists) calls it every pg_fence.sweep_interval, and
+//! bounds how long a guard may hold back a grant (`overrun`, pg_fence.guard_timeout); without the
+//! worker, superusers and fence_admin call it (or pg_cron does).
 //!
 //! A sweep must make no acquirer wait longer than its own short transaction: it holds the rows it
 //! swept until its transaction ends, and the next grant of such a key queues behind it. So it runs
@@ -12,6 +13,8 @@
 //! transaction has locked, and takes the one row of its figures first, without waiting (a sweep
 //! that finds it taken, by a concurrent sweep, does nothing): it never waits for a lock while it
 //! holds lease rows.
+pub mod launcher;
+mod overrun;
 pub mod worker;
 
 use crate::leases::durability;

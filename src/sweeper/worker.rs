@@ -1,16 +1,16 @@
-//! The sweeper background worker: with pg_fence in shared_preload_libraries, it connects to the
-//! database named by pg_fence.database and calls fence.sweep() every pg_fence.sweep_interval (less
-//! often on large tables, see `next_wait`). It does nothing while the extension is not created, or
-//! while the server is a standby; SIGHUP reloads the settings; SIGTERM ends it. An error, or
-//! pg_terminate_backend(), ends the worker (logged), and the postmaster starts it again after 5
-//! seconds.
+//! The sweeper background worker, started by its launcher (`launcher`) in the database named by
+//! pg_fence.database: it calls fence.sweep() every pg_fence.sweep_interval (less often on large
+//! tables, see `next_wait`) and, with pg_fence.guard_timeout set, ends the guards that hold back a
+//! grant for longer than that (`overrun`), looking every sweep_interval. It sweeps nothing while the
+//! extension is not created; SIGHUP reloads the settings and sweeps at once; SIGTERM ends it. It
+//! ends with its launcher, and an error, pg_terminate_backend() or DROP DATABASE ... WITH (FORCE)
+//! ends it (logged): the launcher starts it again.
 use crate::pg::settings;
 use crate::sweeper;
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
+use crate::sweeper::overrun::Overruns;
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 use std::time::{Duration, Instant};
-
-const RESTART_AFTER: Duration = Duration::from_secs(5);
 
 /// Each pass ends with a call that reads every row from where the last full batch stopped to the end
 /// of the table, long on a large table even when it finds nothing or a handful (docs/benchmarks.md).
@@ -21,37 +21,42 @@ const WAIT_PER_SCAN: u32 = 50;
 /// to sleep for long.
 const SCAN_WAIT_AT_MOST: Duration = Duration::from_secs(60);
 
-/// Called from _PG_init: registers the worker when loaded through shared_preload_libraries.
-pub fn register() {
-    // SAFETY: a backend-global flag set by the postmaster while it loads preloaded libraries.
-    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        return;
-    }
-    BackgroundWorkerBuilder::new("pg_fence sweeper")
-        .set_type("pg_fence sweeper")
-        .set_library("pg_fence")
-        .set_function("pg_fence_sweeper_main")
-        .enable_spi_access()
-        .set_restart_time(Some(RESTART_AFTER))
-        .load();
-}
-
+/// `arg`: the launcher's pid.
 #[pg_guard]
 #[unsafe(no_mangle)]
-pub extern "C-unwind" fn pg_fence_sweeper_main(_arg: pg_sys::Datum) {
+pub extern "C-unwind" fn pg_fence_sweeper_main(arg: pg_sys::Datum) {
+    let launcher = arg.value() as i32;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(Some(&settings::database()), None);
     log!("pg_fence sweeper started in database \"{}\"", settings::database());
-    let mut wait = settings::sweep_interval();
-    while BackgroundWorker::wait_latch(Some(wait)) {
+    let mut overruns = Overruns::default();
+    let mut next_sweep = Instant::now() + settings::sweep_interval();
+    loop {
+        let interval = settings::sweep_interval();
+        let until_sweep = next_sweep.saturating_duration_since(Instant::now());
+        let wait = if settings::guard_timeout().is_some() { until_sweep.min(interval) } else { until_sweep };
+        if !BackgroundWorker::wait_latch(Some(wait)) {
+            break;
+        }
         if BackgroundWorker::sighup_received() {
             // SAFETY: what every background worker does on SIGHUP, outside a transaction.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            next_sweep = Instant::now();
         }
-        let interval = settings::sweep_interval();
-        wait = interval;
+        // A launcher that ended (pg_terminate_backend) is started again, and starts a worker of its
+        // own: this one gives way.
+        // SAFETY: looks the pid up in the proc array, under its lock.
+        if unsafe { pg_sys::BackendPidGetProc(launcher) }.is_null() {
+            break;
+        }
         // SAFETY: a plain read of shared state.
         if unsafe { pg_sys::RecoveryInProgress() } {
+            continue;
+        }
+        if let Some(timeout) = settings::guard_timeout() {
+            overruns.check(timeout);
+        }
+        if Instant::now() < next_sweep {
             continue;
         }
         // One short transaction per batch, again at once while batches come back full.
@@ -59,15 +64,14 @@ pub extern "C-unwind" fn pg_fence_sweeper_main(_arg: pg_sys::Datum) {
             let call = Instant::now();
             let swept = sweep_once();
             if swept < sweeper::BATCH || BackgroundWorker::sigterm_received() {
-                wait = next_wait(interval, call.elapsed());
+                next_sweep = Instant::now() + next_wait(settings::sweep_interval(), call.elapsed());
                 break;
             }
         }
     }
-    // SIGTERM. Exit code 1 asks the postmaster to start the worker again (after RESTART_AFTER), so
-    // pg_terminate_backend() restarts it; at server shutdown the postmaster restarts nothing.
+    // SIGTERM, or the launcher ended. The launcher, not the postmaster, starts the worker again.
     // SAFETY: ends this process the way PostgreSQL's own workers do.
-    unsafe { pg_sys::proc_exit(1) };
+    unsafe { pg_sys::proc_exit(0) };
 }
 
 /// One call of fence.sweep() in a transaction of its own: how many leases it swept (0 while the
