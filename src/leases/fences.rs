@@ -5,9 +5,7 @@
 //! clock orders histories: a server rolled onto another history (a promoted standby that missed the
 //! last WAL, a cancelled synchronous commit wait, point-in-time recovery, a restored dump, DROP and
 //! CREATE EXTENSION) forgets the fences it lost, but its clock has moved on since they were issued,
-//! so its next grant is above them. A crash that empties the table of fast leases (see
-//! `kinds`) forgets their fences the same way, and the clock puts the next grant above them.
-//! The one assumption is that clock: a fence issued on the lost
+//! so its next grant is above them. The one assumption is that clock: a fence issued on the lost
 //! history is at most the clock reading at its grant (plus one per grant of that key within the
 //! same microsecond or after a step back), so the new history's clock must read later than that at
 //! its first grant of the key (docs/guarantees.md, "Fences, and the one clock assumption").

@@ -5,8 +5,9 @@
 //! the key's lock, finds no live lease of the other kind, and starts above the other kind's fence.
 //! A fast lease's changes write no WAL but their commit record, so its grant waits for no flush;
 //! PostgreSQL empties an unlogged table after a crash, and a standby has none of its rows, so a
-//! crash, an immediate shutdown or a failover ends every fast lease. Nothing remembers their
-//! fences then: the clock floor (see `leases::fences`) puts every later grant above them.
+//! crash, an immediate shutdown or a failover ends every fast lease. Their fences are not handed
+//! out again: every fast fence is covered by the fast reservation, which every later grant starts
+//! above (see `leases::fences`).
 use pgrx::pg_sys;
 use std::ffi::CStr;
 
