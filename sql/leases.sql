@@ -43,9 +43,7 @@ END
 $$;
 
 -- Who holds what, but never the tokens (for fence_user: sql/privileges.sql): per key, its latest
--- grant, durable or fast (a fast grant whose fence ran ahead of the clock also keeps that fence in
--- the key's durable row, src/leases/acquire.rs: the fast row is the one shown). `live` is the condition of
--- src/leases/liveness.rs.
+-- grant, durable or fast. `live` is the condition of src/leases/liveness.rs.
 CREATE VIEW fence.leases AS
 SELECT DISTINCT ON (key) key, owner, fence, acquired_at, expires_at, session_pid, live, durable
   FROM (SELECT key, owner, fence, acquired_at, expires_at, session_pid,
