@@ -5,7 +5,7 @@ use pg_fence_integration::{acquire, backend_pid, comes_to_wait_on, pg_program, s
 use postgres::Client;
 
 /// The versions whose full install scripts are kept in sql/archive, oldest first.
-const OLD_VERSIONS: &[&str] = &["0.1.0", "0.2.0", "0.3.0"];
+const OLD_VERSIONS: &[&str] = &["0.1.0", "0.2.0", "0.3.0", "0.4.0"];
 
 /// The extension's version, as its Cargo.toml (and so `cargo pgrx install`) says.
 fn current_version() -> String {

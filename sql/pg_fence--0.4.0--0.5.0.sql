@@ -1,0 +1,2 @@
+-- pg_fence 0.4.0 -> 0.5.0 (ALTER EXTENSION pg_fence UPDATE). While 0.5.0 is unreleased, every change to
+-- its SQL objects extends this script in the same commit (CONTRIBUTING.md, "Upgrade scripts").
