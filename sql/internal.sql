@@ -4,6 +4,8 @@
 -- EXTENSION pg_fence UPDATE (see src/pg/installed.rs), and its statements call some of them by name.
 COMMENT ON FUNCTION fence.renew_if_held(text, uuid, interval) IS
     'pg_fence internal: the core of fence.lease_renew; not part of the API';
+COMMENT ON FUNCTION fence.renew_all_if_held(text[], uuid, interval) IS
+    'pg_fence internal: the core of fence.lease_renew_all; not part of the API';
 COMMENT ON FUNCTION fence.raise_lease_lost(text) IS
     'pg_fence internal: raises fence.lease_renew''s PF001; not part of the API';
 COMMENT ON FUNCTION fence.holder_alive(integer, bigint) IS

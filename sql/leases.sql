@@ -22,6 +22,13 @@ RETURNS timestamptz
 LANGUAGE sql VOLATILE
 AS $$ SELECT coalesce(fence.renew_if_held(key, token, ttl), fence.raise_lease_lost(key)) $$;
 
+-- lease_renew_all: the same over a lease set's keys and their one token (src/leases/sets.rs).
+CREATE FUNCTION fence.lease_renew_all(keys text[], token uuid, ttl interval)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $$ SELECT coalesce(fence.renew_all_if_held(keys, token, ttl),
+                      fence.raise_lease_lost(pg_catalog.array_to_string(keys, ', '))) $$;
+
 -- Fast leases' rows for the view below, read through a function: PostgreSQL refuses to plan a query
 -- that names an unlogged table during recovery, and a standby has none of their rows anyway.
 CREATE FUNCTION fence.fast_lease_rows()

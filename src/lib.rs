@@ -25,7 +25,8 @@ extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 extension_sql_file!(
     "../sql/leases.sql",
     name = "leases",
-    requires = [leases::holder::renew_if_held, leases::sessions::holder_alive]
+    requires =
+        [leases::holder::renew_if_held, leases::sets::renew_all_if_held, leases::sessions::holder_alive]
 );
 extension_sql_file!(
     "../sql/fencing.sql",

@@ -76,7 +76,7 @@ macro_rules! end_unreleased {
 const RECHECK_AT_LEAST_EVERY: i64 = 1_000_000;
 
 /// What lease_acquire returns (the SQL type fence.lease). pg_extern signatures must spell it out.
-type Lease = pgrx::composite_type!('static, "lease");
+pub(super) type Lease = pgrx::composite_type!('static, "lease");
 
 /// Grants the key for `ttl` and returns the lease. When another live lease holds the key: NULL at
 /// once, or with `wait`, after waiting up to `wait` for the key to become free (NULL if it did not).
@@ -141,14 +141,14 @@ fn lease_acquire(
     acquire(key, ttl, owner, wait, session_bound, Some(true), None)
 }
 
-struct Request<'a> {
-    key: &'a str,
-    ttl: i64,
-    owner: String,
-    session_bound: bool,
-    kind: Kind,
+pub(super) struct Request<'a> {
+    pub(super) key: &'a str,
+    pub(super) ttl: i64,
+    pub(super) owner: String,
+    pub(super) session_bound: bool,
+    pub(super) kind: Kind,
     /// The token the caller chose, or None for a fresh random one.
-    token: Option<Uuid>,
+    pub(super) token: Option<Uuid>,
 }
 
 impl Request<'_> {
@@ -241,7 +241,7 @@ impl Request<'_> {
 
     /// With the key lock held: grants the key if its lease, of either kind, is dead now, else gives
     /// the lock back. The fence starts above the other kind's last one.
-    fn grant_locked(&self) -> Option<Lease> {
+    pub(super) fn grant_locked(&self) -> Option<Lease> {
         let now = clock::now();
         let own = row::find(self.kind, self.key, now);
         let other = row::find(self.kind.other(), self.key, now);
@@ -321,7 +321,7 @@ impl Request<'_> {
 }
 
 /// When the key's lease is live at `now`, as last committed: until when a waiter may sleep.
-fn live_until(key: &str, now: i64) -> Option<i64> {
+pub(super) fn live_until(key: &str, now: i64) -> Option<i64> {
     let lease = row::live(key, now)?;
     Some(lease.expires_at.min(now + RECHECK_AT_LEAST_EVERY))
 }

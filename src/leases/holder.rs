@@ -55,7 +55,7 @@ fn renew_if_held(
     renewed
 }
 
-fn renew_checked(key: &str, token: Uuid, ttl: i64) -> Option<TimestampWithTimeZone> {
+pub(super) fn renew_checked(key: &str, token: Uuid, ttl: i64) -> Option<TimestampWithTimeZone> {
     let wal_before = durability::wal_position();
     if !lock_key_if_it_can_succeed(key, Mode::Change, |now| token_holds(key, token, now)) {
         return None;
@@ -91,7 +91,7 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     released
 }
 
-fn release_checked(key: &str, token: Uuid) -> bool {
+pub(super) fn release_checked(key: &str, token: Uuid) -> bool {
     let wal_before = durability::wal_position();
     if !lock_key_if_it_can_succeed(key, Mode::Change, |now| token_holds(key, token, now)) {
         return false;

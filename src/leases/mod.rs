@@ -26,11 +26,12 @@ pub mod kinds;
 mod acquire;
 pub mod durability;
 pub mod fences;
-mod holder;
+pub mod holder;
 pub mod notify;
 pub mod revoke;
 pub mod row;
 pub mod sessions;
+pub mod sets;
 pub mod waiting;
 
 use self::kinds::Kind;

@@ -11,8 +11,8 @@
 //! - 42883 undefined_function: a filter column's type has no equality operator.
 //! - 40001 serialization_failure: versioned_update found another version, a guard raced the
 //!   update from 0.3.0, a REPEATABLE READ acquire's snapshot predates the deletion of its key's
-//!   row, or a REPEATABLE READ renew, release or revoke's snapshot predates the lease's grant
-//!   (retry).
+//!   row, or a REPEATABLE READ renew, release or revoke's snapshot predates the lease's grant, or
+//!   a key of a lease set could not be granted after all were found free (retry).
 //! - P0002 no_data_found, 21000 cardinality_violation: versioned_update matched no row, or several.
 //! - 25001 active_sql_transaction: fence.sweep() inside a transaction block.
 //! - 55000 object_not_in_prerequisite_state: a table of schema fence is missing or was edited by hand.
@@ -172,6 +172,15 @@ pub fn granted_after_snapshot() -> ! {
         PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
         "the key's lease was granted after this transaction's snapshot was taken".into(),
         "Retry the transaction, or call it in READ COMMITTED.",
+    )
+}
+
+/// A key of a lease set could not be granted after every key had been found free under its lock.
+pub fn set_changed() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        "a key of the lease set could not be granted; none of them is".into(),
+        "Retry the transaction, or call lease_acquire_all in READ COMMITTED.",
     )
 }
 

@@ -34,6 +34,38 @@ pub fn key(key: Option<&str>) -> &str {
     key
 }
 
+/// The most keys a lease set may have: each takes a key lock and, while it waits, a waiting-room
+/// lock, in the shared lock table that max_locks_per_transaction sizes.
+pub const MAX_SET_KEYS: usize = 64;
+
+/// The keys of a lease set, each checked as `key`, sorted by their bytes (the order in which every
+/// set takes its keys' locks).
+pub fn key_set(keys: Option<Vec<Option<String>>>) -> Vec<String> {
+    let keys = required(keys, "keys");
+    let hint = "Pass an array of 1 to 64 distinct, non-empty keys, such as ARRAY['invoice:1', 'invoice:2'].";
+    if keys.is_empty() {
+        errors::invalid_argument("keys must not be empty".into(), hint);
+    }
+    if keys.len() > MAX_SET_KEYS {
+        errors::invalid_argument(
+            format!("keys has {} elements, more than the limit of {MAX_SET_KEYS}", keys.len()),
+            hint,
+        );
+    }
+    let mut keys: Vec<String> = keys
+        .into_iter()
+        .map(|key| key.unwrap_or_else(|| errors::null_argument("an element of keys")))
+        .collect();
+    for each in &keys {
+        key(Some(each));
+    }
+    keys.sort();
+    if let Some(twice) = keys.windows(2).find(|pair| pair[0] == pair[1]) {
+        errors::invalid_argument(format!("key \"{}\" appears more than once in keys", twice[0]), hint);
+    }
+    keys
+}
+
 /// Returns the TTL in microseconds. Months count as 30 days, as in interval comparisons.
 pub fn ttl(ttl: Option<Interval>) -> i64 {
     let ttl = required(ttl, "ttl");
