@@ -44,6 +44,10 @@ thread_local! {
     static RESET_FLOOR: Cell<Option<(pg_sys::Oid, i64)>> = const { Cell::new(None) };
     /// The highest fast reservation this backend knows to be committed (and flushed).
     static KNOWN_RESERVED: Cell<Option<(pg_sys::Oid, i64)>> = const { Cell::new(None) };
+    /// Whether the current transaction raised the fast reservation.
+    static RAISED_IN_THIS_TRANSACTION: Cell<bool> = const { Cell::new(false) };
+    /// Whether the current transaction granted a fast lease.
+    static FAST_GRANT_IN_THIS_TRANSACTION: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The lowest fence a grant at clock reading `now` (µs since PostgreSQL's epoch) may get.
@@ -89,23 +93,43 @@ fn reserved() -> Option<i64> {
 /// raising it and making this commit flush when it does not. Nearly every call finds it covered.
 pub fn reserve_fast_fence(fence: i64, now: i64) {
     let Some(table) = installed::table(c"fast_reserve") else { return };
+    refuse_prepare_after_a_fast_grant();
     let covered = |known: Option<(pg_sys::Oid, i64)>| known.is_some_and(|(t, r)| t == table && fence <= r);
     if covered(KNOWN_RESERVED.get()) {
         return;
     }
     if let Some(reserved) = reserved().filter(|reserved| fence <= *reserved) {
-        KNOWN_RESERVED.set(Some((table, reserved)));
+        // What this statement reads is committed, and so flushed, unless this transaction raised it
+        // itself: a raise that a rollback (of a savepoint, say) may still undo covers nothing.
+        if !RAISED_IN_THIS_TRANSACTION.get() {
+            KNOWN_RESERVED.set(Some((table, reserved)));
+        }
         return;
     }
     // A row per raise, never an update of one row: a raise waits for no other raiser's transaction.
     let raised = fence.max(clock_floor(now).saturating_add(RESERVE_AHEAD));
     execute("INSERT INTO fence.fast_reserve (fence) VALUES ($1)", &[raised.into()], |_| ());
     durability::require_durable_commit();
-    // Known only once committed: a rolled-back raise covers nothing.
-    register_xact_callback(PgXactCallbackEvent::Commit, move || {
-        let known = KNOWN_RESERVED.get().filter(|(t, _)| *t == table).map_or(raised, |(_, r)| r.max(raised));
-        KNOWN_RESERVED.set(Some((table, known)));
-    });
+    if !RAISED_IN_THIS_TRANSACTION.replace(true) {
+        for end in [PgXactCallbackEvent::Commit, PgXactCallbackEvent::Abort, PgXactCallbackEvent::Prepare] {
+            register_xact_callback(end, || RAISED_IN_THIS_TRANSACTION.set(false));
+        }
+    }
+}
+
+/// A prepared transaction outlives a crash that a fast lease does not, and its raise of the
+/// reservation is not read by the backends that start after the crash (it is not committed): once
+/// committed, its fast fence could be above their floor. Two-phase commit and fast leases do not mix.
+fn refuse_prepare_after_a_fast_grant() {
+    if !FAST_GRANT_IN_THIS_TRANSACTION.replace(true) {
+        register_xact_callback(PgXactCallbackEvent::PrePrepare, || {
+            FAST_GRANT_IN_THIS_TRANSACTION.set(false);
+            crate::pg::errors::prepare_after_fast_grant();
+        });
+        for end in [PgXactCallbackEvent::Commit, PgXactCallbackEvent::Abort] {
+            register_xact_callback(end, || FAST_GRANT_IN_THIS_TRANSACTION.set(false));
+        }
+    }
 }
 
 /// `floor` reads the high-water mark as last committed, but a sweep may delete the key's row after

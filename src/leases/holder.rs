@@ -3,10 +3,13 @@
 //! changes anything, nor waits behind anyone (see `lock_key_if_it_can_succeed`).
 use super::kinds::Kind;
 use super::notify::{self, Event};
-use super::{durability, lock_key_if_it_can_succeed, row, sessions, token_hash, token_holds, waiting};
+use super::{
+    durability, lock_key_if_it_can_succeed, row, sessions, token_hash, token_holds, unseen_by_the_statement,
+    waiting,
+};
 use crate::locks::keylock::{self, Mode};
 use crate::pg::spi_plans::execute_first;
-use crate::pg::{clock, errors, input};
+use crate::pg::{clock, input};
 use crate::stats::{self, Counter};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
@@ -67,9 +70,11 @@ pub(super) fn renew_checked(key: &str, token: Uuid, ttl: i64) -> Option<Timestam
         return None;
     };
     let args = [key.into(), hash.into(), clock::timestamp(now).into(), clock::timestamp(now + ttl).into()];
-    // Held as last committed, yet not in this transaction's snapshot: granted after it was taken.
-    let renewed = execute_first::<TimestampWithTimeZone>(by_kind!(held.kind, renew), &args)
-        .unwrap_or_else(|| errors::granted_after_snapshot());
+    let Some(renewed) = execute_first::<TimestampWithTimeZone>(by_kind!(held.kind, renew), &args) else {
+        unseen_by_the_statement();
+        keylock::unlock(key, Mode::Change);
+        return None;
+    };
     match held.kind {
         Kind::Durable => durability::require_durable_commit(),
         Kind::Fast => durability::skip_flush_if_alone(wal_before),
@@ -100,10 +105,12 @@ pub(super) fn release_checked(key: &str, token: Uuid) -> bool {
     let hash = token_hash(token);
     let held = row::held_with(key, &hash, now);
     let args = [key.into(), hash.into(), clock::timestamp(now).into()];
-    // Held as last committed, yet not in this transaction's snapshot: granted after it was taken.
-    let ended_fence = held.map(|held| {
-        execute_first::<i64>(by_kind!(held.kind, release), &args)
-            .unwrap_or_else(|| errors::granted_after_snapshot())
+    let ended_fence = held.and_then(|held| {
+        let ended = execute_first::<i64>(by_kind!(held.kind, release), &args);
+        if ended.is_none() {
+            unseen_by_the_statement();
+        }
+        ended
     });
     match ended_fence {
         Some(fence) => {

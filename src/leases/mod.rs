@@ -72,6 +72,17 @@ fn lock_key_if_it_can_succeed(key: &str, mode: Mode, can_succeed: impl FnOnce(i6
     true
 }
 
+/// A lease found live as last committed, under the key's lock, that the statement changing it did
+/// not find. Under REPEATABLE READ or SERIALIZABLE the transaction's snapshot predates its grant:
+/// 40001 (retry), never "lost". Under READ COMMITTED the sweep, which takes no key lock, ended it
+/// between the look and the statement as it expired: the caller answers "lost".
+fn unseen_by_the_statement() {
+    // SAFETY: reads the backend's transaction state.
+    if unsafe { pgrx::pg_sys::XactIsoLevel } >= pgrx::pg_sys::XACT_REPEATABLE_READ as i32 {
+        crate::pg::errors::granted_after_snapshot();
+    }
+}
+
 /// Whether this token holds the key's live lease, as last committed.
 fn token_holds(key: &str, token: Uuid, now: i64) -> bool {
     row::held_with(key, &token_hash(token), now).is_some()

@@ -2,13 +2,12 @@
 //! creates the role and grants EXECUTE to it alone).
 use crate::leases::durability;
 use crate::leases::kinds::Kind;
-use crate::leases::lock_key_if_it_can_succeed;
 use crate::leases::notify::{self, Event};
 use crate::leases::row;
 use crate::leases::waiting;
+use crate::leases::{lock_key_if_it_can_succeed, unseen_by_the_statement};
 use crate::locks::keylock::{self, Mode};
 use crate::pg::clock;
-use crate::pg::errors;
 use crate::pg::input;
 use crate::pg::spi_plans::execute_first;
 use crate::stats::{self, Counter};
@@ -40,11 +39,12 @@ fn lease_revoke(key: Option<&str>) -> bool {
     let now = clock::now();
     let args = [key.into(), clock::timestamp(now).into()];
     let live = row::live(key, now);
-    // Live as last committed, yet not in this transaction's snapshot: granted after it was taken.
-    let revoked = live.map(|lease| {
-        let fence = execute_first::<i64>(by_kind!(lease.kind, revoke), &args)
-            .unwrap_or_else(|| errors::granted_after_snapshot());
-        (fence, lease.kind)
+    let revoked = live.and_then(|lease| {
+        let fence = execute_first::<i64>(by_kind!(lease.kind, revoke), &args);
+        if fence.is_none() {
+            unseen_by_the_statement();
+        }
+        Some((fence?, lease.kind))
     });
     let revoked_fence = revoked.map(|(fence, _)| fence);
     match revoked {

@@ -18,7 +18,6 @@ use crate::locks::keylock::{self, Owner, SESSION_CLASS};
 use crate::pg::compat;
 use crate::stats::{self, Counter};
 use pgrx::prelude::*;
-use pgrx::PgTryBuilder;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
@@ -110,8 +109,7 @@ fn tag(pid: i32, id: i64) -> pg_sys::LOCKTAG {
 /// not those it released, rolled back, or lost to expiry or revocation. It runs before PostgreSQL
 /// ends the session's transaction and drops its locks (before_shmem_exit callbacks run in reverse
 /// order of registration, and PostgreSQL registered its own at connection), in a transaction of its
-/// own, as PostgreSQL's clean-up of temporary tables does at exit. A counter is not worth an error
-/// at exit: any is swallowed, and the transaction it leaves is ended by PostgreSQL's own callback.
+/// own, as PostgreSQL's clean-up of temporary tables does at exit.
 #[pg_guard]
 unsafe extern "C-unwind" fn count_held_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
     let keys: Vec<String> = BOUND_KEYS.with_borrow(|keys| keys.keys().cloned().collect());
@@ -119,17 +117,16 @@ unsafe extern "C-unwind" fn count_held_at_exit(_code: std::ffi::c_int, _arg: pg_
         return;
     }
     let session = (pg_sys::MyProcPid, session_id(GENERATION.get()));
-    PgTryBuilder::new(|| {
-        pg_sys::AbortOutOfAnyTransaction();
-        pg_sys::StartTransactionCommand();
-        let now = crate::pg::clock::now();
-        let ours = |key: &&String| row::live(key, now).is_some_and(|lease| lease.session == Some(session));
-        let held = keys.iter().filter(ours).count();
-        pg_sys::CommitTransactionCommand();
-        stats::add(Counter::SessionEnds, held as u64);
-    })
-    .catch_others(|_| ())
-    .execute();
+    pg_sys::AbortOutOfAnyTransaction();
+    pg_sys::StartTransactionCommand();
+    // An error now would be FATAL (PostgreSQL raises every error during exit so), which no catch
+    // stops: not a word about damaged state when the extension was dropped meanwhile.
+    let installed = crate::pg::installed::table(c"lease_state").is_some();
+    let now = crate::pg::clock::now();
+    let ours = |key: &&String| row::live(key, now).is_some_and(|lease| lease.session == Some(session));
+    let held = if installed { keys.iter().filter(ours).count() } else { 0 };
+    pg_sys::CommitTransactionCommand();
+    stats::add(Counter::SessionEnds, held as u64);
 }
 
 /// Runs at backend exit after PostgreSQL has dropped the session's locks (on_shmem_exit callbacks

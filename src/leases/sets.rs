@@ -7,8 +7,8 @@
 //! with `wait` holds the waiting rooms of all its keys while it waits, and so is first in line for
 //! each of them: a later acquire of one of its keys, with or without `wait`, comes after it (an
 //! acquire without `wait` is refused while anyone waits, see `waiting`), and a stream of single-key
-//! acquirers cannot starve it. It holds no key meanwhile: it takes the keys' locks only once it has
-//! found every key free, and grants them all under those locks.
+//! acquirers cannot starve it; the price is that its free keys go to nobody else meanwhile. It
+//! holds no key's lock while it waits, and never queues for one (see `wait_in_the_rooms`).
 use super::acquire::{live_until, Lease, Request};
 use super::holder::{release_checked, renew_checked};
 use super::kinds::Kind;
@@ -20,6 +20,10 @@ use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
 use pgrx::Uuid;
 use std::time::Instant;
+
+/// How soon (µs) a waiting set looks again at a key whose lock another transaction holds: that
+/// transaction's end wakes nobody.
+const LOCK_POLL: i64 = 10_000;
 
 /// Grants every key of `keys` for `ttl`, all with one token, and returns their leases (in the order
 /// of the keys, sorted); or returns no row when one of them is held (with `wait`, after waiting up
@@ -88,7 +92,19 @@ fn grant_all_unless_held(requests: &[Request]) -> Option<Vec<Lease>> {
 /// (only a REPEATABLE READ snapshot older than a key's row can make it) fails the whole call, so
 /// that no part of the set stays granted.
 fn grant_locked_all(requests: &[Request]) -> Vec<Lease> {
-    requests.iter().map(|request| request.grant_locked().unwrap_or_else(|| errors::set_changed())).collect()
+    let mut leases = Vec::with_capacity(requests.len());
+    for (failed, request) in requests.iter().enumerate() {
+        let Some(lease) = request.grant_locked() else {
+            // The error rolls the grants back, but not the locks, which belong to the top-level
+            // transaction: a caller that catches it must not keep the keys from everyone else.
+            // (grant_locked gave back the lock of the key it refused.)
+            let others = requests.iter().enumerate().filter(|(n, _)| *n != failed);
+            others.for_each(|(_, other)| keylock::unlock(other.key, Mode::Grant));
+            errors::set_changed();
+        };
+        leases.push(lease);
+    }
+    leases
 }
 
 /// Queues for every key's waiting room (in order) and, first in line for all of them, grants the set
@@ -118,38 +134,32 @@ fn wait_in_the_rooms(requests: &[Request], deadline: Instant) -> Option<Vec<Leas
             return None;
         }
         waiting::arm();
-        // Let every change of the keys in flight end, so that what it did is read below (see
-        // `Request::wait_and_grant`).
-        for request in requests {
-            if !keylock::lock_until(request.key, Mode::Change, deadline) {
-                return None;
-            }
-            keylock::unlock(request.key, Mode::Change);
-        }
-        let now = clock::now();
-        if let Some(first_end) = requests.iter().filter_map(|request| live_until(request.key, now)).min() {
-            waiting::sleep((first_end - now).min(clock::micros_until(deadline)));
-            continue;
-        }
+        // Holding several rooms, a set never queues for a key's lock: a transaction that holds one
+        // of its keys' locks (a renewal, a guard) and then waits for another of its keys would wait
+        // for this set's room while the set waited for its lock. So a key whose lock is taken (a
+        // change in flight, a writer under an ended lease) is looked at again a moment later.
         let mut locked: Vec<&str> = Vec::new();
-        for request in requests {
-            if !keylock::lock_until(request.key, Mode::Grant, deadline) {
-                locked.iter().for_each(|key| keylock::unlock(key, Mode::Grant));
-                return None;
+        let all_locked = requests.iter().all(|request| {
+            let taken = keylock::try_lock(request.key, Mode::Grant);
+            if taken {
+                locked.push(request.key);
             }
-            locked.push(request.key);
-        }
+            taken
+        });
         let now = clock::now();
-        if requests.iter().all(|request| live_until(request.key, now).is_none()) {
+        let first_end = requests.iter().filter_map(|request| live_until(request.key, now)).min();
+        if all_locked && first_end.is_none() {
             return Some(grant_locked_all(requests));
         }
         locked.iter().for_each(|key| keylock::unlock(key, Mode::Grant));
+        let until_change = if all_locked { first_end.map_or(LOCK_POLL, |end| end - now) } else { LOCK_POLL };
+        waiting::sleep(until_change.min(clock::micros_until(deadline)));
     }
 }
 
 /// Core of fence.lease_renew_all: renews every lease of the set held with `token`, and returns the
-/// earliest new expiry; NULL, renewing nothing, when `token` does not hold every one of them (the
-/// SQL shell then raises PF001, which also undoes any renewal made before a key was found lost).
+/// earliest new expiry; NULL when `token` does not hold every one of them, as last committed, or one
+/// of them ends meanwhile. The SQL shell then raises PF001, which undoes any renewal made before.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn renew_all_if_held(

@@ -5,7 +5,8 @@
 //! - 22023 invalid_parameter_value: an argument is out of range (empty key, bad ttl, ...).
 //! - 25006 read_only_sql_transaction: a change was asked of a read-only transaction or a standby,
 //!   or a guard of a standby.
-//! - 0A000 feature_not_supported: lease_acquire with wait under REPEATABLE READ or SERIALIZABLE.
+//! - 0A000 feature_not_supported: lease_acquire with wait under REPEATABLE READ or SERIALIZABLE;
+//!   PREPARE TRANSACTION after a fast grant.
 //! - 42P01 undefined_table, 42703 undefined_column, 42809 wrong_object_type, 42804
 //!   datatype_mismatch: the target of a fenced or versioned write is not what it must be.
 //! - 42883 undefined_function: a filter column's type has no equality operator.
@@ -172,6 +173,14 @@ pub fn granted_after_snapshot() -> ! {
         PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
         "the key's lease was granted after this transaction's snapshot was taken".into(),
         "Retry the transaction, or call it in READ COMMITTED.",
+    )
+}
+
+pub fn prepare_after_fast_grant() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        "cannot PREPARE a transaction that granted a fast lease".into(),
+        "Grant fast leases (durable => false) outside two-phase transactions, or grant durable ones.",
     )
 }
 

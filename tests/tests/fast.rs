@@ -287,3 +287,30 @@ fn fast_grants_renewals_and_releases_wait_for_no_flush_and_write_only_their_comm
     let records = records_between(&mut client, &start, &end);
     assert!(records.len() > 1, "a durable grant wrote only {records:?}");
 }
+
+/// Every fast fence a client is told is covered by the fast reservation as committed (and so
+/// flushed), which is what a crash keeps: also after a raise of the reservation was rolled back
+/// with a savepoint, and the backend that made it grants again.
+#[test]
+fn every_fast_fence_told_is_covered_by_a_committed_reservation() {
+    let cluster = Cluster::start("fast_reserve", 27405, &["max_prepared_transactions=2"]);
+    let mut client = cluster.connect();
+    let reserved = |client: &mut Client| -> Option<i64> {
+        client.query_one("SELECT max(fence) FROM fence.fast_reserve", &[]).unwrap().get(0)
+    };
+    let mut tx = client.transaction().unwrap();
+    tx.batch_execute("SAVEPOINT s").unwrap();
+    Acquire::new("rolled-back", "1 minute").durable(false).run(&mut tx).expect("free");
+    tx.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
+    tx.commit().unwrap();
+    assert_eq!(reserved(&mut client), None, "a rolled-back raise stayed");
+    let told = Acquire::new("k", "1 minute").durable(false).run(&mut client).expect("free").fence;
+    let covered = reserved(&mut client);
+    assert!(covered.is_some_and(|r| r >= told), "fast fence {told} told, reservation {covered:?}");
+
+    // A prepared transaction outlives the crash that ends its fast lease: refused.
+    let mut tx = client.transaction().unwrap();
+    Acquire::new("prepared", "1 minute").durable(false).run(&mut tx).expect("free");
+    let err = tx.batch_execute("PREPARE TRANSACTION 'fast'").unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000", "{err}");
+}

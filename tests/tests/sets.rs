@@ -172,3 +172,31 @@ fn a_waiting_set_is_first_in_line_for_every_key() {
     let granted = set.join().unwrap();
     assert_eq!(granted.len(), 2, "the set was not granted once s1 was released");
 }
+
+/// A transaction that holds one key of a waiting set (its lock, from a renewal in the same
+/// transaction) and then waits for another of the set's keys: the set must not queue for the lock
+/// it holds while holding the room it waits for, which would be a deadlock (40P01 to one of them).
+#[test]
+fn a_waiting_set_never_deadlocks_with_a_transaction_holding_one_of_its_keys() {
+    let cluster = Cluster::start("sets_holder", 27483, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let b = acquire(&mut holder, "b", "1 hour").expect("b is free");
+    let mut waiter = cluster.connect();
+    let pid = backend_pid(&mut waiter);
+    let set = thread::spawn(move || {
+        let keys = vec!["a".to_string(), "b".to_string()];
+        waiter
+            .query("SELECT key FROM fence.lease_acquire_all($1, '1 minute', wait => '30 s')", &[&keys])
+            .map(|rows| rows.len())
+            .map_err(|err| sqlstate(&err))
+    });
+    assert!(eventually(GENEROUS, || wait_event(&mut observer, pid).0.is_some()), "the set never waited");
+    let mut tx = holder.transaction().unwrap();
+    b.renew(&mut tx, "1 hour").unwrap(); // holds b's lock until this transaction ends
+    let a = pg_fence_integration::Acquire::new("a", "1 minute").wait("3 s").try_run(&mut tx);
+    let a = a.map(|lease| lease.is_some()).map_err(|err| sqlstate(&err));
+    assert_eq!(a, Ok(false), "the set is first in line for a, and holds it back");
+    tx.commit().unwrap();
+    assert!(b.release(&mut holder));
+    assert_eq!(set.join().unwrap(), Ok(2), "the set was not granted once b was released");
+}
