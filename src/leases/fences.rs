@@ -6,9 +6,11 @@
 //! last WAL, a cancelled synchronous commit wait, point-in-time recovery, a restored dump, DROP and
 //! CREATE EXTENSION) forgets the fences it lost, but its clock has moved on since they were issued,
 //! so its next grant is above them. The one assumption is that clock: a fence issued on the lost
-//! history is at most the clock reading at its grant (plus one per grant of that key within the
-//! same microsecond or after a step back), so the new history's clock must read later than that at
-//! its first grant of the key (docs/guarantees.md, "Fences, and the one clock assumption").
+//! history is at most the clock reading at its grant plus RESERVE_AHEAD and RESERVE_MARGIN (plus
+//! one per grant of that key within the same microsecond or after a step back), and every backend's
+//! grants start RESERVE_AHEAD above the clock at its first grant (`reset_floor`), so the new
+//! history's clock must read more than RESERVE_MARGIN later than the lost history's did at its last
+//! grant of the key (docs/guarantees.md, "Fences, and the one clock assumption").
 //!
 //! Two durable marks keep fences rising where the clock does not, after a step back:
 //! - A key's rows may be deleted once their leases ended long enough ago (pg_fence.retain_ended,
@@ -22,6 +24,15 @@
 //!   grants start above the reservation as it stood at its first grant (`reset_floor`): no backend
 //!   lives through a reset of the unlogged table (a crash restart ends them all; a standby's backends
 //!   cannot grant before its promotion), so that is above every fast fence a reset forgot.
+//!
+//! A reservation is up to RESERVE_AHEAD ahead of the clock, and so are the grants that start above
+//! it. A history that forgets the reservation with them (DROP and CREATE EXTENSION, a restored dump
+//! or a recovery that ends before the raise, an asynchronous standby that missed it) could start
+//! below them; so every backend's grants start RESERVE_AHEAD above the clock at its first grant as
+//! well: on any history, fences are at most RESERVE_AHEAD + RESERVE_MARGIN ahead of the clock at
+//! their grant, and a new history's grants start RESERVE_AHEAD ahead of its own clock. (A raise
+//! reaches RESERVE_MARGIN beyond RESERVE_AHEAD so that the grants of a backend that start exactly
+//! RESERVE_AHEAD ahead, and go on from there + 1, do not each need a raise.)
 //!
 //! (Over the objects of a version before 0.4.0, which have neither table, grants start at the clock
 //! floor alone: those versions have no fast leases, and their sweep deletes nothing.)
@@ -37,6 +48,9 @@ const UNIX_TO_POSTGRES_EPOCH: i64 = 946_684_800_000_000;
 
 /// How far ahead of the clock (µs) a raise of the fast reservation reaches.
 const RESERVE_AHEAD: i64 = 10_000_000;
+/// How much further (µs) a raise reaches than a backend's first grants start (see the module's
+/// comment).
+const RESERVE_MARGIN: i64 = 1_000;
 
 thread_local! {
     /// `reset_floor` of this backend, with the OID of the fence.fast_reserve it was read from (DROP
@@ -61,7 +75,7 @@ pub fn clock_floor(now: i64) -> i64 {
 /// a sweep whose raise of the high-water mark has committed too.
 pub fn floor(now: i64, other_fence: Option<i64>) -> i64 {
     let above = |fence: Option<i64>| fence.map_or(i64::MIN, |fence| fence.saturating_add(1));
-    clock_floor(now).max(above(other_fence)).max(above(high_water())).max(reset_floor())
+    clock_floor(now).max(above(other_fence)).max(above(high_water())).max(reset_floor(now))
 }
 
 /// The high-water mark of deleted fences, as last committed.
@@ -73,13 +87,15 @@ fn high_water() -> Option<i64> {
         .flatten()
 }
 
-/// Above the fast reservation as this backend first read it (see the module's comment).
-fn reset_floor() -> i64 {
+/// Above the fast reservation as this backend first read it, and RESERVE_AHEAD above the clock at
+/// that first grant (see the module's comment).
+fn reset_floor(now: i64) -> i64 {
     let Some(table) = installed::table(c"fast_reserve") else { return i64::MIN };
     if let Some((_, floor)) = RESET_FLOOR.get().filter(|(read_from, _)| *read_from == table) {
         return floor;
     }
-    let floor = reserved().map_or(i64::MIN, |reserved| reserved.saturating_add(1));
+    let above_reserved = reserved().map_or(i64::MIN, |reserved| reserved.saturating_add(1));
+    let floor = above_reserved.max(clock_floor(now).saturating_add(RESERVE_AHEAD));
     RESET_FLOOR.set(Some((table, floor)));
     floor
 }
@@ -107,7 +123,7 @@ pub fn reserve_fast_fence(fence: i64, now: i64) {
         return;
     }
     // A row per raise, never an update of one row: a raise waits for no other raiser's transaction.
-    let raised = fence.max(clock_floor(now).saturating_add(RESERVE_AHEAD));
+    let raised = fence.max(clock_floor(now).saturating_add(RESERVE_AHEAD + RESERVE_MARGIN));
     execute("INSERT INTO fence.fast_reserve (fence) VALUES ($1)", &[raised.into()], |_| ());
     durability::require_durable_commit();
     if !RAISED_IN_THIS_TRANSACTION.replace(true) {

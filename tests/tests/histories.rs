@@ -226,3 +226,37 @@ fn drop_and_create_extension_reissues_no_fence() {
         Err(err) => panic!("the new holder's fence {new_fence} was refused ({}): {err}", sqlstate(&err)),
     }
 }
+
+/// The fast reservation runs ahead of the clock (src/leases/fences.rs), and a connection's grants
+/// start above it: those fences are ahead of the clock too. DROP and CREATE EXTENSION forgets the
+/// reservation with everything else; the next grants must still be above them, at once.
+#[test]
+fn drop_and_create_extension_right_after_fences_ahead_of_the_clock_reissues_no_fence() {
+    let cluster = Cluster::start("recreate_ahead", 27308, &[]);
+    let mut issued = Vec::new();
+    // A fast grant raises the reservation ahead of the clock; a new connection's grants start above
+    // it; so do the grants after a crash.
+    let mut fast = cluster.connect();
+    Acquire::new("fast", "1 hour").durable(false).run(&mut fast).expect("fast is free").release(&mut fast);
+    let mut client = cluster.connect();
+    grant_and_release(&mut client, "new-connection", 2, &mut issued);
+    drop((fast, client));
+    cluster.crash();
+    cluster.restart();
+    let mut client = cluster.connect();
+    grant_and_release(&mut client, "after-crash", 2, &mut issued);
+    let ahead: bool = client
+        .query_one(
+            "SELECT max(fence) > (extract(epoch FROM clock_timestamp()) * 1000000)::bigint + 1000000
+               FROM fence.lease_state",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(ahead, "no fence ran ahead of the clock, proving nothing");
+    client.batch_execute("DROP EXTENSION pg_fence; CREATE EXTENSION pg_fence").unwrap();
+    let mut client = cluster.connect();
+    let outcome = next_history(&mut client, &issued);
+    println!("DROP and CREATE EXTENSION right after fences ahead of the clock: {issued:?}, {outcome:?}");
+    assert_no_fence_reissued(outcome, issued.len());
+}
