@@ -4,7 +4,10 @@
 //!
 //!   pairs SYSTEM CLIENTS SECONDS KEYS PORT
 //!
-//! SYSTEM: fence (pg_fence), fence_fast (pg_fence's fast leases, `durable => false`), sql_lease (the same fenced lease by hand in SQL), sql_lease_1flush
+//! SYSTEM: fence (pg_fence), fence_fast (pg_fence's fast leases, `durable => false`),
+//! fence_shared (shared leases, `shared => true`), fence_permits (a permit of a semaphore of 3,
+//! `permits => 3`), fence_set3 (a lease set of 3 keys: the key, key/b and key/c, through
+//! lease_acquire_all and lease_release_all), sql_lease (the same fenced lease by hand in SQL), sql_lease_1flush
 //! (the same, its release committed without waiting for a flush: one flush per pair, as pg_fence
 //! spends, but none of pg_fence's code), sql_lease_unlogged (the same lease in an unlogged table:
 //! the floor under fast leases, no WAL but commit records), advisory (pg_advisory_lock/unlock), redis (SET NX PX +
@@ -56,6 +59,9 @@ enum Session {
 enum System {
     Fence,
     FenceFast,
+    FenceShared,
+    FencePermits,
+    FenceSet3,
     SqlLease,
     SqlLeaseOneFlush,
     SqlLeaseUnlogged,
@@ -77,6 +83,18 @@ impl Session {
                     "SELECT token FROM fence.lease_acquire($1, '30 seconds', durable => false)",
                     "SELECT fence.lease_release($1, $2)",
                 ],
+                System::FenceShared => [
+                    "SELECT token FROM fence.lease_acquire($1, '30 seconds', shared => true)",
+                    "SELECT fence.lease_release($1, $2)",
+                ],
+                System::FencePermits => [
+                    "SELECT token FROM fence.lease_acquire($1, '30 seconds', permits => 3)",
+                    "SELECT fence.lease_release($1, $2)",
+                ],
+                System::FenceSet3 => [
+                    "SELECT min(token::text)::uuid FROM fence.lease_acquire_all(ARRAY[$1, $1 || '/b', $1 || '/c'], '30 seconds')",
+                    "SELECT fence.lease_release_all(ARRAY[$1, $1 || '/b', $1 || '/c'], $2)",
+                ],
                 System::SqlLease => [SQL_ACQUIRE, SQL_RELEASE],
                 System::SqlLeaseUnlogged => {
                     let unlogged = |sql: &str| sql.replace("bench_lease", "bench_lease_unlogged");
@@ -94,6 +112,9 @@ impl Session {
         match system {
             "fence" => pg(System::Fence),
             "fence_fast" => pg(System::FenceFast),
+            "fence_shared" => pg(System::FenceShared),
+            "fence_permits" => pg(System::FencePermits),
+            "fence_set3" => pg(System::FenceSet3),
             "sql_lease" => pg(System::SqlLease),
             "sql_lease_1flush" => pg(System::SqlLeaseOneFlush),
             "sql_lease_unlogged" => pg(System::SqlLeaseUnlogged),
@@ -113,7 +134,15 @@ impl Session {
             Key::New(client, n) => (format!("new-{client}-{n}"), ((client as i64) << 40) | n as i64),
         };
         match self {
-            Session::Postgres(client, System::Fence | System::FenceFast, [acquire, release]) => {
+            Session::Postgres(
+                client,
+                System::Fence
+                | System::FenceFast
+                | System::FenceShared
+                | System::FencePermits
+                | System::FenceSet3,
+                [acquire, release],
+            ) => {
                 let token: Option<Uuid> = client.query_one(&*acquire, &[&key]).unwrap().get(0);
                 if let Some(token) = token {
                     client.query_one(&*release, &[&key, &token]).unwrap();
