@@ -33,7 +33,7 @@ AS $$ SELECT coalesce(fence.renew_all_if_held(keys, token, ttl),
 -- that names an unlogged table during recovery, and a standby has none of their rows anyway.
 CREATE FUNCTION fence.fast_lease_rows()
 RETURNS TABLE (key text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
-               session_pid integer, live boolean)
+               session_pid integer, live boolean, shared boolean, permits integer)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -44,21 +44,28 @@ BEGIN
     RETURN QUERY
     SELECT l.key, l.owner, l.fence, l.acquired_at, l.expires_at, l.session_pid,
            (l.token_hash IS NOT NULL AND l.expires_at > pg_catalog.clock_timestamp()
-            AND (l.session_id IS NULL OR coalesce(fence.holder_alive(l.session_pid, l.session_id), false)))
+            AND (l.session_id IS NULL OR coalesce(fence.holder_alive(l.session_pid, l.session_id), false))),
+           l.shared, l.permits
       FROM fence.fast_lease_state l;
 END
 $$;
 
--- Who holds what, but never the tokens (for fence_user: sql/privileges.sql): per key, its latest
--- grant, durable or fast. `live` is the condition of src/leases/liveness.rs.
+-- Who holds what, but never the tokens (for fence_user: sql/privileges.sql): a row per live holder,
+-- durable or fast, and for a key without one its latest grant. `live` is the condition of
+-- src/leases/liveness.rs; `shared` and `permits` the mode it was granted in (src/leases/modes.rs).
 CREATE VIEW fence.leases AS
-SELECT DISTINCT ON (key) key, owner, fence, acquired_at, expires_at, session_pid, live, durable
-  FROM (SELECT key, owner, fence, acquired_at, expires_at, session_pid,
-               (token_hash IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()
-                AND (session_id IS NULL OR coalesce(fence.holder_alive(session_pid, session_id), false))) AS live,
-               true AS durable
-          FROM fence.lease_state
-        UNION ALL
-        SELECT key, owner, fence, acquired_at, expires_at, session_pid, live, false
-          FROM fence.fast_lease_rows()) grants
- ORDER BY key, fence DESC, durable;
+SELECT key, owner, fence, acquired_at, expires_at, session_pid, live, durable, shared, permits
+  FROM (SELECT grants.*,
+               pg_catalog.bool_or(live) OVER per_key AS key_held,
+               pg_catalog.row_number() OVER (per_key ORDER BY fence DESC, durable) AS latest
+          FROM (SELECT key, owner, fence, acquired_at, expires_at, session_pid,
+                       (token_hash IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()
+                        AND (session_id IS NULL OR coalesce(fence.holder_alive(session_pid, session_id), false))) AS live,
+                       true AS durable, shared, permits
+                  FROM fence.lease_state
+                UNION ALL
+                SELECT key, owner, fence, acquired_at, expires_at, session_pid, live, false, shared, permits
+                  FROM fence.fast_lease_rows()) grants
+        WINDOW per_key AS (PARTITION BY key)) holders
+ WHERE live OR (NOT key_held AND latest = 1)
+ ORDER BY key, fence DESC;

@@ -49,3 +49,85 @@ REVOKE EXECUTE ON FUNCTION fence.lease_acquire_all(text[], interval, text, inter
 GRANT EXECUTE ON FUNCTION fence.lease_acquire_all(text[], interval, text, interval, boolean, boolean),
     fence.lease_release_all(text[], uuid), fence.renew_all_if_held(text[], uuid, interval),
     fence.lease_renew_all(text[], uuid, interval) TO fence_user;
+
+-- Shared leases and semaphores (src/leases/modes.rs): a row per holder of a key, in a slot of the
+-- key, with the mode it was granted in. Every existing row is an exclusive lease, in slot 0.
+ALTER TABLE fence.lease_state
+    ADD COLUMN slot integer NOT NULL DEFAULT 0,
+    ADD COLUMN shared boolean NOT NULL DEFAULT false,
+    ADD COLUMN permits integer NOT NULL DEFAULT 1,
+    DROP CONSTRAINT lease_state_pkey,
+    ADD PRIMARY KEY (key, slot);
+ALTER TABLE fence.fast_lease_state
+    ADD COLUMN slot integer NOT NULL DEFAULT 0,
+    ADD COLUMN shared boolean NOT NULL DEFAULT false,
+    ADD COLUMN permits integer NOT NULL DEFAULT 1,
+    DROP CONSTRAINT fast_lease_state_pkey,
+    ADD PRIMARY KEY (key, slot);
+
+-- fence.leases: a row per live holder, with its mode.
+DROP VIEW fence.leases;
+DROP FUNCTION fence.fast_lease_rows();
+CREATE FUNCTION fence.fast_lease_rows()
+RETURNS TABLE (key text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
+               session_pid integer, live boolean, shared boolean, permits integer)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT l.key, l.owner, l.fence, l.acquired_at, l.expires_at, l.session_pid,
+           (l.token_hash IS NOT NULL AND l.expires_at > pg_catalog.clock_timestamp()
+            AND (l.session_id IS NULL OR coalesce(fence.holder_alive(l.session_pid, l.session_id), false))),
+           l.shared, l.permits
+      FROM fence.fast_lease_state l;
+END
+$$;
+COMMENT ON FUNCTION fence.fast_lease_rows() IS
+    'pg_fence internal: the fast leases'' rows for view fence.leases; not part of the API';
+
+CREATE VIEW fence.leases AS
+SELECT key, owner, fence, acquired_at, expires_at, session_pid, live, durable, shared, permits
+  FROM (SELECT grants.*,
+               pg_catalog.bool_or(live) OVER per_key AS key_held,
+               pg_catalog.row_number() OVER (per_key ORDER BY fence DESC, durable) AS latest
+          FROM (SELECT key, owner, fence, acquired_at, expires_at, session_pid,
+                       (token_hash IS NOT NULL AND expires_at > pg_catalog.clock_timestamp()
+                        AND (session_id IS NULL OR coalesce(fence.holder_alive(session_pid, session_id), false))) AS live,
+                       true AS durable, shared, permits
+                  FROM fence.lease_state
+                UNION ALL
+                SELECT key, owner, fence, acquired_at, expires_at, session_pid, live, false, shared, permits
+                  FROM fence.fast_lease_rows()) grants
+        WINDOW per_key AS (PARTITION BY key)) holders
+ WHERE live OR (NOT key_held AND latest = 1)
+ ORDER BY key, fence DESC;
+REVOKE SELECT ON fence.leases FROM PUBLIC;
+GRANT SELECT ON fence.leases TO fence_user;
+
+-- lease_acquire takes `shared` and `permits`. It is dropped and created again: objects that depend
+-- on it (a view, or a function with a BEGIN ATOMIC body, that calls it) must be dropped first.
+DROP FUNCTION fence.lease_acquire(text, interval, text, interval, boolean, boolean, uuid);
+CREATE FUNCTION fence."lease_acquire"(
+	"key" TEXT,
+	"ttl" interval,
+	"owner" TEXT DEFAULT NULL,
+	"wait" interval DEFAULT '0',
+	"session_bound" bool DEFAULT false,
+	"durable" bool DEFAULT true,
+	"token" uuid DEFAULT NULL,
+	"shared" bool DEFAULT false,
+	"permits" INT DEFAULT 1
+) RETURNS fence.lease
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'acquire_in_mode_wrapper';
+
+REVOKE EXECUTE ON FUNCTION fence.fast_lease_rows(),
+    fence.lease_acquire(text, interval, text, interval, boolean, boolean, uuid, boolean, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fence.fast_lease_rows(),
+    fence.lease_acquire(text, interval, text, interval, boolean, boolean, uuid, boolean, integer) TO fence_user;

@@ -19,11 +19,11 @@ BEGIN
 END
 $$;
 --
--- One row per key in use by durable leases: release and expiry only clear the token, and the sweep deletes the row once
--- the lease has ended more than pg_fence.retain_ended ago (src/sweeper/mod.rs). Nobody but the
--- extension's functions touches it.
+-- One row per holder of a key in use by durable leases (one per key for exclusive leases): release
+-- and expiry only clear the token, and the sweep deletes the row once the lease has ended more than
+-- pg_fence.retain_ended ago (src/sweeper/mod.rs). Nobody but the extension's functions touches it.
 CREATE TABLE fence.lease_state (
-    key         text        PRIMARY KEY,
+    key         text        NOT NULL,
     fence       bigint      NOT NULL,  -- greatest(previous fence + 1, clock in µs): src/leases/fences.rs
     owner       text        NOT NULL,
     -- SHA-256 of the live holder's token (the token itself is shown once, to the acquirer, and kept
@@ -39,7 +39,13 @@ CREATE TABLE fence.lease_state (
     -- (No CHECK that both are set together: PostgreSQL would re-read its expression at every
     -- UPDATE. The liveness condition treats a half-set pair as dead instead.)
     session_pid integer,
-    session_id  bigint
+    session_id  bigint,
+    -- which holder of the key the row is for, and the mode it was granted in (src/leases/modes.rs):
+    -- slot 0 for an exclusive lease, 0 .. permits-1 for a semaphore's, any for shared leases
+    slot        integer     NOT NULL DEFAULT 0,
+    shared      boolean     NOT NULL DEFAULT false,
+    permits     integer     NOT NULL DEFAULT 1,
+    PRIMARY KEY (key, slot)
 ) WITH (fillfactor = 70);  -- room on the page so acquire/renew/release stay HOT updates
 
 REVOKE ALL ON fence.lease_state FROM PUBLIC;

@@ -274,7 +274,7 @@ mod tests {
             };
             // expires_at as PostgreSQL stores it: microseconds since 2000-01-01 UTC.
             let expires_at = "(extract(epoch FROM expires_at - '2000-01-01 UTC') * 1000000)::bigint";
-            let by_guard = crate::leases::row::live(key, crate::pg::clock::now());
+            let by_guard = crate::leases::row::live(key, crate::pg::clock::now()).next();
             assert_eq!(by_guard.as_ref().map(|l| l.fence), by_view("fence"), "key {key}");
             assert_eq!(by_guard.as_ref().map(|l| l.expires_at), by_view(expires_at), "key {key}");
             assert_eq!(by_guard.is_some(), live.contains(&key), "key {key}");

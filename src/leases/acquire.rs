@@ -2,6 +2,7 @@
 //! the key had (see `fences`); waits for the key when asked (see `waiting`); and answers a retry
 //! that brings the token of the lease it granted with that same lease.
 use super::kinds::Kind;
+use super::modes::LeaseMode;
 use super::notify::{self, Event};
 use super::{durability, fences, row, sessions, token_hash, waiting};
 use crate::locks::keylock::{self, Mode};
@@ -14,35 +15,61 @@ use pgrx::prelude::*;
 use pgrx::Uuid;
 use std::time::Instant;
 
-/// A grant of a key whose row in `$table` exists: a new fence (see `fences`), but only when
+/// A grant of a key's slot whose row in `$table` exists: a new fence (see `fences`), but only when
 /// the lease there is dead at $3. A plain UPDATE, not INSERT .. ON CONFLICT DO UPDATE, which would
 /// also WAL-log a row lock: the key lock already keeps every other writer of this key out. $5: the
 /// new token, $8: its hash (see `token_hash`); $6, $7: the session of a session-bound lease, or
-/// NULL; $9: the lowest fence it may get (the clock floor, and above the other kind's fence).
+/// NULL; $9: the lowest fence it may get (the clock floor, and above every other row of the key);
+/// $10, $11, $12: its slot, shared and permits (see `modes`). `before_0_5_0`: the same over the
+/// objects of older versions, whose tables have one exclusive row per key.
 macro_rules! grant_again {
     ($table:literal) => {
+        grant_again!($table, ", shared = $11, permits = $12", " AND slot = $10")
+    };
+    ($table:literal, before_0_5_0) => {
+        grant_again!($table, "", "")
+    };
+    ($table:literal, $set:literal, $slot:literal) => {
         concat!(
             "UPDATE ",
             $table,
             "
                 SET fence = greatest(fence + 1, $9), owner = $2, token_hash = $8,
-                    acquired_at = $3, expires_at = $4, session_pid = $6, session_id = $7
-              WHERE key = $1 AND ",
+                    acquired_at = $3, expires_at = $4, session_pid = $6, session_id = $7",
+            $set,
+            "
+              WHERE key = $1",
+            $slot,
+            " AND ",
             live_at!("$3"),
             " IS NOT TRUE RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
         )
     };
 }
 
-/// The first grant of a key that has no row in `$table`: never granted, or its row deleted by the
-/// sweep after its lease ended. Its fence is `$first`.
+/// The first grant of a key's slot that has no row in `$table`: never granted, or its row deleted by
+/// the sweep after its lease ended. Its fence is `$first`.
 macro_rules! grant_first {
+    ($table:literal, $($first:tt)+) => {
+        concat!(
+            "INSERT INTO ", $table, "
+                 (key, slot, shared, permits, fence, owner, token_hash, acquired_at, expires_at,
+                  session_pid, session_id)
+             VALUES ($1, $10, $11, $12, ", $($first)+, ", $2, $8, $3, $4, $6, $7)
+             ON CONFLICT DO NOTHING
+             RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
+        )
+    };
+}
+
+/// The same over the objects of versions before 0.5.0.
+macro_rules! grant_first_before_0_5_0 {
     ($table:literal, $($first:tt)+) => {
         concat!(
             "INSERT INTO ", $table, "
                  (key, fence, owner, token_hash, acquired_at, expires_at, session_pid, session_id)
              VALUES ($1, ", $($first)+, ", $2, $8, $3, $4, $6, $7)
-             ON CONFLICT (key) DO NOTHING
+             ON CONFLICT DO NOTHING
              RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
         )
     };
@@ -55,16 +82,17 @@ macro_rules! above_deleted {
     };
 }
 
-/// After a grant, the other kind's row of the key if its lease ended without a release (it expired,
-/// or its session ended): ended for good, so that a step back of the clock cannot make it live
-/// again beside the new lease. (A grant of the same kind overwrites the row.)
+/// After a grant, the key's other rows whose leases ended without a release (they expired, or
+/// their sessions ended): ended for good, so that a step back of the clock cannot make one live
+/// again beside the new lease. (The grant overwrote its own slot's row, now live at $2.)
 macro_rules! end_unreleased {
     ($table:literal) => {
         concat!(
             "UPDATE ",
             $table,
             " SET token_hash = NULL, expires_at = least(expires_at, $2)
-              WHERE key = $1 AND token_hash IS NOT NULL"
+              WHERE key = $1 AND token_hash IS NOT NULL AND NOT ",
+            live_at!("$2")
         )
     };
 }
@@ -78,13 +106,15 @@ const RECHECK_AT_LEAST_EVERY: i64 = 1_000_000;
 /// What lease_acquire returns (the SQL type fence.lease). pg_extern signatures must spell it out.
 pub(super) type Lease = pgrx::composite_type!('static, "lease");
 
-/// Grants the key for `ttl` and returns the lease. When another live lease holds the key: NULL at
-/// once, or with `wait`, after waiting up to `wait` for the key to become free (NULL if it did not).
-/// A `session_bound` lease also ends when this session ends; a lease that is not `durable` lives in
-/// unlogged state (see `kinds`).
+/// Grants the key for `ttl` and returns the lease. When the live leases of the key leave no room
+/// for it (see `modes`): NULL at once, or with `wait`, after waiting up to `wait` for room (NULL if
+/// none came). A `session_bound` lease also ends when this session ends; a lease that is not
+/// `durable` lives in unlogged state (see `kinds`); a `shared` one beside other shared ones, and
+/// one of `permits` beside fewer than that many.
 #[pg_extern(name = "lease_acquire", volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn acquire(
+#[allow(clippy::too_many_arguments)]
+fn acquire_in_mode(
     key: Option<&str>,
     ttl: Option<Interval>,
     owner: default!(Option<&str>, "NULL"),
@@ -92,12 +122,15 @@ fn acquire(
     session_bound: default!(Option<bool>, "false"),
     durable: default!(Option<bool>, "true"),
     token: default!(Option<Uuid>, "NULL"),
+    shared: default!(Option<bool>, "false"),
+    permits: default!(Option<i32>, "1"),
 ) -> Option<pgrx::composite_type!('static, "lease")> {
     let (key, ttl, owner) = (input::key(key), input::ttl(ttl), input::owner(owner));
     let wait = input::wait(wait);
     let session_bound = input::required(session_bound, "session_bound");
     let kind = Kind::of(input::required(durable, "durable"));
     let token = token.map(input::token);
+    let mode = LeaseMode::of(input::required(shared, "shared"), input::required(permits, "permits"));
     durability::require_writable("acquire a lease");
     // A retry of an acquire whose reply was lost: the lease it granted, as it was granted.
     let wal_before = durability::wal_position();
@@ -105,7 +138,7 @@ fn acquire(
         durability::skip_flush_if_alone(wal_before);
         return Some(lease);
     }
-    let lease = Request { key, ttl, owner, session_bound, kind, token }.acquire(wait);
+    let lease = Request { key, ttl, owner, session_bound, kind, token, mode }.acquire(wait);
     stats::bump(match (&lease, kind) {
         (None, _) => Counter::AcquiresRefused,
         (Some(_), Kind::Durable) => Counter::GrantsDurable,
@@ -129,6 +162,20 @@ fn lease_held_with(key: &str, token: Uuid) -> Option<Lease> {
     execute_first::<Lease>("SELECT ROW($1, $2, $3, $4, $5, $6)::fence.lease", &args)
 }
 
+/// lease_acquire as the SQL objects of version 0.4.0 declare it, without `shared` and `permits`.
+#[pg_extern(sql = false)]
+fn acquire(
+    key: Option<&str>,
+    ttl: Option<Interval>,
+    owner: Option<&str>,
+    wait: Option<Interval>,
+    session_bound: Option<bool>,
+    durable: Option<bool>,
+    token: Option<Uuid>,
+) -> Option<pgrx::composite_type!('static, "lease")> {
+    acquire_in_mode(key, ttl, owner, wait, session_bound, durable, token, Some(false), Some(1))
+}
+
 /// lease_acquire as the SQL objects of versions before 0.4.0 declare it, without `durable`.
 #[pg_extern(sql = false)]
 fn lease_acquire(
@@ -138,7 +185,7 @@ fn lease_acquire(
     wait: Option<Interval>,
     session_bound: Option<bool>,
 ) -> Option<pgrx::composite_type!('static, "lease")> {
-    acquire(key, ttl, owner, wait, session_bound, Some(true), None)
+    acquire_in_mode(key, ttl, owner, wait, session_bound, Some(true), None, Some(false), Some(1))
 }
 
 pub(super) struct Request<'a> {
@@ -149,6 +196,7 @@ pub(super) struct Request<'a> {
     pub(super) kind: Kind,
     /// The token the caller chose, or None for a fresh random one.
     pub(super) token: Option<Uuid>,
+    pub(super) mode: LeaseMode,
 }
 
 impl Request<'_> {
@@ -174,22 +222,35 @@ impl Request<'_> {
         lease
     }
 
-    /// Grants the key if it is free and nobody waits for it; never waits. A key that another
-    /// transaction is changing (granting, renewing, releasing, revoking: committed or not, it is
-    /// not free yet) or writing under (a guard: the new grant would have to wait for those writes)
-    /// counts as held: `wait => 0` means an answer at once, as pg_try_advisory_lock gives one.
+    /// How this grant takes the key lock: exclusively for an exclusive lease, as every other change
+    /// of the key does; in `Change` mode for the other modes, whose grants wait for the writers of
+    /// the holders they replace only (see `modes`).
+    pub(super) fn key_lock(&self) -> Mode {
+        if self.mode.is_exclusive() {
+            Mode::Grant
+        } else {
+            Mode::Change
+        }
+    }
+
+    /// Grants the key if there is room for this lease and nobody waits for the key; never waits. A
+    /// key that another transaction is changing (granting, renewing, releasing, revoking: committed
+    /// or not, it is not settled yet) or writing under (a guard: the new grant would have to wait
+    /// for those writes) counts as held: `wait => 0` means an answer at once, as
+    /// pg_try_advisory_lock gives one. So does a key with waiters, whichever mode they wait for:
+    /// they are served first.
     fn grant_unless_held(&self) -> Option<Lease> {
-        if !keylock::try_lock(self.key, Mode::Grant) {
+        if !keylock::try_lock(self.key, self.key_lock()) {
             return None;
         }
         if waiting::someone_waiting(self.key) {
-            keylock::unlock(self.key, Mode::Grant);
+            keylock::unlock(self.key, self.key_lock());
             return None;
         }
-        self.grant_locked()
+        self.grant_locked(None)
     }
 
-    /// Queues for the key (see `waiting`) and, first in line, grants it as soon as it is free;
+    /// Queues for the key (see `waiting`) and, first in line, grants it as soon as there is room;
     /// None when `deadline` comes first.
     fn grant_within(&self, deadline: Instant) -> Option<Lease> {
         stats::bump(Counter::WaitsBegun);
@@ -209,7 +270,7 @@ impl Request<'_> {
             }
             waiting::arm();
             // First let any change of the key in flight (a release, revocation, renewal or grant;
-            // not the holder's fenced writes, which take no Change-conflicting lock) end: what it
+            // not the holders' fenced writes, which take no Change-conflicting lock) end: what it
             // did is then committed and read below. A change that starts later finds this waiter
             // in the waiting room and wakes it at commit (see `waiting`): no wake-up is lost.
             if !keylock::lock_until(self.key, Mode::Change, deadline) {
@@ -222,16 +283,16 @@ impl Request<'_> {
                 break Some(lease);
             }
             let now = clock::now();
-            if let Some(held_until) = live_until(self.key, now) {
+            if let Some(held_until) = no_room_until(self.key, self.mode, now) {
                 waiting::sleep((held_until - now).min(clock::micros_until(deadline)));
                 continue;
             }
-            // Free: take the key lock for a grant, waiting (until the deadline at most) for writers
-            // under the old fence, and decide under the lock.
-            if !keylock::lock_until(self.key, Mode::Grant, deadline) {
+            // Room: take the key lock for a grant, waiting (until the deadline at most) for writers
+            // under the fences it replaces, and decide under the lock.
+            if !keylock::lock_until(self.key, self.key_lock(), deadline) {
                 break None;
             }
-            if let Some(lease) = self.grant_locked() {
+            if let Some(lease) = self.grant_locked(Some(deadline)) {
                 break Some(lease);
             }
         };
@@ -239,17 +300,26 @@ impl Request<'_> {
         lease
     }
 
-    /// With the key lock held: grants the key if its lease, of either kind, is dead now, else gives
-    /// the lock back. The fence starts above the other kind's last one.
-    pub(super) fn grant_locked(&self) -> Option<Lease> {
-        let now = clock::now();
-        let own = row::find(self.kind, self.key, now);
-        let other = row::find(self.kind.other(), self.key, now);
-        if own.iter().chain(&other).any(|found| found.live.is_some()) {
-            keylock::unlock(self.key, Mode::Grant);
+    /// With the key lock held: grants the key if there is room for this lease now, else gives the
+    /// lock back. First it takes the guard locks of the holders it replaces (see `modes`), at once
+    /// without a deadline, else waiting until it at most; None, giving back all locks, when it
+    /// cannot. The fence starts above every fence of the key.
+    pub(super) fn grant_locked(&self, deadline: Option<Instant>) -> Option<Lease> {
+        let decided_at = clock::now();
+        let rows = row::all(self.key, decided_at);
+        let Some(slot) = self.mode.slot_for(&rows) else {
+            keylock::unlock(self.key, self.key_lock());
+            return None;
+        };
+        let guard_locks = self.mode.locks_to_wait_for(slot, &rows);
+        if !keylock::lock_guards_for_grant(self.key, &guard_locks, deadline) {
+            keylock::unlock(self.key, self.key_lock());
             return None;
         }
-        let floor = fences::floor(now, other.as_ref().map(|found| found.fence));
+        // Under the key lock nobody else grants or renews: the holders found ended stay ended while
+        // the guard locks are waited for. Read the clock after that wait, never before the decision.
+        let now = clock::now().max(decided_at);
+        let floor = fences::floor(now, rows.iter().map(|found| found.fence).max());
         let token = self.token.unwrap_or_else(|| Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes()));
         let session = self.session_bound.then(sessions::hold_session_lock);
         let args = [
@@ -262,35 +332,30 @@ impl Request<'_> {
             session.map(|(_, id)| id).into(),
             token_hash(token).into(),
             floor.into(),
+            slot.into(),
+            self.mode.shared.into(),
+            self.mode.permits.into(),
         ];
-        let (again, first) = match self.kind {
-            Kind::Fast => (
-                grant_again!("fence.fast_lease_state"),
-                grant_first!("fence.fast_lease_state", above_deleted!()),
-            ),
-            Kind::Durable if installed::since_0_4_0() => {
-                (grant_again!("fence.lease_state"), grant_first!("fence.lease_state", above_deleted!()))
-            }
-            // Before ALTER EXTENSION UPDATE has created fence.high_water, nothing was deleted yet.
-            Kind::Durable => (grant_again!("fence.lease_state"), grant_first!("fence.lease_state", "$9")),
-        };
-        // The row found above tells which statement grants the key. Under REPEATABLE READ or
+        let (again, first) = self.statements();
+        // The row found above tells which statement grants the slot. Under REPEATABLE READ or
         // SERIALIZABLE, the UPDATE may not see a row committed after the snapshot: then the INSERT
         // runs into it and fails with 40001, as a write conflict under those levels does.
-        let granted_again = if own.is_some() { execute_first::<Lease>(again, &args) } else { None };
+        let own_row = rows.iter().any(|found| found.kind == self.kind && found.slot == slot);
+        let granted_again = if own_row { execute_first::<Lease>(again, &args) } else { None };
         let (lease, first) = match granted_again {
             Some(lease) => (Some(lease), false),
             None => (execute_first::<Lease>(first, &args), true),
         };
         let Some(lease) = lease else {
-            keylock::unlock(self.key, Mode::Grant);
+            keylock::unlock_guards_for_grant(self.key, &guard_locks);
+            keylock::unlock(self.key, self.key_lock());
             return None;
         };
         let fence = lease.get_by_name::<i64>("fence").unwrap_or_report().unwrap_or_default();
         if first {
             fences::check_first_grant(fence);
         }
-        self.settle(other.as_ref(), fence, now);
+        self.settle(&rows, slot, fence, now);
         if self.session_bound {
             sessions::bound(self.key);
         }
@@ -301,27 +366,69 @@ impl Request<'_> {
         Some(lease)
     }
 
-    /// What a grant of `fence` at `now` must settle beyond its own row: a fast fence covered by the
-    /// fast reservation (see `fences`), and the other kind's lease ended for good if it ended
-    /// without a release (see `end_unreleased!`); nearly always nothing.
-    fn settle(&self, other: Option<&row::Found>, fence: i64, now: i64) {
+    /// The statements that grant a slot of this kind again, and for the first time.
+    fn statements(&self) -> (&'static str, &'static str) {
+        if installed::since_0_5_0() {
+            return match self.kind {
+                Kind::Fast => (
+                    grant_again!("fence.fast_lease_state"),
+                    grant_first!("fence.fast_lease_state", above_deleted!()),
+                ),
+                Kind::Durable => {
+                    (grant_again!("fence.lease_state"), grant_first!("fence.lease_state", above_deleted!()))
+                }
+            };
+        }
+        match self.kind {
+            Kind::Fast => (
+                grant_again!("fence.fast_lease_state", before_0_5_0),
+                grant_first_before_0_5_0!("fence.fast_lease_state", above_deleted!()),
+            ),
+            Kind::Durable if installed::since_0_4_0() => (
+                grant_again!("fence.lease_state", before_0_5_0),
+                grant_first_before_0_5_0!("fence.lease_state", above_deleted!()),
+            ),
+            // Before ALTER EXTENSION UPDATE has created fence.high_water, nothing was deleted yet.
+            Kind::Durable => (
+                grant_again!("fence.lease_state", before_0_5_0),
+                grant_first_before_0_5_0!("fence.lease_state", "$9"),
+            ),
+        }
+    }
+
+    /// What a grant of `fence` into `slot` at `now` must settle beyond its own row: a fast fence
+    /// covered by the fast reservation (see `fences`), and the key's other leases that ended
+    /// without a release ended for good (see `end_unreleased!`); nearly always nothing.
+    fn settle(&self, rows: &[row::Found], slot: i32, fence: i64, now: i64) {
         if self.kind == Kind::Fast {
             fences::reserve_fast_fence(fence, now);
         }
-        if other.is_some_and(|found| found.unreleased) {
+        let overwritten = |found: &row::Found| found.kind == self.kind && found.slot == slot;
+        for kind in [Kind::Durable, Kind::Fast] {
+            let unreleased = |found: &&row::Found| {
+                found.kind == kind && found.unreleased && found.live.is_none() && !overwritten(found)
+            };
+            if !rows.iter().any(|found| unreleased(&found)) {
+                continue;
+            }
             let args = [self.key.into(), clock::timestamp(now).into()];
-            execute(by_kind!(self.kind.other(), end_unreleased), &args, |_| ());
+            execute(by_kind!(kind, end_unreleased), &args, |_| ());
             // Lost in a crash, the end of a durable lease would let it live again after a step back
             // of the clock, beside the new lease; a crash forgets a fast one anyway.
-            if self.kind.other() == Kind::Durable {
+            if kind == Kind::Durable {
                 durability::require_durable_commit();
             }
         }
     }
 }
 
-/// When the key's lease is live at `now`, as last committed: until when a waiter may sleep.
-pub(super) fn live_until(key: &str, now: i64) -> Option<i64> {
-    let lease = row::live(key, now)?;
-    Some(lease.expires_at.min(now + RECHECK_AT_LEAST_EVERY))
+/// When the key's live leases leave no room for a lease of `mode` at `now`, as last committed:
+/// until when a waiter may sleep (the first of them to end, and at most RECHECK_AT_LEAST_EVERY).
+pub(super) fn no_room_until(key: &str, mode: LeaseMode, now: i64) -> Option<i64> {
+    let rows = row::all(key, now);
+    if mode.slot_for(&rows).is_some() {
+        return None;
+    }
+    let first_end = rows.iter().filter_map(|found| found.live.as_ref()).map(|live| live.expires_at).min();
+    Some(first_end.unwrap_or(now).min(now + RECHECK_AT_LEAST_EVERY))
 }

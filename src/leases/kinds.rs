@@ -26,13 +26,6 @@ impl Kind {
         }
     }
 
-    pub fn other(self) -> Kind {
-        match self {
-            Kind::Durable => Kind::Fast,
-            Kind::Fast => Kind::Durable,
-        }
-    }
-
     pub fn table_name(self) -> &'static CStr {
         match self {
             Kind::Durable => c"lease_state",

@@ -22,6 +22,7 @@
 mod liveness;
 #[macro_use]
 pub mod kinds;
+pub mod modes;
 
 mod acquire;
 pub mod durability;
@@ -42,11 +43,11 @@ use crate::pg::spi_plans::execute_first;
 use pgrx::prelude::*;
 use pgrx::Uuid;
 
-/// The key's last fence: of the durable row, or of both kinds' where fast leases can be read (see
+/// The key's last fence: of its durable rows, or of both kinds' where fast leases can be read (see
 /// `Kind::table`).
-const CURRENT_FENCE: &str = "SELECT fence FROM fence.lease_state WHERE key = $1";
-const CURRENT_FENCE_OF_BOTH: &str = "SELECT greatest((SELECT fence FROM fence.lease_state WHERE key = $1),
-                                                 (SELECT fence FROM fence.fast_lease_state WHERE key = $1))";
+const CURRENT_FENCE: &str = "SELECT max(fence) FROM fence.lease_state WHERE key = $1";
+const CURRENT_FENCE_OF_BOTH: &str = "SELECT greatest((SELECT max(fence) FROM fence.lease_state WHERE key = $1),
+                                                 (SELECT max(fence) FROM fence.fast_lease_state WHERE key = $1))";
 
 /// The last fence granted for `key`; NULL if it was never granted, or its lease ended more than
 /// pg_fence.retain_ended ago and the sweep has deleted its row.

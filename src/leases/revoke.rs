@@ -9,11 +9,11 @@ use crate::leases::{lock_key_if_it_can_succeed, unseen_by_the_statement};
 use crate::locks::keylock::{self, Mode};
 use crate::pg::clock;
 use crate::pg::input;
-use crate::pg::spi_plans::execute_first;
+use crate::pg::spi_plans::execute;
 use crate::stats::{self, Counter};
 use pgrx::prelude::*;
 
-/// Ends the live lease, whoever holds it; expires_at becomes the moment it ended.
+/// Ends the key's live leases, whoever holds them; expires_at becomes the moment they ended.
 macro_rules! revoke {
     ($table:literal) => {
         concat!(
@@ -26,41 +26,45 @@ macro_rules! revoke {
     };
 }
 
-/// Ends the key's live lease now: true when there was one. Its holder's fence becomes stale (fenced
-/// writes refuse it) and its renew and release fail; the next grant gets a higher fence.
+/// Ends the key's live leases now, every holder's of every mode: true when there was one. Their
+/// holders' fences become stale (fenced writes refuse them) and their renew and release fail; the
+/// next grant gets a higher fence.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn lease_revoke(key: Option<&str>) -> bool {
     let key = input::key(key);
     durability::require_writable("revoke a lease");
-    if !lock_key_if_it_can_succeed(key, Mode::Change, |now| row::live(key, now).is_some()) {
+    if !lock_key_if_it_can_succeed(key, Mode::Change, |now| row::live(key, now).next().is_some()) {
         return false;
     }
     let now = clock::now();
     let args = [key.into(), clock::timestamp(now).into()];
-    let live = row::live(key, now);
-    let revoked = live.and_then(|lease| {
-        let fence = execute_first::<i64>(by_kind!(lease.kind, revoke), &args);
-        if fence.is_none() {
+    let live: Vec<row::Live> = row::live(key, now).collect();
+    let mut revoked: Vec<i64> = Vec::new();
+    for kind in [Kind::Durable, Kind::Fast] {
+        if !live.iter().any(|lease| lease.kind == kind) {
+            continue;
+        }
+        revoked.extend(execute(by_kind!(kind, revoke), &args, |rows| {
+            rows.filter_map(|row| row.get::<i64>(1).ok().flatten()).collect::<Vec<_>>()
+        }));
+        // An administrator acts on what it sees: a revocation must not come back after a crash
+        // (which ends a fast lease anyway).
+        if kind == Kind::Durable {
+            durability::require_durable_commit();
+        }
+    }
+    if revoked.is_empty() {
+        if !live.is_empty() {
             unseen_by_the_statement();
         }
-        Some((fence?, lease.kind))
-    });
-    let revoked_fence = revoked.map(|(fence, _)| fence);
-    match revoked {
-        Some((fence, kind)) => {
-            // An administrator acts on what it sees: a revocation must not come back after a crash
-            // (which ends a fast lease anyway).
-            if kind == Kind::Durable {
-                durability::require_durable_commit();
-            }
-            waiting::wake_at_commit(key);
-            notify::send(Event::Revoked, key, fence);
-        }
-        None => keylock::unlock(key, Mode::Change),
+        keylock::unlock(key, Mode::Change);
+        return false;
     }
-    if revoked_fence.is_some() {
-        stats::bump(Counter::Revocations);
+    waiting::wake_at_commit(key);
+    for fence in &revoked {
+        notify::send(Event::Revoked, key, *fence);
     }
-    revoked_fence.is_some()
+    stats::add(Counter::Revocations, revoked.len() as u64);
+    true
 }

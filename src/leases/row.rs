@@ -9,6 +9,7 @@
 //! Liveness is decided here in Rust, by the same rule as `live_at!` (src/leases/liveness.rs); a
 //! `#[pg_test]` compares the two on every kind of row.
 use crate::leases::kinds::Kind;
+use crate::leases::modes::LeaseMode;
 use crate::leases::sessions;
 use crate::pg::compat;
 use pgrx::pg_sys;
@@ -19,6 +20,9 @@ use std::ffi::CStr;
 pub struct Live {
     pub kind: Kind,
     pub fence: i64,
+    /// Which holder of the key it is, and how it was granted (see `modes`).
+    pub slot: i32,
+    pub mode: LeaseMode,
     /// When it expires (microseconds, as clock::now()).
     pub expires_at: i64,
     /// SHA-256 of its holder's token.
@@ -30,33 +34,43 @@ pub struct Live {
     pub session: Option<(i32, i64)>,
 }
 
-/// What a key's row of one kind says at `now`: its last fence, and its lease if that is live.
+/// What one row of a key says at `now`: its last fence, and its lease if that is live.
 pub struct Found {
+    pub kind: Kind,
+    pub slot: i32,
+    pub mode: LeaseMode,
     pub fence: i64,
     pub live: Option<Live>,
     /// Whether it still holds a token: live, or ended by expiry or its session without a release.
     pub unreleased: bool,
 }
 
-/// `key`'s lease, of either kind, if it is live at `now` (microseconds, as clock::now()), in the
-/// latest committed state of the tables (a fresh snapshot, not the transaction's).
-pub fn live(key: &str, now: i64) -> Option<Live> {
-    [Kind::Durable, Kind::Fast].into_iter().find_map(|kind| find(kind, key, now).and_then(|found| found.live))
+/// `key`'s live leases, of both kinds and every slot, at `now` (microseconds, as clock::now()), in
+/// the latest committed state of the tables (a fresh snapshot, not the transaction's).
+pub fn live(key: &str, now: i64) -> impl Iterator<Item = Live> {
+    all(key, now).into_iter().filter_map(|found| found.live)
 }
 
 /// `key`'s live lease if the token with this hash holds it.
 pub fn held_with(key: &str, token_hash: &[u8], now: i64) -> Option<Live> {
-    live(key, now).filter(|lease| lease.token_hash == token_hash)
+    live(key, now).find(|lease| lease.token_hash == token_hash)
 }
 
-/// `key`'s row of this kind, in the latest committed state; None when it has none (or, for fast
-/// leases, where they cannot be read: see `Kind::table`).
-pub fn find(kind: Kind, key: &str, now: i64) -> Option<Found> {
-    let table = kind.table()?;
+/// Every row of `key`, of both kinds, in the latest committed state.
+pub fn all(key: &str, now: i64) -> Vec<Found> {
+    let mut rows = find(Kind::Durable, key, now);
+    rows.extend(find(Kind::Fast, key, now));
+    rows
+}
+
+/// `key`'s rows of this kind, one per slot, in the latest committed state; none when it has none
+/// (or, for fast leases, where they cannot be read: see `Kind::table`).
+pub fn find(kind: Kind, key: &str, now: i64) -> Vec<Found> {
+    let Some(table) = kind.table() else { return Vec::new() };
     let name = kind.table_name();
     // SAFETY: the relation stays open (and locked, as a SELECT would) for the scan; the snapshot is
-    // registered until the scan ends; the tuple is read before the scan ends. An error on the way
-    // aborts the transaction, which releases all three.
+    // registered until the scan ends; each tuple is read before the next is fetched. An error on
+    // the way aborts the transaction, which releases all three.
     unsafe {
         let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let desc = (*rel).rd_att;
@@ -81,9 +95,16 @@ pub fn find(kind: Kind, key: &str, now: i64) -> Option<Found> {
             let table = name.to_string_lossy();
             crate::pg::errors::state_damaged(&format!("table fence.{table} has lost its primary key"));
         }
+        // The key is the index's first column: one scan finds every slot of the key.
         let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut scan_key);
-        let tuple = pg_sys::systable_getnext(scan);
-        let found = if tuple.is_null() { None } else { Some(columns.read(tuple, desc, now)) };
+        let mut found = Vec::new();
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            found.push(columns.read(tuple, desc, now));
+        }
         pg_sys::systable_endscan(scan);
         pg_sys::UnregisterSnapshot(snapshot);
         pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
@@ -103,17 +124,22 @@ struct Columns {
     expires_at: usize,
     session_pid: usize,
     session_id: usize,
+    /// Absent from the objects of versions before 0.5.0, whose rows are all exclusive (slot 0).
+    slot: Option<usize>,
+    shared: Option<usize>,
+    permits: Option<usize>,
 }
 
 impl Columns {
     /// SAFETY: `desc` must be the tuple descriptor of a lease table.
     unsafe fn of(desc: pg_sys::TupleDesc, kind: Kind) -> Self {
-        let position = |name: &CStr| {
+        let optional = |name: &CStr| {
             (0..(*desc).natts as usize)
                 .map(|i| compat::attribute(desc, i))
                 .position(|a| !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()) == name)
-                .unwrap_or_else(|| panic!("a lease table has no column {name:?}"))
         };
+        let position =
+            |name: &CStr| optional(name).unwrap_or_else(|| panic!("a lease table has no column {name:?}"));
         Columns {
             kind,
             key: position(c"key"),
@@ -124,6 +150,9 @@ impl Columns {
             expires_at: position(c"expires_at"),
             session_pid: position(c"session_pid"),
             session_id: position(c"session_id"),
+            slot: optional(c"slot"),
+            shared: optional(c"shared"),
+            permits: optional(c"permits"),
         }
     }
 
@@ -139,6 +168,11 @@ impl Columns {
         pg_sys::heap_deform_tuple(tuple, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
         let get = |i: usize| (!nulls[i]).then_some(values[i]);
         let fence = get(self.fence).and_then(|d| i64::from_datum(d, false)).unwrap_or_default();
+        let slot = self.slot.and_then(get).and_then(|d| i32::from_datum(d, false)).unwrap_or(0);
+        let mode = LeaseMode {
+            shared: self.shared.and_then(get).and_then(|d| bool::from_datum(d, false)).unwrap_or(false),
+            permits: self.permits.and_then(get).and_then(|d| i32::from_datum(d, false)).unwrap_or(1),
+        };
         let live = || {
             let token_hash = get(self.token_hash).and_then(|d| Vec::<u8>::from_datum(d, false))?;
             let expires_at = get(self.expires_at).and_then(|d| i64::from_datum(d, false))?;
@@ -156,8 +190,18 @@ impl Columns {
             let owner = get(self.owner).and_then(|d| String::from_datum(d, false)).unwrap_or_default();
             let acquired_at =
                 get(self.acquired_at).and_then(|d| i64::from_datum(d, false)).unwrap_or_default();
-            Some(Live { kind: self.kind, fence, expires_at, token_hash, owner, acquired_at, session })
+            Some(Live {
+                kind: self.kind,
+                fence,
+                slot,
+                mode,
+                expires_at,
+                token_hash,
+                owner,
+                acquired_at,
+                session,
+            })
         };
-        Found { fence, live: live(), unreleased: get(self.token_hash).is_some() }
+        Found { kind: self.kind, slot, mode, fence, live: live(), unreleased: get(self.token_hash).is_some() }
     }
 }

@@ -123,7 +123,7 @@ unsafe extern "C-unwind" fn count_held_at_exit(_code: std::ffi::c_int, _arg: pg_
     // stops: not a word about damaged state when the extension was dropped meanwhile.
     let installed = crate::pg::installed::table(c"lease_state").is_some();
     let now = crate::pg::clock::now();
-    let ours = |key: &&String| row::live(key, now).is_some_and(|lease| lease.session == Some(session));
+    let ours = |key: &&String| row::live(key, now).any(|lease| lease.session == Some(session));
     let held = if installed { keys.iter().filter(ours).count() } else { 0 };
     pg_sys::CommitTransactionCommand();
     stats::add(Counter::SessionEnds, held as u64);

@@ -9,9 +9,10 @@
 //! acquire without `wait` is refused while anyone waits, see `waiting`), and a stream of single-key
 //! acquirers cannot starve it; the price is that its free keys go to nobody else meanwhile. It
 //! holds no key's lock while it waits, and never queues for one (see `wait_in_the_rooms`).
-use super::acquire::{live_until, Lease, Request};
+use super::acquire::{no_room_until, Lease, Request};
 use super::holder::{release_checked, renew_checked};
 use super::kinds::Kind;
+use super::modes::LeaseMode;
 use super::{durability, token_holds, waiting};
 use crate::locks::keylock::{self, Mode};
 use crate::pg::{clock, errors, input};
@@ -46,7 +47,15 @@ fn lease_acquire_all(
     let token = Some(Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes()));
     let requests: Vec<Request> = keys
         .iter()
-        .map(|key| Request { key, ttl, owner: owner.clone(), session_bound, kind, token })
+        .map(|key| Request {
+            key,
+            ttl,
+            owner: owner.clone(),
+            session_bound,
+            kind,
+            token,
+            mode: LeaseMode::EXCLUSIVE,
+        })
         .collect();
     let wal_before = durability::wal_position();
     // As for one key: a transaction that already holds one of the keys' locks does not wait.
@@ -79,7 +88,9 @@ fn grant_all_unless_held(requests: &[Request]) -> Option<Vec<Lease>> {
         if taken {
             locked.push(request.key);
         }
-        if !taken || waiting::someone_waiting(request.key) || live_until(request.key, clock::now()).is_some()
+        if !taken
+            || waiting::someone_waiting(request.key)
+            || no_room_until(request.key, LeaseMode::EXCLUSIVE, clock::now()).is_some()
         {
             locked.iter().for_each(|key| keylock::unlock(key, Mode::Grant));
             return None;
@@ -94,7 +105,7 @@ fn grant_all_unless_held(requests: &[Request]) -> Option<Vec<Lease>> {
 fn grant_locked_all(requests: &[Request]) -> Vec<Lease> {
     let mut leases = Vec::with_capacity(requests.len());
     for (failed, request) in requests.iter().enumerate() {
-        let Some(lease) = request.grant_locked() else {
+        let Some(lease) = request.grant_locked(None) else {
             // The error rolls the grants back, but not the locks, which belong to the top-level
             // transaction: a caller that catches it must not keep the keys from everyone else.
             // (grant_locked gave back the lock of the key it refused.)
@@ -147,7 +158,8 @@ fn wait_in_the_rooms(requests: &[Request], deadline: Instant) -> Option<Vec<Leas
             taken
         });
         let now = clock::now();
-        let first_end = requests.iter().filter_map(|request| live_until(request.key, now)).min();
+        let first_end =
+            requests.iter().filter_map(|request| no_room_until(request.key, LeaseMode::EXCLUSIVE, now)).min();
         if all_locked && first_end.is_none() {
             return Some(grant_locked_all(requests));
         }

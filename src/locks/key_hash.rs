@@ -36,6 +36,18 @@ pub fn of(key: &str) -> u64 {
     }
 }
 
+/// The hash that names the guard lock of `key`'s `slot` (see `keylock::guard_tag`).
+pub fn of_slot(key: &str, slot: i32) -> u64 {
+    let mut hasher = match secret() {
+        Some([k0, k1]) => SipHasher13::new_with_keys(k0, k1),
+        // Objects before 0.4.0 have no secret, and no slots either; a fixed key will do.
+        None => SipHasher13::new_with_keys(fnv1a(key), 0),
+    };
+    hasher.write(key.as_bytes());
+    hasher.write(&slot.to_le_bytes());
+    hasher.finish()
+}
+
 /// The hash of pg_fence 0.3.0 and earlier, for an installation not yet updated.
 fn fnv1a(key: &str) -> u64 {
     key.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {

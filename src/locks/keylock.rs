@@ -6,6 +6,7 @@
 //! | key lock       | 28774    | one key's changes      | this file       |
 //! | waiting room   | 28775    | one key's waiters      | `waiting`       |
 //! | session        | 28776    | one holder backend     | `sessions`      |
+//! | guard lock     | 28777    | writes of some holders | this file       |
 //!
 //! The key lock, on a keyed 64-bit hash of the key (`key_hash`), is held until the end of the
 //! top-level transaction that takes it, in one of three modes, so that each kind of call waits only
@@ -19,7 +20,15 @@
 //!
 //! So changes to one key happen one at a time and each sees the previous one committed; a new grant
 //! waits until every transaction that wrote under the old fence has ended (the guard); and guards
-//! never hold up the holder's own renew or release. Waits obey lock_timeout, statement_timeout and
+//! never hold up the holder's own renew or release.
+//!
+//! A key with several holders (shared leases, semaphores: see `leases::modes`) needs more than one
+//! guard lock, so that a grant waits for the writers of the holders it replaces and no others. Its
+//! grants other than exclusive ones take the key lock in `Change` mode, which guards do not
+//! conflict with, and then, in `Grant` mode, the guard locks of the holders they replace
+//! (`GuardLock`): slot 0's is the key lock itself, so an exclusive lease is locked as it always
+//! was; slot s's and the shared holders' one are locks of class 28777 on keyed hashes of the key
+//! and the slot. Waits obey lock_timeout, statement_timeout and
 //! query cancel, and take part in deadlock detection.
 //!
 //! A key lock belongs to the top-level transaction, not to the subtransaction that took it (the
@@ -29,6 +38,7 @@
 //! only orders waiters, so it belongs to the call's own subtransaction, and an error that ends the
 //! call lets the next waiter in. And fenced_update's guard guards only the write it makes itself,
 //! in the same subtransaction, so its lock belongs to that subtransaction too (src/writes/fencing.rs).
+use crate::leases::modes::GuardLock;
 use crate::locks::key_hash;
 use crate::pg::clock;
 use crate::pg::compat;
@@ -41,6 +51,7 @@ use std::time::Instant;
 pub const KEY_LOCK_CLASS: u16 = 0x7066;
 pub const WAITING_ROOM_CLASS: u16 = 0x7067;
 pub const SESSION_CLASS: u16 = 0x7068;
+pub const GUARD_LOCK_CLASS: u16 = 0x7069;
 
 #[derive(Clone, Copy)]
 pub enum Mode {
@@ -74,22 +85,57 @@ fn key_tag(key: &str) -> pg_sys::LOCKTAG {
     tag(KEY_LOCK_CLASS, key_hash::of(key))
 }
 
+/// The tag of one of `key`'s guard locks (see `leases::modes`).
+pub fn guard_tag(key: &str, lock: GuardLock) -> pg_sys::LOCKTAG {
+    match lock {
+        GuardLock::Slot(0) => key_tag(key),
+        GuardLock::Slot(slot) => tag(GUARD_LOCK_CLASS, key_hash::of_slot(key, slot)),
+        GuardLock::Shared => tag(GUARD_LOCK_CLASS, key_hash::of_slot(key, -1)),
+    }
+}
+
+/// Waits for and takes one of the key's guard locks for `owner`; returns its tag (for `release`
+/// with `Mode::Guard`'s lock mode).
+pub fn lock_guard(key: &str, lock: GuardLock, owner: Owner) -> pg_sys::LOCKTAG {
+    let tag = guard_tag(key, lock);
+    acquire(&tag, Mode::Guard.lockmode(), owner, false);
+    tag
+}
+
+/// Gives back a `lock_guard`.
+pub fn unlock_guard(tag: &pg_sys::LOCKTAG, owner: Owner) {
+    release(tag, Mode::Guard.lockmode(), owner);
+}
+
+/// For a grant: takes these guard locks of the key in `Grant` mode, in order, until the end of the
+/// top-level transaction; at once or not at all without a deadline, else waiting until it at most.
+/// False, with none of them held, when one could not be taken.
+pub fn lock_guards_for_grant(key: &str, locks: &[GuardLock], deadline: Option<Instant>) -> bool {
+    let lockmode = Mode::Grant.lockmode();
+    for (taken, lock) in locks.iter().enumerate() {
+        let tag = guard_tag(key, *lock);
+        let got = match deadline {
+            None => acquire(&tag, lockmode, Owner::TopTransaction, true),
+            Some(deadline) => acquire_until(&tag, lockmode, Owner::TopTransaction, deadline),
+        };
+        if !got {
+            unlock_guards_for_grant(key, &locks[..taken]);
+            return false;
+        }
+    }
+    true
+}
+
+/// Gives back `lock_guards_for_grant`'s locks.
+pub fn unlock_guards_for_grant(key: &str, locks: &[GuardLock]) {
+    locks
+        .iter()
+        .for_each(|lock| release(&guard_tag(key, *lock), Mode::Grant.lockmode(), Owner::TopTransaction));
+}
+
 /// Waits for and takes the key's lock until the end of the top-level transaction.
 pub fn lock(key: &str, mode: Mode) {
     acquire(&key_tag(key), mode.lockmode(), Owner::TopTransaction, false);
-}
-
-/// Waits for and takes the key's lock for `owner`; returns the hash that named it (for
-/// `unlock_hash`).
-pub fn lock_for(key: &str, mode: Mode, owner: Owner) -> u64 {
-    let hash = key_hash::of(key);
-    acquire(&tag(KEY_LOCK_CLASS, hash), mode.lockmode(), owner, false);
-    hash
-}
-
-/// Gives back a `lock_for`, by the hash it returned.
-pub fn unlock_hash(hash: u64, mode: Mode, owner: Owner) {
-    release(&tag(KEY_LOCK_CLASS, hash), mode.lockmode(), owner);
 }
 
 /// Takes the key's lock if no other transaction's lock conflicts; false (nothing taken) otherwise.

@@ -22,3 +22,11 @@ pub fn table(name: &std::ffi::CStr) -> Option<pg_sys::Oid> {
 pub fn since_0_4_0() -> bool {
     table(c"high_water").is_some()
 }
+
+/// Whether the objects of version 0.5.0 are there: the lease tables' column `slot`, which its
+/// scripts add together with `shared` and `permits` (src/leases/modes.rs).
+pub fn since_0_5_0() -> bool {
+    let Some(table) = table(c"lease_state") else { return false };
+    // SAFETY: a syscache look-up by name; a missing column is InvalidAttrNumber, not an error.
+    unsafe { pg_sys::get_attnum(table, c"slot".as_ptr()) != pg_sys::InvalidAttrNumber as i16 }
+}

@@ -5,8 +5,9 @@
 //! `locks::keylock`), until that transaction ends. A client that keeps such a transaction open,
 //! running short statements, is never ended by statement_timeout or
 //! idle_in_transaction_session_timeout. So each pass, the worker looks in pg_locks (all databases)
-//! for the holders of a key lock in Guard mode (RowShareLock, class 28774) while a grant of that
-//! key (ExclusiveLock) waits for it, and terminates the backend of each one that has held a grant
+//! for the holders of a guard lock in Guard mode (RowShareLock: the key lock, class 28774, or a
+//! holder's guard lock, class 28777) while a grant (ExclusiveLock) waits for it, and terminates
+//! the backend of each one that has held a grant
 //! back for longer than the setting. Terminated, not cancelled: a cancel does not end a transaction
 //! that is idle between statements. The holder's transaction rolls back, so its writes under the
 //! old fence never commit after the new grant (invariant 3 stands).
@@ -36,19 +37,19 @@ use std::time::Duration;
 /// the fast path, so pg_locks lists them all.
 const HELD_BACK: &str = "
     WITH locks AS MATERIALIZED (
-        SELECT locktype, virtualtransaction, transactionid, pid, database, classid, objid, mode, granted,
+        SELECT locktype, virtualtransaction, transactionid, pid, database, classid, objid, objsubid, mode, granted,
                waitstart
           FROM pg_catalog.pg_locks
-         WHERE (locktype = 'advisory' AND objsubid = 28774) OR (locktype = 'transactionid' AND pid IS NULL)),
+         WHERE (locktype = 'advisory' AND objsubid IN (28774, 28777)) OR (locktype = 'transactionid' AND pid IS NULL)),
     waiting AS (
-        SELECT database, classid, objid, min(waitstart) AS since
+        SELECT database, classid, objid, objsubid, min(waitstart) AS since
           FROM locks
          WHERE locktype = 'advisory' AND NOT granted AND mode = 'ExclusiveLock'
-         GROUP BY database, classid, objid),
+         GROUP BY database, classid, objid, objsubid),
     guards AS (
-        SELECT g.virtualtransaction || ' ' || g.database || ' ' || g.classid || ' ' || g.objid AS id,
+        SELECT g.virtualtransaction || ' ' || g.database || ' ' || g.classid || ' ' || g.objid || ' ' || g.objsubid AS id,
                g.virtualtransaction, g.pid, g.database, w.since
-          FROM locks g LEFT JOIN waiting w USING (database, classid, objid)
+          FROM locks g LEFT JOIN waiting w USING (database, classid, objid, objsubid)
          WHERE g.locktype = 'advisory' AND g.granted AND g.mode = 'RowShareLock')
     SELECT id, pid,
            (SELECT datname::pg_catalog.text FROM pg_catalog.pg_database d WHERE d.oid = guards.database),

@@ -5,8 +5,7 @@
 //! commit" true. It first takes the key's lock in `Guard` mode, which every grant waits for and which
 //! it keeps until the writing transaction ends; only then does it read the latest committed grant.
 use crate::leases::row;
-use crate::locks::key_hash;
-use crate::locks::keylock::{self, Mode, Owner};
+use crate::locks::keylock::{self, Owner};
 use crate::pg::clock;
 use crate::pg::errors;
 use crate::pg::input;
@@ -79,22 +78,32 @@ fn guard(key: &str, fence: i64, owner: Owner) -> bool {
         // its lock holds back no grant on the primary.
         errors::read_only("guard a write", true);
     }
-    let holds_now = || row::live(key, clock::now()).is_some_and(|lease| lease.fence == fence);
-    if !holds_now() {
+    // The live holder with this fence, and the guard lock of its slot (see `leases::modes`).
+    let holder = || {
+        row::live(key, clock::now())
+            .find(|lease| lease.fence == fence)
+            .map(|lease| lease.mode.guard_lock(lease.slot))
+    };
+    let Some(lock) = holder() else {
         stats::bump(Counter::GuardsRefused);
         return false;
-    }
-    let hash = keylock::lock_for(key, Mode::Guard, owner);
-    let holds = holds_now();
-    if key_hash::of(key) != hash {
-        keylock::unlock_hash(hash, Mode::Guard, owner);
+    };
+    let tag = keylock::lock_guard(key, lock, owner);
+    let holds = holder() == Some(lock);
+    if !same_lock(&keylock::guard_tag(key, lock), &tag) {
+        keylock::unlock_guard(&tag, owner);
         errors::lock_hash_changed();
     }
     if !holds {
-        keylock::unlock_hash(hash, Mode::Guard, owner);
+        keylock::unlock_guard(&tag, owner);
     }
     stats::bump(if holds { Counter::GuardsAccepted } else { Counter::GuardsRefused });
     holds
+}
+
+fn same_lock(a: &pg_sys::LOCKTAG, b: &pg_sys::LOCKTAG) -> bool {
+    (a.locktag_field1, a.locktag_field2, a.locktag_field3, a.locktag_field4)
+        == (b.locktag_field1, b.locktag_field2, b.locktag_field3, b.locktag_field4)
 }
 
 /// fence.fenced_update's core: the guard, then the write; None, writing nothing, when the guard

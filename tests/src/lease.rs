@@ -38,11 +38,33 @@ pub struct Acquire<'a> {
     session_bound: Option<bool>,
     durable: Option<bool>,
     token: Option<Uuid>,
+    shared: Option<bool>,
+    permits: Option<i32>,
 }
 
 impl<'a> Acquire<'a> {
     pub fn new(key: &'a str, ttl: &'a str) -> Acquire<'a> {
-        Acquire { key, ttl, owner: None, wait: None, session_bound: None, durable: None, token: None }
+        Acquire {
+            key,
+            ttl,
+            owner: None,
+            wait: None,
+            session_bound: None,
+            durable: None,
+            token: None,
+            shared: None,
+            permits: None,
+        }
+    }
+
+    /// A shared lease: beside other shared ones, never beside another mode.
+    pub fn shared(self, shared: bool) -> Acquire<'a> {
+        Acquire { shared: Some(shared), ..self }
+    }
+
+    /// One of at most `permits` live leases of the key (a semaphore).
+    pub fn permits(self, permits: i32) -> Acquire<'a> {
+        Acquire { permits: Some(permits), ..self }
     }
 
     pub fn owner(self, owner: &'a str) -> Acquire<'a> {
@@ -77,12 +99,14 @@ impl<'a> Acquire<'a> {
         let mut arguments = vec!["$1".to_string(), "$2::text::interval".to_string()];
         let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
             vec![(&self.key, Type::TEXT), (&self.ttl, Type::TEXT)];
-        let optional: [(&str, &str, Option<&(dyn ToSql + Sync)>, Type); 5] = [
+        let optional: [(&str, &str, Option<&(dyn ToSql + Sync)>, Type); 7] = [
             ("owner", "", self.owner.as_ref().map(|v| v as _), Type::TEXT),
             ("wait", "::text::interval", self.wait.as_ref().map(|v| v as _), Type::TEXT),
             ("session_bound", "", self.session_bound.as_ref().map(|v| v as _), Type::BOOL),
             ("durable", "", self.durable.as_ref().map(|v| v as _), Type::BOOL),
             ("token", "", self.token.as_ref().map(|v| v as _), Type::UUID),
+            ("shared", "", self.shared.as_ref().map(|v| v as _), Type::BOOL),
+            ("permits", "", self.permits.as_ref().map(|v| v as _), Type::INT4),
         ];
         for (name, cast, value, type_) in optional {
             if let Some(value) = value {

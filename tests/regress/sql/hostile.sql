@@ -116,6 +116,23 @@ INSERT INTO cases (block, expr) SELECT 'args', expr FROM (VALUES
     ($$fence.lease_acquire('k', 30)$$),
     ($$fence.lease_acquire(42, '1 s')$$),
     ($$fence.lease_acquire('k', '1 s', session_bound => 'maybe')$$),
+    -- lease_acquire's modes: shared and permits NULL, out of range, together, wrong types; a mode
+    -- with no room beside the live 'held'
+    ($$fence.lease_acquire('k', '1 s', shared => NULL)$$),
+    ($$fence.lease_acquire('k', '1 s', permits => NULL)$$),
+    ($$fence.lease_acquire('k', '1 s', permits => 0)$$),
+    ($$fence.lease_acquire('k', '1 s', permits => -1)$$),
+    ($$fence.lease_acquire('k', '1 s', permits => 10001)$$),
+    ($$fence.lease_acquire('k', '1 s', permits => 2147483647)$$),
+    ($$fence.lease_acquire('k', '1 s', permits => 2147483648)$$),
+    ($$fence.lease_acquire('k', '1 s', permits => 1.5)$$),
+    ($$fence.lease_acquire('k', '1 s', permits => 'many')$$),
+    ($$fence.lease_acquire('k', '1 s', shared => 'perhaps')$$),
+    ($$fence.lease_acquire('k', '1 s', shared => true, permits => 2)$$),
+    ($$fence.lease_acquire('k', '0 s', shared => true)$$),
+    ($$fence.lease_acquire('held', '1 s', shared => true)$$),
+    ($$fence.lease_acquire('held', '1 s', permits => 2)$$),
+    ($$fence.lease_acquire(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)$$),
     -- lease_acquire: intervals zero, negative, huge, "infinite"
     ($$fence.lease_acquire('k', '0 s')$$),
     ($$fence.lease_acquire('k', '0.4 microseconds')$$),
