@@ -184,7 +184,9 @@ def test_semaphore_permits_bound_the_holders_and_a_stopped_holder_gives_them_up(
     )
     assert most == 2, "the server had more live permits than 2, or never 2"
     assert all(summary["most_in_use"] <= 2 for summary in summaries)
-    assert lost["state"] == "unknown"
+    # Its deadline passed while it was stopped: "unknown" as a resumes; the example reports the state
+    # after the release, which finds the permit gone ("lost") unless it reaches no server.
+    assert lost["state"] in ("unknown", "lost") and lost["lost_at"] - resumed < 1.0
 
 
 @pytest.mark.port(27534)
