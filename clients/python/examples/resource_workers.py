@@ -12,39 +12,26 @@ import threading
 import time
 
 import psycopg
-from _report import arguments, event, stop_after, summary
+from _report import Reconnecting, arguments, event, reported, stop_after, summary, told_if_lost
 
-from pg_fence import Client, LeaseLost, OutcomeUnknown, Retry, StaleFence, WaitTimedOut, fenced_write
+from pg_fence import Client, Retry, fenced_write
 
 INVOICES = 8
 
 
 def worker(args, client: Client, done: threading.Event) -> None:
-    conn = None
+    conn = Reconnecting(args.conninfo)
     while not done.is_set():
         invoice = random.randrange(INVOICES)
-        try:
+        with reported(conn, invoice=invoice):
             with client.lease(f"invoice:{invoice}", args.ttl, wait=0.5, owner=args.name) as lease:
-                conn = conn if conn is not None and not conn.closed else psycopg.connect(args.conninfo, autocommit=True)
                 time.sleep(random.uniform(0.01, 0.05))  # the work
                 lease.check()
-                fenced_write(conn, "invoices", "fence", lease.fence, {"processed_by": args.name}, {"id": invoice})
-                conn.execute("UPDATE invoices SET times = times + 1 WHERE id = %s", (invoice,))
+                fenced_write(conn.get(), "invoices", "fence", lease.fence, {"processed_by": args.name}, {"id": invoice})
+                conn.get().execute("UPDATE invoices SET times = times + 1 WHERE id = %s", (invoice,))
                 event("processed", invoice=invoice, fence=lease.fence)
-            if lease.state in ("lost", "unknown"):
-                event("lease_declared_lost", state=lease.state, lost_at=lease.lost_at)
-        except WaitTimedOut:
-            event("busy", invoice=invoice)
-        except StaleFence:
-            event("stale_write_refused_by_server", invoice=invoice)
-        except LeaseLost:
-            event("write_stopped_locally", invoice=invoice)
-        except (psycopg.OperationalError, OutcomeUnknown) as err:
-            event("server_unavailable", error=type(err).__name__)
-            if conn is not None:
-                conn.close()
-            conn = None
-            time.sleep(0.2)
+            told_if_lost(lease)
+    conn.close()
 
 
 def main() -> None:

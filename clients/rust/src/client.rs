@@ -1,6 +1,6 @@
 use crate::connect::Connector;
 use crate::error::Error;
-use crate::lease::{self, AcquireOptions, Lease};
+use crate::lease::{self, AcquireOptions, Lease, LeaseSet};
 use crate::retry::Backoff;
 use serde_json::Value;
 use std::future::Future;
@@ -54,6 +54,16 @@ impl<C: Connector> FenceClient<C> {
         F: Fn(Arc<C::Conn>) -> Fut,
         Fut: Future<Output = Result<T, Error>>,
     {
+        self.retrying_if(extra, true, call).await
+    }
+
+    /// `retrying`; with `resend` false, a try that may have taken effect is not sent again: its
+    /// outcome is unknown at once (for a call that cannot be retried safely, `lease_acquire_all`).
+    async fn retrying_if<T, F, Fut>(&self, extra: Duration, resend: bool, call: F) -> Result<T, Error>
+    where
+        F: Fn(Arc<C::Conn>) -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
         let started = Instant::now();
         let mut tries = 0;
         // Once one try may have taken effect, running out of retries leaves the outcome unknown,
@@ -76,7 +86,8 @@ impl<C: Connector> FenceClient<C> {
             };
             maybe_done |= error.may_have_taken_effect();
             tries += 1;
-            match self.backoff.next(tries, started) {
+            let next = if maybe_done && !resend { None } else { self.backoff.next(tries, started) };
+            match next {
                 Some(delay) => tokio::time::sleep(delay).await,
                 None if maybe_done && !matches!(error, Error::OutcomeUnknown(_)) => {
                     return Err(Error::OutcomeUnknown(Box::new(error)))
@@ -101,8 +112,34 @@ impl<C: Connector> FenceClient<C> {
 
     /// `lease::acquire`, retried. The token is chosen once (or taken from `opts`) for every try.
     pub async fn acquire(&self, key: &str, opts: &AcquireOptions) -> Result<Option<Lease>, Error> {
+        opts.check()?;
         let opts = &opts.with_token();
         self.retrying(opts.wait, |conn| async move { lease::acquire(&**conn, key, opts).await }).await
+    }
+
+    /// `lease::acquire_all`, retried only while no try can have been granted (no connection, a
+    /// standby, a server starting up): it takes no token, so a try whose reply was lost cannot be
+    /// asked again for the set it may have granted. Such a try ends it with `OutcomeUnknown`; the set,
+    /// if granted, stays held until its TTL.
+    pub async fn acquire_all<K: AsRef<str> + Sync>(
+        &self,
+        keys: &[K],
+        opts: &AcquireOptions,
+    ) -> Result<Option<LeaseSet>, Error> {
+        Ok(self.acquire_all_on(keys, opts).await?.map(|(set, _)| set))
+    }
+
+    /// `acquire_all`, with the connection that took the set (a session-bound set lives with it).
+    pub(crate) async fn acquire_all_on<K: AsRef<str> + Sync>(
+        &self,
+        keys: &[K],
+        opts: &AcquireOptions,
+    ) -> Result<Option<(LeaseSet, Arc<C::Conn>)>, Error> {
+        opts.check_for_set()?;
+        self.retrying_if(opts.wait, false, |conn| async move {
+            Ok(lease::acquire_all(&**conn, keys, opts).await?.map(|set| (set, conn)))
+        })
+        .await
     }
 
     /// `lease::acquire` of a session-bound lease, retried, with the connection it is bound to. The
@@ -149,6 +186,14 @@ impl<C: Connector> FenceClient<C> {
 
     pub async fn release(&self, lease: &Lease) -> Result<bool, Error> {
         self.retrying(Duration::ZERO, |conn| async move { lease::release(&**conn, lease).await }).await
+    }
+
+    pub async fn renew_all(&self, set: &LeaseSet, ttl: Duration) -> Result<SystemTime, Error> {
+        self.retrying(Duration::ZERO, |conn| async move { lease::renew_all(&**conn, set, ttl).await }).await
+    }
+
+    pub async fn release_all(&self, set: &LeaseSet) -> Result<u32, Error> {
+        self.retrying(Duration::ZERO, |conn| async move { lease::release_all(&**conn, set).await }).await
     }
 
     pub async fn current_fence(&self, key: &str) -> Result<Option<i64>, Error> {

@@ -4,7 +4,7 @@ use crate::client::FenceClient;
 use crate::clock::Stamp;
 use crate::connect::Connector;
 use crate::error::Error;
-use crate::lease::{self, AcquireOptions, Lease};
+use crate::lease::{self, AcquireOptions, Lease, LeaseSet};
 use crate::retry::Backoff;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, timeout_at};
 use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::GenericClient;
 use tokio_util::sync::CancellationToken;
 
 /// Where a held lease stands. Once it leaves `Held` it never comes back.
@@ -147,17 +148,26 @@ impl Shared {
     }
 }
 
-/// A lease kept alive in the background. Check `is_held()` before each step of the work, or stop
-/// the work when `lost()` returns (or `lost_token()` is cancelled), and guard every write with the
-/// fence. Dropping it stops the keeper, which then releases the lease in the background.
-pub struct HeldLease {
-    lease: Lease,
+/// A lease (`HeldLease`, from `hold`) or a lease set (`HeldLeaseSet`, from `hold_all`) kept alive
+/// in the background. Check `is_held()` before each step of the work, or stop the work when `lost()`
+/// returns (or `lost_token()` is cancelled), and guard every write with the fence. Dropping it stops
+/// the keeper, which then releases the lease in the background.
+pub struct Held<T> {
+    lease: T,
     shared: Arc<Shared>,
     stop: CancellationToken,
     task: Option<JoinHandle<Result<bool, Error>>>,
 }
 
-impl HeldLease {
+/// A lease kept alive by `hold`.
+pub type HeldLease = Held<Lease>;
+
+/// A lease set kept alive by `hold_all`: renewed in one call for the whole set, lost as a whole when
+/// any of its leases is (`LeaseState::Lost`), released as a whole. Its `LeaseState::Held` carries
+/// the fence of its first key (in key order); `fence(key)` gives each key's.
+pub type HeldLeaseSet = Held<LeaseSet>;
+
+impl Held<Lease> {
     pub fn lease(&self) -> &Lease {
         &self.lease
     }
@@ -165,7 +175,24 @@ impl HeldLease {
     pub fn fence(&self) -> i64 {
         self.lease.fence
     }
+}
 
+impl Held<LeaseSet> {
+    pub fn lease_set(&self) -> &LeaseSet {
+        &self.lease
+    }
+
+    pub fn keys(&self) -> Vec<&str> {
+        self.lease.keys()
+    }
+
+    /// The fence of the set's lease on `key`, to guard writes under it; None for a key outside the set.
+    pub fn fence(&self, key: &str) -> Option<i64> {
+        self.lease.fence(key)
+    }
+}
+
+impl<T> Held<T> {
     /// False once the local deadline has passed without a renewal, whether or not the keeper task
     /// has run since. Judged by CLOCK_BOOTTIME on Linux, so a suspend of this host counts.
     pub fn is_held(&self) -> bool {
@@ -199,9 +226,10 @@ impl HeldLease {
     }
 
     /// Stops the keeper and releases the lease, on a new connection if its own broke: true when the
-    /// server said the release ended it. Bounded by `KeepOptions::timeout`: when the server cannot be
-    /// reached, `OutcomeUnknown` (the TTL ends it). The state (see `watch`) ends Released only when
-    /// the server said so: Lost when the token no longer held the lease, Unknown with no answer.
+    /// server said the release ended it (for a set: every one of its leases). Bounded by
+    /// `KeepOptions::timeout`: when the server cannot be reached, `OutcomeUnknown` (the TTL ends it).
+    /// The state (see `watch`) ends Released only when the server said so: Lost when the token no
+    /// longer held the lease (or one of the set's), Unknown with no answer.
     pub async fn release(mut self) -> Result<bool, Error> {
         self.stop.cancel();
         let task = self.task.take().expect("the keeper task is taken only here");
@@ -209,7 +237,7 @@ impl HeldLease {
     }
 }
 
-impl Drop for HeldLease {
+impl<T> Drop for Held<T> {
     fn drop(&mut self) {
         self.stop.cancel();
     }
@@ -218,20 +246,17 @@ impl Drop for HeldLease {
 /// Acquires `key` (waiting up to `opts.wait`; `Error::WaitTimedOut` when it is not granted) and
 /// keeps it: a task renews it every `renew_every` on its own connection from `connector`, retrying
 /// failed renewals with backoff, and declares it `Unknown` when the local deadline passes without
-/// a renewal, even if a renewal is still hanging.
+/// a renewal, even if a renewal is still hanging. `opts.shared` and `opts.permits` keep a shared
+/// lease or a semaphore's permit the same way.
 pub async fn hold<C: Connector>(
     connector: C,
     key: &str,
     opts: &AcquireOptions,
     keep: KeepOptions,
 ) -> Result<HeldLease, Error> {
+    opts.check()?;
     let opts = opts.with_token();
-    let span = opts.ttl.saturating_sub(keep.margin.unwrap_or(default_margin(opts.ttl)));
-    let every = keep.renew_every.unwrap_or(opts.ttl / 3);
-    if every.is_zero() || every >= span {
-        let why = format!("renew_every {every:?} must be above zero and below ttl less the margin, {span:?}");
-        return Err(Error::Config(why));
-    }
+    let timing = Timing::of(&opts, &keep)?;
     let client = FenceClient::with_backoff(connector, keep.retry.clone()).call_timeout(keep.timeout);
     // Taken before the first try: whichever try granted the lease was sent after it.
     let sent = Stamp::now();
@@ -240,29 +265,67 @@ pub async fn hold<C: Connector>(
         false => client.acquire(key, &opts).await?.map(|lease| (lease, None)),
     };
     let (lease, bound) = granted.ok_or_else(|| Error::WaitTimedOut { key: key.to_owned() })?;
-    let (state, _) = watch::channel(LeaseState::Held { fence: lease.fence, expires_at: lease.expires_at });
-    let shared = Arc::new(Shared {
-        ttl: opts.ttl,
-        span,
-        deadline: Mutex::new(sent + span),
-        state,
-        ended: CancellationToken::new(),
-        on_lost: keep.on_lost.clone(),
-    });
-    let keeper = Keeper {
-        client,
-        lease: lease.clone(),
-        every,
-        bound,
-        retry: keep.retry,
-        timeout: keep.timeout,
-        shared,
-    };
+    let kept = Kept::One(lease.clone());
+    start(Keeper::new(client, kept, bound, timing, &keep, sent), sent, &keep, lease).await
+}
+
+/// As `hold`, for every key of `keys` or none (`lease::acquire_all`): one lease per key, kept as a
+/// set, renewed with `lease_renew_all` in one call per renewal, released with `lease_release_all`.
+/// `Error::WaitTimedOut` (its key the keys, comma-separated) when the set is not granted within
+/// `opts.wait`. The acquire is not retried once a try may have been granted (it takes no token):
+/// `Error::OutcomeUnknown` then, and the set, if granted, ends at its TTL.
+pub async fn hold_all<C: Connector, K: AsRef<str> + Sync>(
+    connector: C,
+    keys: &[K],
+    opts: &AcquireOptions,
+    keep: KeepOptions,
+) -> Result<HeldLeaseSet, Error> {
+    opts.check_for_set()?;
+    let timing = Timing::of(opts, &keep)?;
+    let client = FenceClient::with_backoff(connector, keep.retry.clone()).call_timeout(keep.timeout);
+    let sent = Stamp::now();
+    let granted = client.acquire_all_on(keys, opts).await?;
+    let label = || keys.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(", ");
+    let (set, conn) = granted.ok_or_else(|| Error::WaitTimedOut { key: label() })?;
+    // A session-bound set lives with the session that took it; a plain one is renewed on any.
+    let bound = opts.session_bound.then_some(conn);
+    let kept = Kept::Set(set.clone());
+    start(Keeper::new(client, kept, bound, timing, &keep, sent), sent, &keep, set).await
+}
+
+/// How often a keeper renews, and its deadline's span (ttl less the margin).
+struct Timing {
+    ttl: Duration,
+    span: Duration,
+    every: Duration,
+}
+
+impl Timing {
+    /// `Error::Config` for a renew_every that leaves no time to renew.
+    fn of(opts: &AcquireOptions, keep: &KeepOptions) -> Result<Timing, Error> {
+        let span = opts.ttl.saturating_sub(keep.margin.unwrap_or(default_margin(opts.ttl)));
+        let every = keep.renew_every.unwrap_or(opts.ttl / 3);
+        if every.is_zero() || every >= span {
+            let why =
+                format!("renew_every {every:?} must be above zero and below ttl less the margin, {span:?}");
+            return Err(Error::Config(why));
+        }
+        Ok(Timing { ttl: opts.ttl, span, every })
+    }
+}
+
+/// Starts the keeper of what was granted after `sent`, and hands `granted` to the holder.
+async fn start<C: Connector, T>(
+    keeper: Keeper<C>,
+    sent: Stamp,
+    keep: &KeepOptions,
+    granted: T,
+) -> Result<Held<T>, Error> {
     // A long wait, or retries, may have used up the margin that `sent` leaves: renew at once.
     if sent.elapsed() >= keeper.every {
         let renewed = timeout(keep.timeout, keeper.try_renew(keep.timeout)).await;
         match renewed.map_err(|elapsed| Error::OutcomeUnknown(Box::new(elapsed))).and_then(|tried| tried) {
-            Ok((sent, expires_at)) => keeper.shared.renewed(sent, lease.fence, expires_at),
+            Ok((sent, expires_at)) => keeper.shared.renewed(sent, keeper.kept.fence(), expires_at),
             Err(err) => {
                 // The lease may be live, and the caller never gets its token: free the key, on a
                 // new connection (this one may hang).
@@ -275,7 +338,46 @@ pub async fn hold<C: Connector>(
     let shared = keeper.shared.clone();
     let stop = CancellationToken::new();
     let task = tokio::spawn(keeper.run(stop.clone()));
-    Ok(HeldLease { lease, shared, stop, task: Some(task) })
+    Ok(Held { lease: granted, shared, stop, task: Some(task) })
+}
+
+/// What a keeper keeps.
+#[derive(Debug, Clone)]
+enum Kept {
+    One(Lease),
+    Set(LeaseSet),
+}
+
+impl Kept {
+    /// The fence `LeaseState::Held` carries: the lease's, or the set's first.
+    fn fence(&self) -> i64 {
+        match self {
+            Kept::One(lease) => lease.fence,
+            Kept::Set(set) => set.leases[0].fence,
+        }
+    }
+
+    fn expires_at(&self) -> SystemTime {
+        match self {
+            Kept::One(lease) => lease.expires_at,
+            Kept::Set(set) => set.expires_at(),
+        }
+    }
+
+    async fn renew(&self, client: &impl GenericClient, ttl: Duration) -> Result<SystemTime, Error> {
+        match self {
+            Kept::One(lease) => lease::renew(client, lease, ttl).await,
+            Kept::Set(set) => lease::renew_all(client, set, ttl).await,
+        }
+    }
+
+    /// Whether the release ended it: the lease, or every lease of the set.
+    async fn release<C: Connector>(&self, client: &FenceClient<C>) -> Result<bool, Error> {
+        match self {
+            Kept::One(lease) => client.release(lease).await,
+            Kept::Set(set) => Ok(client.release_all(set).await? as usize == set.leases.len()),
+        }
+    }
 }
 
 /// See `KeepOptions::margin`.
@@ -285,7 +387,7 @@ fn default_margin(ttl: Duration) -> Duration {
 
 struct Keeper<C: Connector> {
     client: FenceClient<C>,
-    lease: Lease,
+    kept: Kept,
     every: Duration,
     /// A session-bound lease's connection: the lease lives with its session, so it is renewed there
     /// or not at all. None for a plain lease, renewed on any connection.
@@ -296,6 +398,36 @@ struct Keeper<C: Connector> {
 }
 
 impl<C: Connector> Keeper<C> {
+    /// The keeper of what was granted by a try sent no earlier than `sent`.
+    fn new(
+        client: FenceClient<C>,
+        kept: Kept,
+        bound: Option<Arc<C::Conn>>,
+        timing: Timing,
+        keep: &KeepOptions,
+        sent: Stamp,
+    ) -> Self {
+        let (state, _) =
+            watch::channel(LeaseState::Held { fence: kept.fence(), expires_at: kept.expires_at() });
+        let shared = Arc::new(Shared {
+            ttl: timing.ttl,
+            span: timing.span,
+            deadline: Mutex::new(sent + timing.span),
+            state,
+            ended: CancellationToken::new(),
+            on_lost: keep.on_lost.clone(),
+        });
+        Keeper {
+            client,
+            kept,
+            every: timing.every,
+            bound,
+            retry: keep.retry.clone(),
+            timeout: keep.timeout,
+            shared,
+        }
+    }
+
     async fn run(self, stop: CancellationToken) -> Result<bool, Error> {
         let ended = tokio::select! {
             _ = stop.cancelled() => None,
@@ -305,9 +437,10 @@ impl<C: Connector> Keeper<C> {
             self.shared.end(end);
             if end == LeaseState::Lost {
                 // A session-bound lease is Lost also when its connection broke on this side only:
-                // its backend may live on, holding the key, until the server notices. Harmless
-                // otherwise: a token that holds nothing releases nothing.
-                if self.bound.is_some() {
+                // its backend may live on, holding the key, until the server notices. A set is Lost
+                // when one of its leases is: the others are held for nothing. Harmless otherwise: a
+                // token that holds nothing releases nothing.
+                if self.bound.is_some() || matches!(self.kept, Kept::Set(_)) {
                     self.release().await.ok();
                 }
                 stop.cancelled().await;
@@ -323,7 +456,7 @@ impl<C: Connector> Keeper<C> {
 
     /// Releases by token on a working connection, bounded by the timeout.
     async fn release(&self) -> Result<bool, Error> {
-        let released = timeout(self.timeout, self.client.release(&self.lease)).await;
+        let released = timeout(self.timeout, self.kept.release(&self.client)).await;
         released.unwrap_or_else(|elapsed| Err(Error::OutcomeUnknown(Box::new(elapsed))))
     }
 
@@ -337,7 +470,7 @@ impl<C: Connector> Keeper<C> {
             let bound = Instant::now() + deadline.left();
             match timeout_at(bound.into(), self.renew_until_answered(deadline)).await {
                 Ok(Some((sent, expires_at))) if !deadline.passed() => {
-                    self.shared.renewed(sent, self.lease.fence, expires_at)
+                    self.shared.renewed(sent, self.kept.fence(), expires_at)
                 }
                 Ok(None) => return LeaseState::Lost,
                 _ => {
@@ -412,7 +545,7 @@ impl<C: Connector> Keeper<C> {
         let sent = Stamp::now();
         let (set, renewed, reset) = tokio::join!(
             conn.query_typed("SELECT set_config('statement_timeout', $1, false)", &timeout_ms),
-            lease::renew(&**conn, &self.lease, self.shared.ttl),
+            self.kept.renew(&**conn, self.shared.ttl),
             conn.batch_execute("RESET statement_timeout"),
         );
         let expires_at = renewed?;

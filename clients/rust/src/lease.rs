@@ -4,7 +4,7 @@ use crate::error::{classify, code, Error};
 use serde_json::Value;
 use std::time::{Duration, SystemTime};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::GenericClient;
+use tokio_postgres::{GenericClient, Row};
 use uuid::Uuid;
 
 /// A granted lease. `token` is the secret renew and release need; `fence` is what fenced writes
@@ -18,6 +18,39 @@ pub struct Lease {
     pub acquired_at: SystemTime,
     pub expires_at: SystemTime,
     pub durable: bool,
+    /// Granted as a shared lease (`AcquireOptions::shared`).
+    pub shared: bool,
+    /// The permits it was granted under (`AcquireOptions::permits`); 1 for an exclusive lease.
+    pub permits: u32,
+}
+
+/// What `lease_acquire_all` granted: a lease per key, in key order, each with its own fence, all
+/// sharing one token; renewed and released together (`renew_all`, `release_all`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSet {
+    pub leases: Vec<Lease>,
+    pub token: Uuid,
+}
+
+impl LeaseSet {
+    pub fn keys(&self) -> Vec<&str> {
+        self.leases.iter().map(|lease| lease.key.as_str()).collect()
+    }
+
+    /// The fence of the set's lease on `key`; None for a key outside the set.
+    pub fn fence(&self, key: &str) -> Option<i64> {
+        self.leases.iter().find(|lease| lease.key == key).map(|lease| lease.fence)
+    }
+
+    /// The earliest expiry of the set's leases.
+    pub fn expires_at(&self) -> SystemTime {
+        self.leases.iter().map(|lease| lease.expires_at).min().expect("a set has a lease")
+    }
+
+    /// The set's keys, comma-separated, as `Error::LeaseLost` names a set.
+    pub fn label(&self) -> String {
+        self.keys().join(", ")
+    }
 }
 
 /// What `lease_acquire` is asked for. `ttl` has no sensible default, so it is the one argument of
@@ -29,6 +62,13 @@ pub struct AcquireOptions {
     pub wait: Duration,
     pub session_bound: bool,
     pub durable: bool,
+    /// A shared lease: any number of shared leases of the key may be live at once, never beside
+    /// an exclusive one (or a semaphore's). Not with `permits` above 1.
+    pub shared: bool,
+    /// At most this many live leases of the key at once (a counting semaphore), each with its own
+    /// token and fence; 1, the default, is the exclusive lease. At least 1 (the server's bound
+    /// above is 10000).
+    pub permits: u32,
     /// The lease's token. Retrying callers must set it (FenceClient and `hold` do) so that a retry
     /// after a lost reply gets the lease that reply carried instead of finding the key held.
     pub token: Option<Uuid>,
@@ -42,6 +82,8 @@ impl AcquireOptions {
             wait: Duration::ZERO,
             session_bound: false,
             durable: true,
+            shared: false,
+            permits: 1,
             token: None,
         }
     }
@@ -66,9 +108,43 @@ impl AcquireOptions {
         self
     }
 
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
+    }
+
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.permits = permits;
+        self
+    }
+
     pub fn token(mut self, token: Uuid) -> Self {
         self.token = Some(token);
         self
+    }
+
+    /// `Error::Config` for options that cannot work together, before anything is sent: `permits`
+    /// of 0, or `shared` with `permits` above 1.
+    pub fn check(&self) -> Result<(), Error> {
+        if self.permits == 0 {
+            return Err(Error::Config("permits must be at least 1".into()));
+        }
+        if self.shared && self.permits > 1 {
+            return Err(Error::Config(
+                "a shared lease cannot have permits: shared or permits, not both".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `check`, and what `lease_acquire_all` cannot take: it draws the set's token itself, and its
+    /// leases are exclusive.
+    pub(crate) fn check_for_set(&self) -> Result<(), Error> {
+        self.check()?;
+        if self.token.is_some() || self.shared || self.permits != 1 {
+            return Err(Error::Config("a lease set takes no token, shared or permits".into()));
+        }
+        Ok(())
     }
 
     /// These options with a token: the given one, or a fresh random one.
@@ -77,30 +153,97 @@ impl AcquireOptions {
     }
 }
 
-const ACQUIRE: &str = "SELECT key, owner, fence, token, acquired_at, expires_at FROM fence.lease_acquire(
-    $1, make_interval(secs => $2), $3, make_interval(secs => $4), $5, $6, $7)";
+const COLUMNS: &str = "SELECT key, owner, fence, token, acquired_at, expires_at FROM";
 
-/// Grants `key` when it is free (waiting up to `opts.wait`); None when it is held or the wait ran
-/// out. The server answers a refusal with a row of NULLs, which is None here.
+/// Grants `key` when it can (waiting up to `opts.wait`); None when it is held (or all its permits
+/// are) or the wait ran out. The server answers a refusal with a row of NULLs, which is None here.
+/// `Error::Config`, before anything is sent, for options `AcquireOptions::check` refuses.
 pub async fn acquire(
     client: &impl GenericClient,
     key: &str,
     opts: &AcquireOptions,
 ) -> Result<Option<Lease>, Error> {
+    opts.check()?;
     let token = opts.token.unwrap_or_else(Uuid::new_v4);
-    let params: [(&(dyn ToSql + Sync), Type); 7] = [
+    let permits = i32::try_from(opts.permits).unwrap_or(i32::MAX);
+    let (ttl, wait) = (opts.ttl.as_secs_f64(), opts.wait.as_secs_f64());
+    let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
         (&key, Type::TEXT),
+        (&ttl, Type::FLOAT8),
+        (&opts.owner, Type::TEXT),
+        (&wait, Type::FLOAT8),
+        (&opts.session_bound, Type::BOOL),
+        (&opts.durable, Type::BOOL),
+        (&token, Type::UUID),
+    ];
+    // In the order acquire_sql names them.
+    if opts.shared {
+        params.push((&opts.shared, Type::BOOL));
+    }
+    if opts.permits != 1 {
+        params.push((&permits, Type::INT4));
+    }
+    let rows = client.query_typed(&acquire_sql(opts), &params).await.map_err(acquire_error)?;
+    let Some(row) = rows.first() else { return Ok(None) };
+    let Some(mut lease) = lease_of(row, opts)? else { return Ok(None) };
+    (lease.shared, lease.permits) = (opts.shared, opts.permits);
+    Ok(Some(lease))
+}
+
+/// lease_acquire's statement: `shared` and `permits` are passed by name, and only when asked for,
+/// so that plain leases keep working on servers without them.
+fn acquire_sql(opts: &AcquireOptions) -> String {
+    let (mut modes, mut last) = (String::new(), 7);
+    if opts.shared {
+        last += 1;
+        modes += &format!(", shared => ${last}");
+    }
+    if opts.permits != 1 {
+        last += 1;
+        modes += &format!(", permits => ${last}");
+    }
+    format!(
+        "{COLUMNS} fence.lease_acquire($1, make_interval(secs => $2), $3, make_interval(secs => $4), $5, $6, $7{modes})"
+    )
+}
+
+/// Grants every key of `keys`, or none (None when any of them is held and the wait ran out): one
+/// lease per key, each with its own fence, sharing one token the server draws. With no token to send
+/// again, a try whose reply was lost cannot be retried safely: `FenceClient::acquire_all` does not.
+/// `Error::Config` before anything is sent when `opts` has a token, `shared` or `permits`.
+pub async fn acquire_all<K: AsRef<str>>(
+    client: &impl GenericClient,
+    keys: &[K],
+    opts: &AcquireOptions,
+) -> Result<Option<LeaseSet>, Error> {
+    opts.check_for_set()?;
+    let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+        (&keys, Type::TEXT_ARRAY),
         (&opts.ttl.as_secs_f64(), Type::FLOAT8),
         (&opts.owner, Type::TEXT),
         (&opts.wait.as_secs_f64(), Type::FLOAT8),
         (&opts.session_bound, Type::BOOL),
         (&opts.durable, Type::BOOL),
-        (&token, Type::UUID),
     ];
-    let row = client.query_typed_one(ACQUIRE, &params).await.map_err(|err| match code(&err) {
+    let sql = format!(
+        "{COLUMNS} fence.lease_acquire_all($1, make_interval(secs => $2), $3, make_interval(secs => $4), $5, $6)"
+    );
+    let rows = client.query_typed(&sql, &params).await.map_err(acquire_error)?;
+    let leases =
+        rows.iter().filter_map(|row| lease_of(row, opts).transpose()).collect::<Result<Vec<_>, _>>()?;
+    Ok(leases.first().map(|first| first.token).map(|token| LeaseSet { leases, token }))
+}
+
+fn acquire_error(err: tokio_postgres::Error) -> Error {
+    match code(&err) {
         Some("57014" | "55P03") => Error::WaitCancelled(err),
         _ => classify(err),
-    })?;
+    }
+}
+
+/// The lease of a `fence.lease` row; None for the row of NULLs of a refusal.
+fn lease_of(row: &Row, opts: &AcquireOptions) -> Result<Option<Lease>, Error> {
     let Some(fence) = row.try_get::<_, Option<i64>>("fence").map_err(Error::Db)? else {
         return Ok(None);
     };
@@ -112,21 +255,44 @@ pub async fn acquire(
         acquired_at: row.try_get("acquired_at").map_err(Error::Db)?,
         expires_at: row.try_get("expires_at").map_err(Error::Db)?,
         durable: opts.durable,
+        shared: false,
+        permits: 1,
     }))
 }
 
 /// Extends the lease to now + `ttl` (by the server's clock) and returns the new expiry.
 /// `Error::LeaseLost` when the token no longer holds the live lease.
 pub async fn renew(client: &impl GenericClient, lease: &Lease, ttl: Duration) -> Result<SystemTime, Error> {
+    let sql = "SELECT fence.lease_renew($1, $2, make_interval(secs => $3))";
+    renew_by(client, sql, (&lease.key, Type::TEXT), &lease.token, ttl, &lease.key).await
+}
+
+/// Renews every lease of the set and returns the earliest new expiry; `Error::LeaseLost` (its `key`
+/// the set's keys, comma-separated) when the token no longer holds one of them, and then none is
+/// renewed.
+pub async fn renew_all(
+    client: &impl GenericClient,
+    set: &LeaseSet,
+    ttl: Duration,
+) -> Result<SystemTime, Error> {
+    let sql = "SELECT fence.lease_renew_all($1, $2, make_interval(secs => $3))";
+    renew_by(client, sql, (&set.keys(), Type::TEXT_ARRAY), &set.token, ttl, &set.label()).await
+}
+
+async fn renew_by(
+    client: &impl GenericClient,
+    sql: &str,
+    keys: (&(dyn ToSql + Sync), Type),
+    token: &Uuid,
+    ttl: Duration,
+    label: &str,
+) -> Result<SystemTime, Error> {
     let params: [(&(dyn ToSql + Sync), Type); 3] =
-        [(&lease.key, Type::TEXT), (&lease.token, Type::UUID), (&ttl.as_secs_f64(), Type::FLOAT8)];
-    let row = client
-        .query_typed_one("SELECT fence.lease_renew($1, $2, make_interval(secs => $3))", &params)
-        .await
-        .map_err(|err| match code(&err) {
-            Some("PF001") => Error::LeaseLost { key: lease.key.clone() },
-            _ => classify(err),
-        })?;
+        [keys, (token, Type::UUID), (&ttl.as_secs_f64(), Type::FLOAT8)];
+    let row = client.query_typed_one(sql, &params).await.map_err(|err| match code(&err) {
+        Some("PF001") => Error::LeaseLost { key: label.to_owned() },
+        _ => classify(err),
+    })?;
     row.try_get(0).map_err(Error::Db)
 }
 
@@ -146,6 +312,17 @@ pub(crate) async fn release_token(
     let row =
         client.query_typed_one("SELECT fence.lease_release($1, $2)", &params).await.map_err(classify)?;
     row.try_get(0).map_err(Error::Db)
+}
+
+/// Ends every lease of the set still held with its token; how many this call ended (0 when none
+/// was held any more, so a retry is harmless).
+pub async fn release_all(client: &impl GenericClient, set: &LeaseSet) -> Result<u32, Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 2] =
+        [(&set.keys(), Type::TEXT_ARRAY), (&set.token, Type::UUID)];
+    let row =
+        client.query_typed_one("SELECT fence.lease_release_all($1, $2)", &params).await.map_err(classify)?;
+    let ended: i32 = row.try_get(0).map_err(Error::Db)?;
+    Ok(ended.max(0) as u32)
 }
 
 /// Whether a session-bound `lease` is bound to the session of `client` (false when it is bound to
@@ -223,4 +400,33 @@ pub async fn fenced_write(
     let sql = "SELECT fence.fenced_write($1::regclass, $2::name, $3, $4, $5)";
     let row = client.query_typed_one(sql, &params).await.map_err(stale(fence))?;
     row.try_get(0).map_err(Error::Db)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_are_sent_by_name_and_only_when_asked_for() {
+        let opts = AcquireOptions::new(Duration::from_secs(30));
+        let plain = acquire_sql(&opts);
+        assert!(
+            !plain.contains("shared") && !plain.contains("permits"),
+            "a server without them fails: {plain}"
+        );
+        assert!(acquire_sql(&opts.clone().shared(true)).ends_with("$7, shared => $8)"));
+        assert!(acquire_sql(&opts.clone().permits(4)).ends_with("$7, permits => $8)"));
+    }
+
+    #[test]
+    fn options_that_cannot_work_together_are_refused() {
+        let opts = AcquireOptions::new(Duration::from_secs(30));
+        assert!(opts.check().is_ok() && opts.clone().shared(true).check().is_ok());
+        for bad in [opts.clone().shared(true).permits(2), opts.clone().permits(0)] {
+            assert!(matches!(bad.check(), Err(Error::Config(_))), "{bad:?}");
+        }
+        for bad in [opts.clone().token(Uuid::new_v4()), opts.clone().shared(true), opts.clone().permits(2)] {
+            assert!(matches!(bad.check_for_set(), Err(Error::Config(_))), "{bad:?}");
+        }
+    }
 }

@@ -4,7 +4,8 @@
 //! - [`FenceClient`]: the same calls with reconnects and retries (backoff with full jitter); a retried
 //!   acquire is safe because its token is chosen before the first try.
 //! - [`hold`]: acquire and keep a lease renewed in the background, with a local deadline that says
-//!   when to stop even if the server cannot be reached.
+//!   when to stop even if the server cannot be reached; a shared lease or a semaphore's permit
+//!   ([`AcquireOptions::shared`], [`AcquireOptions::permits`]) the same way; [`hold_all`] a lease set.
 //!
 //! Whatever the client believes, only the fence protects the data: guard every write with
 //! [`lease::fence_guard`] or [`lease::fenced_update`] in the writing transaction.
@@ -19,6 +20,6 @@ mod retry;
 pub use client::FenceClient;
 pub use connect::{Connector, PgConnection, APPLICATION_NAME};
 pub use error::{BoxError, Error};
-pub use keeper::{hold, HeldLease, KeepOptions, LeaseState, OnLost};
-pub use lease::{AcquireOptions, Lease};
+pub use keeper::{hold, hold_all, Held, HeldLease, HeldLeaseSet, KeepOptions, LeaseState, OnLost};
+pub use lease::{AcquireOptions, Lease, LeaseSet};
 pub use retry::Backoff;

@@ -1,4 +1,4 @@
-//! The three examples, each run as its own process against a scratch cluster for a few seconds:
+//! The examples, each run as its own process against a scratch cluster for a few seconds:
 //! they must finish cleanly and report the leases their chaos took away as lost, with every write
 //! under a stale fence refused. Their counts are printed for the record.
 mod common;
@@ -18,7 +18,7 @@ fn count(output: &str, label: &str) -> u64 {
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
-fn run_example(name: &str, port: u16) {
+fn run_example(name: &str, port: u16) -> String {
     let cluster = cluster(&format!("rc_ex_{name}"), port);
     let conninfo = format!("host=127.0.0.1 port={} user=postgres dbname=postgres", cluster.port());
     let out =
@@ -28,6 +28,7 @@ fn run_example(name: &str, port: u16) {
     assert!(out.status.success(), "{name} failed: {}", String::from_utf8_lossy(&out.stderr));
     assert!(count(&stdout, "fenced writes") > 0, "{name} wrote nothing");
     assert!(count(&stdout, "leases declared lost") >= 1, "{name}: the chaos took leases and nobody was told");
+    stdout.into_owned()
 }
 
 #[test]
@@ -43,4 +44,22 @@ fn resource_workers() {
 #[test]
 fn leader_election() {
     run_example("leader_election", 27562);
+}
+
+#[test]
+fn semaphore() {
+    run_example("semaphore", 27578);
+}
+
+#[test]
+fn readers_writers() {
+    let out = run_example("readers_writers", 27579);
+    assert!(count(&out, "consistent reads") > 0, "no reader read the document");
+    assert_eq!(count(&out, "torn reads"), 0, "a reader saw a title and a body of two versions");
+}
+
+#[test]
+fn transfers() {
+    // The example checks that the total balance is what it was, and fails if not.
+    run_example("transfers", 27580);
 }

@@ -1,17 +1,30 @@
 """pg_fence for Python: leases on PostgreSQL that renew themselves, say when they are lost, and
 retry safely. See README.md beside this package."""
 
-from .calls import acquire, current_fence, fence_guard, fenced_update, fenced_write, release, renew
+from .calls import (
+    acquire,
+    acquire_all,
+    current_fence,
+    fence_guard,
+    fenced_update,
+    fenced_write,
+    release,
+    release_all,
+    renew,
+    renew_all,
+)
 from .client import Client
 from .errors import ConnectFailed, LeaseLost, OutcomeUnknown, PgFenceError, StaleFence, WaitCancelled, WaitTimedOut
-from .keeper import KeptLease
-from .lease import Lease
+from .keeper import KeptLease, KeptLeaseSet
+from .lease import Lease, LeaseSet
 from .retry import Retry
 
 __all__ = [
     "Client",
     "KeptLease",
+    "KeptLeaseSet",
     "Lease",
+    "LeaseSet",
     "Retry",
     "PgFenceError",
     "LeaseLost",
@@ -23,6 +36,9 @@ __all__ = [
     "acquire",
     "renew",
     "release",
+    "acquire_all",
+    "renew_all",
+    "release_all",
     "current_fence",
     "fence_guard",
     "fenced_update",

@@ -8,23 +8,31 @@ import asyncio
 import contextlib
 import functools
 import uuid
-from typing import Any, Awaitable, Callable, Mapping, Optional, Tuple, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, List, Mapping, Optional, Tuple, TypeVar
 
 import psycopg
 
 from . import lease as q
 from .connections import APPLICATION_NAME, connect_kwargs
-from .errors import CallTimedOut, OutcomeUnknown, WaitTimedOut, connecting, outcome_unknown, retryable, translate
-from .holding import Holding, check_timing, clock
-from .lease import Lease, Seconds, interval, new_token
+from .errors import CallTimedOut, OutcomeUnknown, connecting, outcome_unknown, retryable, translate
+from .holding import Holding, KeepPlan, clock
+from .lease import Held, Lease, LeaseSet, Seconds, interval, new_token
 from .retry import Retry, Tries
 
 T = TypeVar("T")
+H = TypeVar("H", Lease, LeaseSet)
 
 
 async def one(conn: psycopg.AsyncConnection, query: q.Query, key: str, waiting: bool = False) -> Optional[tuple]:
     try:
         return await (await conn.execute(*query)).fetchone()
+    except psycopg.Error as err:
+        raise translate(err, key, waiting=waiting) from err
+
+
+async def rows(conn: psycopg.AsyncConnection, query: q.Query, key: str, waiting: bool = False) -> List[tuple]:
+    try:
+        return await (await conn.execute(*query)).fetchall()
     except psycopg.Error as err:
         raise translate(err, key, waiting=waiting) from err
 
@@ -39,28 +47,51 @@ async def acquire(
     session_bound: bool = False,
     durable: bool = True,
     token: Optional[uuid.UUID] = None,
+    shared: bool = False,
+    permits: int = 1,
 ) -> Optional[Lease]:
-    return await acquire_with(conn, q.Acquire(key, ttl, owner, wait, session_bound, durable), token or new_token())
+    request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+    return await acquire_with(conn, request, token or new_token())
 
 
-async def acquire_with(conn: psycopg.AsyncConnection, request: q.Acquire, token: uuid.UUID) -> Optional[Lease]:
-    return q.parse_acquire(await one(conn, request.query(token), request.key, waiting=True), request.durable)
+async def acquire_with(conn: psycopg.AsyncConnection, request: q.Acquire, token: Optional[uuid.UUID]) -> Any:
+    return request.parse(await rows(conn, request.query(token), request.label, waiting=True))
 
 
-async def release_token(conn: psycopg.AsyncConnection, key: str, token: uuid.UUID) -> bool:
-    row = await one(conn, q.release_query(key, token), key)
-    return bool(row and row[0])
+async def acquire_all(
+    conn: psycopg.AsyncConnection,
+    keys: Iterable[str],
+    ttl: Seconds,
+    *,
+    owner: Optional[str] = None,
+    wait: Seconds = 0,
+    session_bound: bool = False,
+    durable: bool = True,
+) -> Optional[LeaseSet]:
+    return await acquire_with(conn, q.acquire_all_request(keys, ttl, owner, wait, session_bound, durable), None)
 
 
-async def renew(conn: psycopg.AsyncConnection, lease: Lease, ttl: Seconds) -> Lease:
-    row = await one(conn, q.renew_query(lease, ttl), lease.key)
+async def renew(conn: psycopg.AsyncConnection, lease: H, ttl: Seconds) -> H:
+    row = await one(conn, lease.renew_query(ttl), lease.label)
     assert row is not None and row[0] is not None, "lease_renew returns a timestamp or raises"
     return lease.renewed(row[0])
 
 
+async def renew_all(conn: psycopg.AsyncConnection, lease_set: LeaseSet, ttl: Seconds) -> LeaseSet:
+    return await renew(conn, lease_set, ttl)
+
+
 async def release(conn: psycopg.AsyncConnection, lease: Lease) -> bool:
-    row = await one(conn, q.release_query(lease.key, lease.token), lease.key)
-    return bool(row and row[0])
+    return await ended(conn, lease)
+
+
+async def release_all(conn: psycopg.AsyncConnection, lease_set: LeaseSet) -> int:
+    row = await one(conn, lease_set.release_query(), lease_set.label)
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+async def ended(conn: psycopg.AsyncConnection, held: Held) -> bool:
+    return held.ended(await one(conn, held.release_query(), held.label))
 
 
 async def current_fence(conn: psycopg.AsyncConnection, key: str) -> Optional[int]:
@@ -165,9 +196,10 @@ async def retrying(
     call: Callable[[psycopg.AsyncConnection], Awaitable[T]],
     limit: Optional[float],
     end: Optional[float] = None,
+    resend: bool = True,
 ) -> T:
     """As connections.retrying."""
-    tries = Tries(retry, end)
+    tries = Tries(retry, end, resend)
     while True:
         try:
             return await bounded(connections, call, tries.limit(limit))
@@ -214,17 +246,43 @@ class AsyncClient:
         session_bound: bool = False,
         durable: bool = True,
         token: Optional[uuid.UUID] = None,
+        shared: bool = False,
+        permits: int = 1,
     ) -> Optional[Lease]:
-        request, token = q.Acquire(key, ttl, owner, wait, session_bound, durable), token or new_token()
+        request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+        token = token or new_token()
         return await retrying(
             self._connections, self.retry, lambda conn: acquire_with(conn, request, token), self._limit(wait)
         )
 
+    async def acquire_all(
+        self,
+        keys: Iterable[str],
+        ttl: Seconds,
+        *,
+        owner: Optional[str] = None,
+        wait: Seconds = 0,
+        session_bound: bool = False,
+        durable: bool = True,
+    ) -> Optional[LeaseSet]:
+        """As Client.acquire_all: a try whose connection broke mid-call is not sent again."""
+        request = q.acquire_all_request(keys, ttl, owner, wait, session_bound, durable)
+        call = functools.partial(acquire_with, request=request, token=None)
+        return await retrying(self._connections, self.retry, call, self._limit(wait), resend=False)
+
     async def renew(self, lease: Lease, ttl: Seconds) -> Lease:
         return await retrying(self._connections, self.retry, lambda conn: renew(conn, lease, ttl), self._limit())
 
+    async def renew_all(self, lease_set: LeaseSet, ttl: Seconds) -> LeaseSet:
+        return await retrying(
+            self._connections, self.retry, lambda conn: renew_all(conn, lease_set, ttl), self._limit()
+        )
+
     async def release(self, lease: Lease) -> bool:
         return await retrying(self._connections, self.retry, lambda conn: release(conn, lease), self._limit())
+
+    async def release_all(self, lease_set: LeaseSet) -> int:
+        return await retrying(self._connections, self.retry, lambda conn: release_all(conn, lease_set), self._limit())
 
     async def current_fence(self, key: str) -> Optional[int]:
         return await retrying(self._connections, self.retry, lambda conn: current_fence(conn, key), self._limit())
@@ -238,34 +296,53 @@ class AsyncClient:
         owner: Optional[str] = None,
         session_bound: bool = False,
         durable: bool = True,
+        shared: bool = False,
+        permits: int = 1,
         renew_every: Optional[Seconds] = None,
         margin: Seconds = 0,
         on_lost: Optional[Callable[[Any], Any]] = None,
         release_timeout: Seconds = 5,
     ) -> "AsyncKeptLease":
         """`async with await client.lease(...) as lease:`; as Client.lease."""
-        request = q.Acquire(key, ttl, owner, wait, session_bound, durable)
-        ttl_s = request.seconds()[0]
-        every = None if renew_every is None else interval(renew_every).total_seconds()
-        check_timing(ttl_s, every, interval(margin).total_seconds())
+        request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+        return await self._keep(AsyncKeptLease, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
+
+    async def lease_set(
+        self,
+        keys: Iterable[str],
+        ttl: Seconds,
+        *,
+        wait: Seconds = 0,
+        owner: Optional[str] = None,
+        session_bound: bool = False,
+        durable: bool = True,
+        renew_every: Optional[Seconds] = None,
+        margin: Seconds = 0,
+        on_lost: Optional[Callable[[Any], Any]] = None,
+        release_timeout: Seconds = 5,
+    ) -> "AsyncKeptLeaseSet":
+        """`async with await client.lease_set(...) as leases:`; as Client.lease_set."""
+        request = q.acquire_all_request(keys, ttl, owner, wait, session_bound, durable)
+        return await self._keep(AsyncKeptLeaseSet, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
+
+    async def _keep(self, kept: Any, plan: KeepPlan, on_lost: Optional[Callable[[Any], Any]]) -> Any:
         connections = self.connections(pinned=True)
         try:
-            lease, anchor = await self._acquire_to_keep(connections, request)
-            if lease is None:
-                raise WaitTimedOut(f"lease on {key!r} not granted within {interval(wait)}")
-            holding = Holding(lease, ttl_s, anchor, every, interval(margin).total_seconds(), session_bound)
+            holding = plan.holding(*await self._acquire_to_keep(connections, plan.request))
             if holding.anchored_long_ago():
                 await self._renew_now(connections, holding)
         except BaseException:
             await connections.close()
             raise
-        return AsyncKeptLease(holding, connections, self.retry, on_lost, interval(release_timeout).total_seconds())
+        return kept(holding, connections, self.retry, on_lost, plan.release_timeout)
 
-    async def _acquire_to_keep(
-        self, connections: AsyncConnections, request: q.Acquire
-    ) -> Tuple[Optional[Lease], float]:
+    async def _acquire_to_keep(self, connections: AsyncConnections, request: q.Acquire) -> Tuple[Optional[Held], float]:
         """As Client._acquire_to_keep."""
-        tries, token, anchor = Tries(self.retry), new_token(), clock()
+        anchor = clock()
+        if isinstance(request, q.AcquireAll):
+            call = functools.partial(acquire_with, request=request, token=None)
+            return await retrying(connections, self.retry, call, self._limit(request.wait), resend=False), anchor
+        tries, token = Tries(self.retry), new_token()
         while True:
             try:
                 call = functools.partial(acquire_with, request=request, token=token)
@@ -274,11 +351,11 @@ class AsyncClient:
                 try:
                     pause = tries.pause_or_raise(err)
                 except OutcomeUnknown as unknown:
-                    await self._give_up(connections, request.key, token)
+                    await self._give_up(connections, q.release_query(request.key, token))
                     unknown.token = token
                     raise
                 if request.session_bound and outcome_unknown(err):
-                    await self._give_up(connections, request.key, token)
+                    await self._give_up(connections, q.release_query(request.key, token))
                     token, anchor = new_token(), None
                 await asyncio.sleep(pause)
                 anchor = clock() if anchor is None else anchor
@@ -288,13 +365,13 @@ class AsyncClient:
         try:
             renewed = await bounded(connections, lambda conn: renew(conn, holding.lease, holding.ttl), self._limit())
         except BaseException:
-            await self._give_up(connections, holding.lease.key, holding.lease.token)
+            await self._give_up(connections, holding.lease.release_query())
             raise
         holding.renewed(sent, renewed)
 
-    async def _give_up(self, connections: AsyncConnections, key: str, token: uuid.UUID) -> None:
+    async def _give_up(self, connections: AsyncConnections, release: q.Query) -> None:
         with contextlib.suppress(Exception):
-            await bounded(connections, lambda conn: release_token(conn, key, token), self._limit())
+            await bounded(connections, lambda conn: one(conn, release, ""), self._limit())
 
     async def close(self) -> None:
         await self._connections.close()
@@ -306,4 +383,4 @@ class AsyncClient:
         await self.close()
 
 
-from .aio_keeper import AsyncKeptLease  # noqa: E402 (it builds on the calls above)
+from .aio_keeper import AsyncKeptLease, AsyncKeptLeaseSet  # noqa: E402 (it builds on the calls above)

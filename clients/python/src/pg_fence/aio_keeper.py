@@ -10,10 +10,9 @@ from typing import Any, Callable, Optional
 
 import psycopg
 
-from .aio import AsyncConnections, bounded, fence_guard, fenced_update, release, renew, retrying
-from .errors import LeaseLost
+from .aio import AsyncConnections, bounded, ended, fence_guard, fenced_update, renew, retrying
 from .holding import HELD, LOST, UNKNOWN, Holding, clock
-from .kept import Kept
+from .kept import Kept, SetView
 from .retry import Retry
 
 
@@ -65,7 +64,7 @@ class AsyncKeptLease(Kept):
         await self.release()
 
     async def _release(self, conn: psycopg.AsyncConnection) -> bool:
-        return await release(conn, self.lease)
+        return await ended(conn, self._holding.lease)
 
     def _stop_renewing(self) -> None:
         if asyncio.current_task() is not self._renewer:
@@ -86,8 +85,8 @@ class AsyncKeptLease(Kept):
             except Exception as err:
                 if holding.renewal_failed(err, self._retry.pause):
                     self._declare(LOST)
-                    if not isinstance(err, LeaseLost):
-                        # As in KeptLease: the session we lost may live on, holding the key.
+                    if holding.give_up_after(err):
+                        # As in KeptLease (Holding.give_up_after).
                         with contextlib.suppress(Exception):
                             await bounded(self._connections, self._release, self._release_timeout)
                     return
@@ -117,3 +116,19 @@ class AsyncKeptLease(Kept):
             pass
         finally:
             loop.remove_reader(fd)
+
+
+class AsyncKeptLeaseSet(SetView, AsyncKeptLease):
+    """As pg_fence.KeptLeaseSet."""
+
+    async def guard(self, conn: psycopg.AsyncConnection, key: str) -> None:  # type: ignore[override]
+        fence = self.fence_of(key)
+        with self._fenced():
+            await fence_guard(conn, key, fence)
+
+    async def fenced_update(  # type: ignore[override]
+        self, conn: psycopg.AsyncConnection, key: str, table: str, changes: dict, filter: dict
+    ) -> int:
+        fence = self.fence_of(key)
+        with self._fenced():
+            return await fenced_update(conn, key, fence, table, changes, filter)

@@ -8,18 +8,27 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, List, Mapping, Optional, TypeVar
 
 import psycopg
 
 from . import lease as q
 from .errors import translate
-from .lease import Lease, Seconds
+from .lease import Held, Lease, LeaseSet, Seconds
+
+H = TypeVar("H", Lease, LeaseSet)
 
 
 def one(conn: psycopg.Connection, query: q.Query, key: str, waiting: bool = False) -> Optional[tuple]:
     try:
         return conn.execute(*query).fetchone()
+    except psycopg.Error as err:
+        raise translate(err, key, waiting=waiting) from err
+
+
+def rows(conn: psycopg.Connection, query: q.Query, key: str, waiting: bool = False) -> List[tuple]:
+    try:
+        return conn.execute(*query).fetchall()
     except psycopg.Error as err:
         raise translate(err, key, waiting=waiting) from err
 
@@ -34,30 +43,61 @@ def acquire(
     session_bound: bool = False,
     durable: bool = True,
     token: Optional[uuid.UUID] = None,
+    shared: bool = False,
+    permits: int = 1,
 ) -> Optional[Lease]:
-    """The lease on `key`, or None when another live lease holds it (and `wait` ran out)."""
-    return acquire_with(conn, q.Acquire(key, ttl, owner, wait, session_bound, durable), token or q.new_token())
+    """The lease on `key`, or None when the key cannot be granted now (held, or all its permits
+    taken) and `wait` ran out. `shared=True` for a lease any number may hold at once (never beside
+    an exclusive one), `permits=N` for one of at most N."""
+    request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+    return acquire_with(conn, request, token or q.new_token())
 
 
-def acquire_with(conn: psycopg.Connection, request: q.Acquire, token: uuid.UUID) -> Optional[Lease]:
-    return q.parse_acquire(one(conn, request.query(token), request.key, waiting=True), request.durable)
+def acquire_with(conn: psycopg.Connection, request: q.Acquire, token: Optional[uuid.UUID]) -> Any:
+    """`request` (an Acquire, or an AcquireAll, which takes no token): its Lease, LeaseSet or None."""
+    return request.parse(rows(conn, request.query(token), request.label, waiting=True))
 
 
-def renew(conn: psycopg.Connection, lease: Lease, ttl: Seconds) -> Lease:
-    """The lease with its new expiry; LeaseLost when its token no longer holds the key."""
-    return lease.renewed(_expiry(one(conn, q.renew_query(lease, ttl), lease.key)))
+def acquire_all(
+    conn: psycopg.Connection,
+    keys: Iterable[str],
+    ttl: Seconds,
+    *,
+    owner: Optional[str] = None,
+    wait: Seconds = 0,
+    session_bound: bool = False,
+    durable: bool = True,
+) -> Optional[LeaseSet]:
+    """A lease on every key of `keys`, all sharing one token, or None when any of them is held (and
+    `wait` ran out): lease_acquire_all grants all or none."""
+    return acquire_with(conn, q.acquire_all_request(keys, ttl, owner, wait, session_bound, durable), None)
+
+
+def renew(conn: psycopg.Connection, lease: H, ttl: Seconds) -> H:
+    """The lease (or set) with its new expiry; LeaseLost when its token no longer holds the key
+    (for a set: any of its keys, and then none is renewed)."""
+    return lease.renewed(_expiry(one(conn, lease.renew_query(ttl), lease.label)))
+
+
+def renew_all(conn: psycopg.Connection, lease_set: LeaseSet, ttl: Seconds) -> LeaseSet:
+    """lease_renew_all: every lease of the set renewed, or LeaseLost and none."""
+    return renew(conn, lease_set, ttl)
 
 
 def release(conn: psycopg.Connection, lease: Lease) -> bool:
     """True when this call ended the lease; False when it had already ended."""
-    row = one(conn, q.release_query(lease.key, lease.token), lease.key)
-    return bool(row and row[0])
+    return ended(conn, lease)
 
 
-def release_token(conn: psycopg.Connection, key: str, token: uuid.UUID) -> bool:
-    """Releases whatever live lease on `key` holds `token`: for a grant whose reply never came."""
-    row = one(conn, q.release_query(key, token), key)
-    return bool(row and row[0])
+def release_all(conn: psycopg.Connection, lease_set: LeaseSet) -> int:
+    """lease_release_all: how many of the set's leases this call ended."""
+    row = one(conn, lease_set.release_query(), lease_set.label)
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def ended(conn: psycopg.Connection, held: Held) -> bool:
+    """Releases a lease or a set: True when this call ended it (for a set, every one of its leases)."""
+    return held.ended(one(conn, held.release_query(), held.label))
 
 
 def current_fence(conn: psycopg.Connection, key: str) -> Optional[int]:

@@ -6,15 +6,18 @@ import contextlib
 import functools
 import time
 import uuid
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Iterable, Optional, Tuple, Type, TypeVar
 
 from . import calls
 from .connections import APPLICATION_NAME, Connections, bounded, retrying
-from .errors import OutcomeUnknown, WaitTimedOut, outcome_unknown
-from .holding import Holding, check_timing, clock
-from .keeper import KeptLease
-from .lease import Acquire, Lease, Seconds, interval, new_token
+from .errors import OutcomeUnknown, outcome_unknown
+from .holding import Holding, KeepPlan, clock
+from .keeper import KeptLease, KeptLeaseSet
+from .lease import Acquire, AcquireAll, Held, Lease, LeaseSet, Query, Seconds, acquire_all_request, interval, new_token
+from .lease import release_query as release_token_query
 from .retry import Retry, Tries
+
+K = TypeVar("K", bound=KeptLease)
 
 
 class Client:
@@ -63,20 +66,48 @@ class Client:
         session_bound: bool = False,
         durable: bool = True,
         token: Optional[uuid.UUID] = None,
+        shared: bool = False,
+        permits: int = 1,
     ) -> Optional[Lease]:
-        """The lease on `key`, or None when it is held (and `wait` ran out). A session-bound lease
-        is bound to the session of the try that got it, which may not be this client's connection
-        after a retry: keep session-bound leases with lease()."""
-        request, token = Acquire(key, ttl, owner, wait, session_bound, durable), token or new_token()
+        """The lease on `key`, or None when it cannot be granted now (and `wait` ran out). A
+        session-bound lease is bound to the session of the try that got it, which may not be this
+        client's connection after a retry: keep session-bound leases with lease()."""
+        request = Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+        token = token or new_token()
         return retrying(
             self._connections, self.retry, lambda conn: calls.acquire_with(conn, request, token), self._limit(wait)
         )
 
+    def acquire_all(
+        self,
+        keys: Iterable[str],
+        ttl: Seconds,
+        *,
+        owner: Optional[str] = None,
+        wait: Seconds = 0,
+        session_bound: bool = False,
+        durable: bool = True,
+    ) -> Optional[LeaseSet]:
+        """Every key of `keys` or none (None). lease_acquire_all takes no token, so a try whose
+        connection broke mid-call is not sent again: OutcomeUnknown (the set may have been granted,
+        and is then held until its TTL). Tries that reached no server are retried."""
+        request = acquire_all_request(keys, ttl, owner, wait, session_bound, durable)
+        call = functools.partial(calls.acquire_with, request=request, token=None)
+        return retrying(self._connections, self.retry, call, self._limit(wait), resend=False)
+
     def renew(self, lease: Lease, ttl: Seconds) -> Lease:
         return retrying(self._connections, self.retry, lambda conn: calls.renew(conn, lease, ttl), self._limit())
 
+    def renew_all(self, lease_set: LeaseSet, ttl: Seconds) -> LeaseSet:
+        return retrying(
+            self._connections, self.retry, lambda conn: calls.renew_all(conn, lease_set, ttl), self._limit()
+        )
+
     def release(self, lease: Lease) -> bool:
         return retrying(self._connections, self.retry, lambda conn: calls.release(conn, lease), self._limit())
+
+    def release_all(self, lease_set: LeaseSet) -> int:
+        return retrying(self._connections, self.retry, lambda conn: calls.release_all(conn, lease_set), self._limit())
 
     def current_fence(self, key: str) -> Optional[int]:
         return retrying(self._connections, self.retry, lambda conn: calls.current_fence(conn, key), self._limit())
@@ -90,6 +121,8 @@ class Client:
         owner: Optional[str] = None,
         session_bound: bool = False,
         durable: bool = True,
+        shared: bool = False,
+        permits: int = 1,
         renew_every: Optional[Seconds] = None,
         margin: Seconds = 0,
         on_lost: Optional[Callable[[KeptLease], None]] = None,
@@ -98,27 +131,49 @@ class Client:
         """Acquires `key` and keeps it renewed in the background on a connection of its own;
         WaitTimedOut when it is not granted within `wait`. Use it as a context manager, which
         releases on exit; watch `lease.lost` (or pass `on_lost`) to learn that it was lost."""
-        request = Acquire(key, ttl, owner, wait, session_bound, durable)
-        ttl_s = request.seconds()[0]
-        every = None if renew_every is None else interval(renew_every).total_seconds()
-        check_timing(ttl_s, every, interval(margin).total_seconds())
+        request = Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+        return self._keep(KeptLease, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
+
+    def lease_set(
+        self,
+        keys: Iterable[str],
+        ttl: Seconds,
+        *,
+        wait: Seconds = 0,
+        owner: Optional[str] = None,
+        session_bound: bool = False,
+        durable: bool = True,
+        renew_every: Optional[Seconds] = None,
+        margin: Seconds = 0,
+        on_lost: Optional[Callable[[KeptLease], None]] = None,
+        release_timeout: Seconds = 5,
+    ) -> KeptLeaseSet:
+        """As lease(), for every key of `keys` or none (lease_acquire_all): kept as one, renewed in
+        one call (lease_renew_all), lost as one when any of its leases is. An acquire whose
+        connection broke mid-call is not tried again (see acquire_all): OutcomeUnknown."""
+        request = acquire_all_request(keys, ttl, owner, wait, session_bound, durable)
+        return self._keep(KeptLeaseSet, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
+
+    def _keep(self, kept: Type[K], plan: KeepPlan, on_lost: Optional[Callable[[Any], None]]) -> K:
         connections = self.connections(pinned=True)
         try:
-            lease, anchor = self._acquire_to_keep(connections, request)
-            if lease is None:
-                raise WaitTimedOut(f"lease on {key!r} not granted within {interval(wait)}")
-            holding = Holding(lease, ttl_s, anchor, every, interval(margin).total_seconds(), session_bound)
+            holding = plan.holding(*self._acquire_to_keep(connections, plan.request))
             if holding.anchored_long_ago():
                 self._renew_now(connections, holding)
         except BaseException:
             connections.close()
             raise
-        return KeptLease(holding, connections, self.retry, on_lost, interval(release_timeout).total_seconds())
+        return kept(holding, connections, self.retry, on_lost, plan.release_timeout)
 
-    def _acquire_to_keep(self, connections: Connections, request: Acquire) -> Tuple[Optional[Lease], float]:
+    def _acquire_to_keep(self, connections: Connections, request: Acquire) -> Tuple[Optional[Held], float]:
         """The lease and the instant its deadline counts from: before the first try that carried
         its token, since any of those tries may be the one that granted it."""
-        tries, token, anchor = Tries(self.retry), new_token(), clock()
+        anchor = clock()
+        if isinstance(request, AcquireAll):
+            # No token to send again: only tries that cannot have been granted are retried.
+            call = functools.partial(calls.acquire_with, request=request, token=None)
+            return retrying(connections, self.retry, call, self._limit(request.wait), resend=False), anchor
+        tries, token = Tries(self.retry), new_token()
         while True:
             try:
                 call = functools.partial(calls.acquire_with, request=request, token=token)
@@ -127,13 +182,13 @@ class Client:
                 try:
                     pause = tries.pause_or_raise(err)
                 except OutcomeUnknown as unknown:
-                    self._give_up(connections, request.key, token)
+                    self._give_up(connections, release_token_query(request.key, token))
                     unknown.token = token
                     raise
                 if request.session_bound and outcome_unknown(err):
                     # A grant of that try is bound to its session, which may live on without us
                     # (a partition): give it up, and try again with a new token on a new session.
-                    self._give_up(connections, request.key, token)
+                    self._give_up(connections, release_token_query(request.key, token))
                     token, anchor = new_token(), None
                 time.sleep(pause)
                 anchor = clock() if anchor is None else anchor
@@ -144,14 +199,14 @@ class Client:
         try:
             renewed = bounded(connections, lambda conn: calls.renew(conn, holding.lease, holding.ttl), self._limit())
         except BaseException:
-            self._give_up(connections, holding.lease.key, holding.lease.token)
+            self._give_up(connections, holding.lease.release_query())
             raise
         holding.renewed(sent, renewed)
 
-    def _give_up(self, connections: Connections, key: str, token: uuid.UUID) -> None:
-        """Releases, best effort, whatever lease `token` may hold on `key`."""
+    def _give_up(self, connections: Connections, release: Query) -> None:
+        """Releases, best effort, whatever lease the token of `release` may hold."""
         with contextlib.suppress(Exception):
-            bounded(connections, lambda conn: calls.release_token(conn, key, token), self._limit())
+            bounded(connections, lambda conn: calls.one(conn, release, ""), self._limit())
 
     def close(self) -> None:
         self._connections.close()

@@ -223,12 +223,14 @@ def retrying(
     call: Callable[[psycopg.Connection], T],
     limit: Optional[float],
     end: Optional[float] = None,
+    resend: bool = True,
 ) -> T:
     """`call` in its own transaction, each try given `limit` seconds, tried again on a new
     connection while the failure is a broken connection, none made, no answer in time, or a
     standby (25006), until the tries run out or `end` (time.monotonic()) passes; OutcomeUnknown
-    when they run out after one that may have taken effect."""
-    tries = Tries(retry, end)
+    when they run out after one that may have taken effect, or at once after such a try when
+    `resend` is false (a call that cannot be sent again safely: lease_acquire_all)."""
+    tries = Tries(retry, end, resend)
     while True:
         try:
             return bounded(connections, call, tries.limit(limit))

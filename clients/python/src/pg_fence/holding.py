@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Callable, Optional
 
-from .errors import LeaseLost, outcome_unknown
-from .lease import Lease, Query
+from .errors import LeaseLost, WaitTimedOut, outcome_unknown
+from .lease import Acquire, Held, LeaseSet, Query, Seconds, interval
 
 HELD, LOST, UNKNOWN, RELEASED = "held", "lost", "unknown", "released"
 
@@ -36,10 +36,28 @@ def check_timing(ttl: float, renew_every: Optional[float], margin: float) -> Non
         raise ValueError("renew_every must be above 0 and below the ttl less its margin (1 % of the ttl at least)")
 
 
+class KeepPlan:
+    """What a kept lease (or set) is asked for, checked before anything is sent."""
+
+    def __init__(self, request: Acquire, renew_every: Optional[Seconds], margin: Seconds, release_timeout: Seconds):
+        self.request = request
+        self.ttl = request.seconds()[0]
+        self.every = None if renew_every is None else interval(renew_every).total_seconds()
+        self.margin = interval(margin).total_seconds()
+        self.release_timeout = interval(release_timeout).total_seconds()
+        check_timing(self.ttl, self.every, self.margin)
+
+    def holding(self, granted: Optional[Held], sent_at: float) -> "Holding":
+        """The Holding of what was granted; WaitTimedOut when nothing was."""
+        if granted is None:
+            raise WaitTimedOut(f"lease on {self.request.label!r} not granted within {interval(self.request.wait)}")
+        return Holding(granted, self.ttl, sent_at, self.every, self.margin, self.request.session_bound)
+
+
 class Holding:
     def __init__(
         self,
-        lease: Lease,
+        lease: Held,
         ttl: float,
         sent_at: float,
         renew_every: Optional[float],
@@ -62,7 +80,7 @@ class Holding:
         self.failures = 0
         self._lock = threading.Lock()
 
-    def renewed(self, sent_at: float, lease: Lease) -> bool:
+    def renewed(self, sent_at: float, lease: Held) -> bool:
         """Takes a confirmed renewal; False if the lease was already declared lost or released."""
         with self._lock:
             if self.state != HELD:
@@ -90,8 +108,15 @@ class Holding:
 
     def release_wanted(self) -> bool:
         """Whether the holder's release must ask the server: for a held lease, and an unknown one,
-        which may still be live there (releasing it frees the key at once)."""
-        return self.state in (HELD, UNKNOWN)
+        which may still be live there (releasing it frees the key at once); and for a lost set,
+        whose other leases may be."""
+        return self.state in (HELD, UNKNOWN) or (self.state == LOST and isinstance(self.lease, LeaseSet))
+
+    def give_up_after(self, err: BaseException) -> bool:
+        """Whether the keeper must release by the token at once after the loss `err`: a session-bound
+        lease whose session we lost may live on in it (a partition), holding the key; a set of which
+        one lease was lost (PF001) still holds the others, for nothing."""
+        return not isinstance(err, LeaseLost) or isinstance(self.lease, LeaseSet)
 
     def released(self, answer: Optional[bool]) -> None:
         """Takes the outcome of the holder's release: "released" only when the server said that it

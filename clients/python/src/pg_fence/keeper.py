@@ -17,10 +17,9 @@ from typing import Any, Callable, Optional
 
 from . import calls
 from .connections import Connections, bounded, retrying
-from .errors import LeaseLost
 from .holding import LOST, UNKNOWN, Holding, clock
-from .kept import Kept
-from .lease import Lease
+from .kept import Kept, SetView
+from .lease import Held
 from .retry import Retry
 
 
@@ -44,9 +43,10 @@ class KeptLease(Kept):
         self._release_wanted = False
         self._released: Optional[bool] = None
         self._release_lock = threading.Lock()
+        label = holding.lease.label
         self._threads = [
-            threading.Thread(target=self._renew_loop, name=f"pg_fence renew {self.key}", daemon=True),
-            threading.Thread(target=self._watch, name=f"pg_fence deadline {self.key}", daemon=True),
+            threading.Thread(target=self._renew_loop, name=f"pg_fence renew {label}", daemon=True),
+            threading.Thread(target=self._watch, name=f"pg_fence deadline {label}", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -86,7 +86,7 @@ class KeptLease(Kept):
         self.release()
 
     def _release(self, conn: Any) -> bool:
-        return calls.release(conn, self.lease)
+        return calls.ended(conn, self._holding.lease)
 
     def _release_if_wanted(self, end: Optional[float] = None) -> None:
         """The holder's release, by `end` (time.monotonic(); release_timeout from now by default)."""
@@ -127,9 +127,9 @@ class KeptLease(Kept):
             except Exception as err:
                 if holding.renewal_failed(err, self._retry.pause):
                     self._declare(LOST)
-                    if not isinstance(err, LeaseLost):
-                        # A session-bound lease whose session we lost: that session may live on
-                        # (a partition), holding the key; give the lease up by its token.
+                    if holding.give_up_after(err):
+                        # A session-bound lease whose session may live on, or the rest of a lost
+                        # set (Holding.give_up_after): give it up by its token.
                         with contextlib.suppress(Exception):
                             bounded(self._connections, self._release, self._release_timeout)
                     return
@@ -140,7 +140,7 @@ class KeptLease(Kept):
                     bounded(self._connections, self._release, self._release_timeout)
                 return
 
-    def _renew(self, conn: Any) -> Lease:
+    def _renew(self, conn: Any) -> Held:
         # Scoped to the renewal's transaction, so a pool's connection goes back unchanged.
         with conn.transaction():
             conn.execute(*self._holding.statement_timeout())
@@ -159,6 +159,23 @@ class KeptLease(Kept):
             return True
         holding.next_renewal = min(holding.next_renewal, clock())
         return False
+
+
+class KeptLeaseSet(SetView, KeptLease):
+    """A lease set (Client.lease_set) kept as KeptLease keeps a lease: renewed in one call for the
+    whole set (lease_renew_all), lost as a whole when any of its leases is, released as a whole."""
+
+    def guard(self, conn: Any, key: str) -> None:  # type: ignore[override]
+        """fence_guard of the set's lease on `key` in your transaction on `conn`, after a local check."""
+        fence = self.fence_of(key)
+        with self._fenced():
+            calls.fence_guard(conn, key, fence)
+
+    def fenced_update(self, conn: Any, key: str, table: str, changes: dict, filter: dict) -> int:  # type: ignore[override]
+        """fenced_update under the set's lease on `key`, in your transaction on `conn`."""
+        fence = self.fence_of(key)
+        with self._fenced():
+            return calls.fenced_update(conn, key, fence, table, changes, filter)
 
 
 class _Stop:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 from .errors import LeaseLost, StaleFence
 from .holding import HELD, LOST, RELEASED, UNKNOWN, Holding
-from .lease import Lease
+from .lease import Lease, LeaseSet
 
 log = logging.getLogger("pg_fence")
 
@@ -70,7 +70,8 @@ class Kept:
         """Raises LeaseLost unless the lease is still held by its local deadline."""
         state = self.state
         if state != HELD:
-            raise LeaseLost(self.key, f"lease on {self.key!r} is {state}", state=state)
+            label = self._holding.lease.label
+            raise LeaseLost(label, f"lease on {label!r} is {state}", state=state)
 
     @contextmanager
     def _fenced(self) -> Iterator[None]:
@@ -98,9 +99,50 @@ class Kept:
             return
         self.lost.set()
         self._stop_renewing()
-        log.warning("pg_fence: lease on %r %s", self.key, "lost" if state == LOST else "state unknown")
+        label = self._holding.lease.label
+        log.warning("pg_fence: lease on %r %s", label, "lost" if state == LOST else "state unknown")
         if self._on_lost is not None:
             try:
                 self._on_lost(self)
             except Exception:
                 log.exception("pg_fence: on_lost callback failed")
+
+
+class SetView:
+    """What a kept lease set has instead of a kept lease's `key` and `fence`: its keys, and a fence
+    per key. Its token, state, deadline, `lost` and release are a kept lease's, for the whole set."""
+
+    _holding: Holding
+
+    @property
+    def lease_set(self) -> LeaseSet:
+        lease_set = self._holding.lease
+        assert isinstance(lease_set, LeaseSet)
+        return lease_set
+
+    @property
+    def lease(self) -> LeaseSet:
+        return self.lease_set
+
+    @property
+    def keys(self) -> Tuple[str, ...]:
+        return self.lease_set.keys
+
+    @property
+    def fences(self) -> Dict[str, int]:
+        return self.lease_set.fences
+
+    @property
+    def key(self) -> str:
+        raise AttributeError("a lease set has keys, not a key")
+
+    @property
+    def fence(self) -> int:
+        raise AttributeError("a lease set has a fence per key: fences[key]")
+
+    def fence_of(self, key: str) -> int:
+        """The fence of the set's lease on `key`; KeyError for a key outside the set."""
+        fences = self.fences
+        if key not in fences:
+            raise KeyError(f"{key!r} is not a key of the set ({self.lease_set.label})")
+        return fences[key]

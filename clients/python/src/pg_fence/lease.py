@@ -8,9 +8,10 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from psycopg.types.json import Jsonb
+from psycopg.types.numeric import Int4
 
 Seconds = Union[int, float, timedelta]
 Query = Tuple[str, tuple]
@@ -27,9 +28,79 @@ class Lease:
     acquired_at: datetime
     expires_at: datetime
     durable: bool = True
+    shared: bool = False
+    permits: int = 1
+
+    @property
+    def label(self) -> str:
+        """What errors and logs name the lease by: its key."""
+        return self.key
 
     def renewed(self, expires_at: datetime) -> "Lease":
         return replace(self, expires_at=expires_at)
+
+    def renew_query(self, ttl: "Seconds") -> "Query":
+        return ("SELECT fence.lease_renew(%s, %s, %s)", (self.key, self.token, interval(ttl)))
+
+    def release_query(self) -> "Query":
+        return release_query(self.key, self.token)
+
+    @staticmethod
+    def ended(row: Optional[tuple]) -> bool:
+        """Whether the release whose result is `row` ended the lease."""
+        return bool(row and row[0])
+
+
+@dataclass(frozen=True)
+class LeaseSet:
+    """What lease_acquire_all granted: a lease per key (in key order), each with its own fence, all
+    sharing one token, renewed and released together."""
+
+    leases: Tuple[Lease, ...]
+
+    @property
+    def token(self) -> uuid.UUID:
+        return self.leases[0].token
+
+    @property
+    def keys(self) -> Tuple[str, ...]:
+        return tuple(lease.key for lease in self.leases)
+
+    @property
+    def fences(self) -> Dict[str, int]:
+        return {lease.key: lease.fence for lease in self.leases}
+
+    @property
+    def expires_at(self) -> datetime:
+        """The earliest expiry of the set's leases."""
+        return min(lease.expires_at for lease in self.leases)
+
+    @property
+    def durable(self) -> bool:
+        return self.leases[0].durable
+
+    @property
+    def label(self) -> str:
+        """What errors and logs name the set by: its keys, comma-separated."""
+        return ", ".join(self.keys)
+
+    def renewed(self, expires_at: datetime) -> "LeaseSet":
+        return LeaseSet(tuple(lease.renewed(expires_at) for lease in self.leases))
+
+    def renew_query(self, ttl: "Seconds") -> "Query":
+        return ("SELECT fence.lease_renew_all(%s, %s, %s)", (list(self.keys), self.token, interval(ttl)))
+
+    def release_query(self) -> "Query":
+        return ("SELECT fence.lease_release_all(%s, %s)", (list(self.keys), self.token))
+
+    def ended(self, row: Optional[tuple]) -> bool:
+        """Whether the release whose result is `row` ended every lease of the set (a set of which
+        some lease had ended already was lost)."""
+        return bool(row and row[0] == len(self.leases))
+
+
+#: What a kept lease keeps: a lease, or a lease set.
+Held = Union[Lease, LeaseSet]
 
 
 def interval(value: Seconds) -> timedelta:
@@ -50,13 +121,34 @@ def acquire_query(
     session_bound: bool,
     durable: bool,
     token: uuid.UUID,
+    shared: bool = False,
+    permits: int = 1,
 ) -> Query:
     # Named columns, not `*`: a refused acquire returns NULL, which `SELECT *` turns into one
-    # row of NULLs; parse_acquire tells it by its NULL fence.
+    # row of NULLs; Acquire.parse tells it by its NULL fence. `shared` and `permits` are passed by
+    # name and only when asked for, so that plain leases work on servers without them.
+    modes, params = "", (key, interval(ttl), owner, interval(wait), session_bound, durable, token)
+    if shared:
+        modes, params = ", shared => %s", (*params, True)
+    if permits != 1:
+        modes, params = f"{modes}, permits => %s", (*params, Int4(permits))
     return (
-        "SELECT key, owner, fence, token, acquired_at, expires_at FROM fence.lease_acquire(%s, %s, %s, %s, %s, %s, %s)",
-        (key, interval(ttl), owner, interval(wait), session_bound, durable, token),
+        "SELECT key, owner, fence, token, acquired_at, expires_at"
+        f" FROM fence.lease_acquire(%s, %s, %s, %s, %s, %s, %s{modes})",
+        params,
     )
+
+
+def check_mode(shared: bool, permits: int) -> None:
+    """Refuses, before anything is sent, `shared` and `permits` that cannot go together."""
+    if not isinstance(shared, bool):
+        raise TypeError(f"shared must be a bool, got {type(shared).__name__}")
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise TypeError(f"permits must be an int, got {type(permits).__name__}")
+    if permits < 1:
+        raise ValueError(f"permits must be at least 1, not {permits}")
+    if shared and permits > 1:
+        raise ValueError("a shared lease cannot have permits: pass shared=True or permits=N, not both")
 
 
 @dataclass(frozen=True)
@@ -69,24 +161,70 @@ class Acquire:
     wait: Seconds = 0
     session_bound: bool = False
     durable: bool = True
+    shared: bool = False
+    permits: int = 1
+
+    def __post_init__(self) -> None:
+        check_mode(self.shared, self.permits)
+
+    @property
+    def label(self) -> str:
+        return self.key
 
     def query(self, token: uuid.UUID) -> Query:
-        return acquire_query(self.key, self.ttl, self.owner, self.wait, self.session_bound, self.durable, token)
+        return acquire_query(
+            self.key,
+            self.ttl,
+            self.owner,
+            self.wait,
+            self.session_bound,
+            self.durable,
+            token,
+            self.shared,
+            self.permits,
+        )
 
     def seconds(self) -> Tuple[float, float]:
         """(ttl, wait) in seconds."""
         return interval(self.ttl).total_seconds(), interval(self.wait).total_seconds()
 
+    def parse(self, rows: Sequence[tuple]) -> Optional[Lease]:
+        if not rows or rows[0][2] is None:
+            return None
+        key, owner, fence, token, acquired_at, expires_at = rows[0]
+        return Lease(key, owner, fence, token, acquired_at, expires_at, self.durable, self.shared, self.permits)
 
-def parse_acquire(row: Optional[tuple], durable: bool) -> Optional[Lease]:
-    if row is None or row[2] is None:
-        return None
-    key, owner, fence, token, acquired_at, expires_at = row
-    return Lease(key, owner, fence, token, acquired_at, expires_at, durable)
+
+@dataclass(frozen=True)
+class AcquireAll(Acquire):
+    """lease_acquire_all's arguments: `key` is unused, `keys` the set. It takes no token: the server
+    draws the set's, so a try whose reply was lost cannot be retried by token (see retry.py)."""
+
+    keys: Tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return ", ".join(self.keys)
+
+    def query(self, token: Optional[uuid.UUID] = None) -> Query:
+        return (
+            "SELECT key, owner, fence, token, acquired_at, expires_at"
+            " FROM fence.lease_acquire_all(%s, %s, %s, %s, %s, %s)",
+            (list(self.keys), interval(self.ttl), self.owner, interval(self.wait), self.session_bound, self.durable),
+        )
+
+    def parse(self, rows: Sequence[tuple]) -> Optional[LeaseSet]:  # type: ignore[override]
+        if not rows:
+            return None
+        return LeaseSet(tuple(Lease(*row, self.durable) for row in rows))
 
 
-def renew_query(lease: Lease, ttl: Seconds) -> Query:
-    return ("SELECT fence.lease_renew(%s, %s, %s)", (lease.key, lease.token, interval(ttl)))
+def acquire_all_request(
+    keys: Iterable[str], ttl: Seconds, owner: Optional[str], wait: Seconds, session_bound: bool, durable: bool
+) -> AcquireAll:
+    if isinstance(keys, str):
+        raise TypeError("keys must be a list of keys, not a str")
+    return AcquireAll("", ttl, owner, wait, session_bound, durable, keys=tuple(keys))
 
 
 def release_query(key: str, token: uuid.UUID) -> Query:

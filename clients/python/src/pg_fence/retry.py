@@ -54,9 +54,12 @@ class Tries:
     """The tries of one call: the pause before each retry, the time each try may take, and what to
     raise when they run out."""
 
-    def __init__(self, retry: Retry, end: Optional[float] = None):
+    def __init__(self, retry: Retry, end: Optional[float] = None, resend: bool = True):
         self._pauses = retry.pauses(end)
         self._end = end
+        # Whether a try that may have taken effect may be sent again. Not for lease_acquire_all,
+        # which takes no token: a second try could not get back a set the first one was granted.
+        self._resend = resend
         # Whether a try failed in a way that leaves it open what the server did: then running out
         # of retries leaves the call's outcome unknown, even if the later tries never connected.
         self._unsure = False
@@ -73,6 +76,8 @@ class Tries:
         cannot help or nothing reached the server, OutcomeUnknown when the tries ran out after one
         that may have taken effect."""
         self._unsure = self._unsure or outcome_unknown(err)
+        if self._unsure and not self._resend:
+            raise OutcomeUnknown(f"connection failed mid-call, which is not sent again: {err}") from err
         pause = next(self._pauses, None) if retryable(err) else None
         if pause is not None:
             return pause

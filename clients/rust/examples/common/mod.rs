@@ -1,13 +1,17 @@
 //! What the examples share: arguments, the counts they print, and the "chaos" that takes leases
 //! away from their holders so that there is something to count.
 #![allow(dead_code)]
-use pg_fence_client::{hold, AcquireOptions, Connector, Error, HeldLease, KeepOptions, PgConnection};
+use pg_fence_client::{
+    hold, hold_all, AcquireOptions, Connector, Error, Held, HeldLease, HeldLeaseSet, KeepOptions,
+    PgConnection,
+};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio_postgres::Config;
+use tokio_util::sync::CancellationToken;
 
 pub struct Args {
     pub config: Config,
@@ -61,6 +65,11 @@ impl Stats {
         if let Some(taken) = self.taken_at.lock().unwrap().take() {
             self.told_after.lock().unwrap().push(taken.elapsed());
         }
+    }
+
+    /// Counts a fenced write that committed.
+    pub fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a stale write; any other error is the example's bug.
@@ -144,9 +153,42 @@ where
 
 /// `hold`, or None when the wait ran out.
 pub async fn next_lease(config: &Config, key: &str, opts: &AcquireOptions) -> Option<HeldLease> {
-    match hold(config.clone(), key, opts, KeepOptions::default()).await {
+    granted(hold(config.clone(), key, opts, KeepOptions::default()).await)
+}
+
+/// `hold_all`, or None when the wait ran out.
+pub async fn next_set(config: &Config, keys: &[String], opts: &AcquireOptions) -> Option<HeldLeaseSet> {
+    granted(hold_all(config.clone(), keys, opts, KeepOptions::default()).await)
+}
+
+/// What was granted, or None when nothing was: the wait ran out, or the chaos took it away before
+/// `hold` returned (it renews at once after a long wait).
+fn granted<T>(held: Result<Held<T>, Error>) -> Option<Held<T>> {
+    match held {
         Ok(held) => Some(held),
-        Err(Error::WaitTimedOut { .. }) => None,
-        Err(err) => panic!("{key}: {err}"),
+        Err(Error::WaitTimedOut { .. } | Error::LeaseLost { .. }) => None,
+        Err(err) => panic!("{err}"),
     }
+}
+
+/// The work between two steps, `pause` long, cut short when the lease is lost (counted as told):
+/// false then.
+pub async fn work(lost: &CancellationToken, pause: Duration, stats: &Stats) -> bool {
+    tokio::select! {
+        _ = lost.cancelled() => { stats.told(); false }
+        _ = tokio::time::sleep(pause) => true,
+    }
+}
+
+/// `lease::fence_guard` of each key at its fence in `tx`: false (counted as a stale write refused,
+/// and the holder told) when one of them is stale.
+pub async fn guarded(tx: &tokio_postgres::Transaction<'_>, fences: &[(&str, i64)], stats: &Stats) -> bool {
+    for (key, fence) in fences {
+        if let Err(err) = pg_fence_client::lease::fence_guard(tx, key, *fence).await {
+            let _ = stats.refused(Err(err));
+            stats.told();
+            return false;
+        }
+    }
+    true
 }
