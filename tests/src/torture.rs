@@ -2,9 +2,11 @@
 //!
 //! N client threads take leases on K keys (with and without `wait`), write under their fences with
 //! `fenced_update`, renew and release, with TTLs short enough that leases expire and change hands
-//! all the time. Meanwhile a chaos thread throws faults at random: a client pauses past its TTL
-//! while holding a lease, a client's connection is cut in the middle of a call, a client's backend
-//! is terminated, the whole server is killed (kill -9) and restarted.
+//! all the time. Each key is used in one way (`KeyUse`): exclusive leases, single and in lease
+//! sets; shared leases beside exclusive ones; a semaphore's permits, on one key by callers that
+//! disagree about its count. Meanwhile a chaos thread throws faults at random: a client pauses
+//! past its TTL while holding a lease, a client's connection is cut in the middle of a call, a
+//! client's backend is terminated, the whole server is killed (kill -9) and restarted.
 //!
 //! What happened is recorded by the server itself, not by the clients: triggers append every new
 //! version of a lease row and every accepted write to history tables, in the transaction that makes
@@ -22,8 +24,8 @@ mod recording;
 mod worker;
 
 pub use checker::{
-    check, check_with, AckedGrant, AckedRelease, AckedRenewal, AckedWrite, Acknowledged, Lost, Violation,
-    Violations,
+    check, check_with, AckedGrant, AckedRelease, AckedRenewal, AckedWrite, Acknowledged, AtOnce, Checked,
+    Lost, Violation, Violations,
 };
 pub use recording::{install, load_history, History, LeaseChange, LeaseChangeKind, RecordedWrite};
 
@@ -57,13 +59,33 @@ pub enum Fault {
     ServerCrash,
 }
 
+/// How the clients use a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyUse {
+    /// Exclusive leases, alone or in lease sets (`lease_acquire_all`) with other such keys.
+    Exclusive,
+    /// Shared leases (readers) and, `SHARED_OR_EXCLUSIVE_WRITERS` of the time, exclusive ones.
+    SharedOrExclusive,
+    /// A semaphore: every caller asks for these many permits.
+    Permits(i32),
+    /// A semaphore whose callers disagree about its count: each asks for one of the two.
+    DisagreeingPermits(i32, i32),
+}
+
+/// The share of the acquires of a `KeyUse::SharedOrExclusive` key that ask for an exclusive lease.
+const SHARED_OR_EXCLUSIVE_WRITERS: f64 = 0.25;
+
 /// What the torture run does.
 #[derive(Clone, Debug)]
 pub struct Workload {
     /// Client threads, each with its own connection (application_name `torture-client-N`).
     pub clients: usize,
-    /// Keys `key-0` .. `key-(K-1)`, each with one row in the audit table `torture_resource`.
-    pub keys: usize,
+    /// Keys `key-0` .. `key-(K-1)`, used as listed, each with one row in the audit table
+    /// `torture_resource`.
+    pub keys: Vec<KeyUse>,
+    /// The share of lease cycles that take a lease set of 2 or 3 `KeyUse::Exclusive` keys (there
+    /// must be two at least); the others take one key, any of them at random.
+    pub set_share: f64,
     /// How long the clients run.
     pub duration: Duration,
     /// TTLs of grants and renewals, in milliseconds.
@@ -90,12 +112,21 @@ pub struct Workload {
 }
 
 impl Default for Workload {
-    /// The CI run: 8 clients on 4 keys for 90 s, 30 % of the grants fast, every fault, a server
-    /// crash about every 30 s.
+    /// The CI run: 8 clients for 90 s on 6 keys (3 exclusive, taken in sets too, 1 shared or
+    /// exclusive, a semaphore of 3 and one of 2 or 3), 30 % of the grants fast, every fault, a
+    /// server crash about every 30 s.
     fn default() -> Workload {
         Workload {
             clients: 8,
-            keys: 4,
+            keys: vec![
+                KeyUse::Exclusive,
+                KeyUse::Exclusive,
+                KeyUse::Exclusive,
+                KeyUse::SharedOrExclusive,
+                KeyUse::Permits(3),
+                KeyUse::DisagreeingPermits(2, 3),
+            ],
+            set_share: 0.15,
             duration: Duration::from_secs(90),
             ttl_ms: 20..300,
             fast_share: 0.3,
@@ -109,13 +140,61 @@ impl Default for Workload {
     }
 }
 
+/// A count per mode of lease: exclusive leases taken alone, shared leases, semaphore permits, and
+/// the leases of lease sets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PerMode {
+    pub exclusive: u64,
+    pub shared: u64,
+    pub permits: u64,
+    pub in_sets: u64,
+}
+
+/// A lease's mode, for `PerMode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Exclusive,
+    Shared,
+    Permits,
+    InSet,
+}
+
+impl PerMode {
+    fn bump(&mut self, mode: Mode, by: u64) {
+        *match mode {
+            Mode::Exclusive => &mut self.exclusive,
+            Mode::Shared => &mut self.shared,
+            Mode::Permits => &mut self.permits,
+            Mode::InSet => &mut self.in_sets,
+        } += by;
+    }
+
+    fn add(&mut self, other: &PerMode) {
+        self.exclusive += other.exclusive;
+        self.shared += other.shared;
+        self.permits += other.permits;
+        self.in_sets += other.in_sets;
+    }
+}
+
+impl fmt::Display for PerMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let PerMode { exclusive, shared, permits, in_sets } = self;
+        write!(f, "exclusive {exclusive}, shared {shared}, permits {permits}, in sets {in_sets}")
+    }
+}
+
 /// What the run did. Acknowledged means the client saw the call succeed (and, for a write in an
 /// explicit transaction, its COMMIT return).
 #[derive(Clone, Debug, Default)]
 pub struct Counts {
-    /// Acknowledged grants.
+    /// Acknowledged grants (a lease set's count one per key).
     pub grants: u64,
-    /// Of those, fast leases (`durable => false`).
+    /// The same by mode.
+    pub grants_by_mode: PerMode,
+    /// Acknowledged lease sets (lease_acquire_all calls that granted).
+    pub sets: u64,
+    /// Of the grants, fast leases (`durable => false`).
     pub fast_grants: u64,
     /// Acquires that returned NULL (the key was held, or the wait ran out).
     pub refused_acquires: u64,
@@ -125,6 +204,8 @@ pub struct Counts {
     pub lost_renewals: u64,
     /// Acknowledged fenced writes.
     pub accepted_writes: u64,
+    /// The same by the mode of the lease they were made under.
+    pub writes_by_mode: PerMode,
     /// Fenced writes refused as stale (PF002).
     pub stale_writes: u64,
     /// Releases that returned true.
@@ -150,16 +231,21 @@ pub struct Counts {
     /// Acknowledged durable changes missing from the history (violations unless
     /// `Workload::history_may_be_lost`).
     pub lost: Lost,
+    /// The most leases of one key live at once, by the history.
+    pub most_at_once: AtOnce,
 }
 
 impl Counts {
     fn add(&mut self, other: &Counts) {
         self.grants += other.grants;
+        self.grants_by_mode.add(&other.grants_by_mode);
+        self.sets += other.sets;
         self.fast_grants += other.fast_grants;
         self.refused_acquires += other.refused_acquires;
         self.renewals += other.renewals;
         self.lost_renewals += other.lost_renewals;
         self.accepted_writes += other.accepted_writes;
+        self.writes_by_mode.add(&other.writes_by_mode);
         self.stale_writes += other.stale_writes;
         self.releases += other.releases;
         self.stale_releases += other.stale_releases;
@@ -192,12 +278,19 @@ impl fmt::Display for Report {
             "  grants {} ({} fast), refused acquires {}",
             c.grants, c.fast_grants, c.refused_acquires
         )?;
+        writeln!(f, "  grants by mode: {}; lease sets {}", c.grants_by_mode, c.sets)?;
+        writeln!(
+            f,
+            "  most live at once on a key: shared leases {}, semaphore permits {}",
+            c.most_at_once.shared, c.most_at_once.permits
+        )?;
         writeln!(f, "  renewals {}, renewals refused as lease lost (PF001) {}", c.renewals, c.lost_renewals)?;
         writeln!(
             f,
             "  accepted writes {}, rejected stale writes (PF002) {}",
             c.accepted_writes, c.stale_writes
         )?;
+        writeln!(f, "  accepted writes by mode: {}", c.writes_by_mode)?;
         writeln!(f, "  releases {}, stale releases (false) {}", c.releases, c.stale_releases)?;
         writeln!(f, "  acknowledged releases lost in crashes (allowed) {}", c.releases_lost_in_crashes)?;
         writeln!(
@@ -268,7 +361,9 @@ pub fn run(workload: &Workload, connect: &Connect<'_>, server_fault: Option<&Ser
         server_fault.is_some() || !workload.faults.contains(&Fault::ServerCrash),
         "Fault::ServerCrash needs a server_fault"
     );
-    let keys: Vec<String> = (0..workload.keys).map(key_name).collect();
+    let exclusive_keys = workload.keys.iter().filter(|used| **used == KeyUse::Exclusive).count();
+    assert!(workload.set_share == 0.0 || exclusive_keys >= 2, "lease sets need two exclusive keys");
+    let keys: Vec<String> = (0..workload.keys.len()).map(key_name).collect();
     install(&mut connect_patiently(connect), &keys).expect("install the recording triggers");
 
     let shared = Shared {
@@ -284,8 +379,10 @@ pub fn run(workload: &Workload, connect: &Connect<'_>, server_fault: Option<&Ser
     let history = load_history(&mut client).expect("read the recorded history");
     counts.releases_lost_in_crashes = checker::releases_missing(&history, &acked);
     counts.fast_grants_lost_in_crashes = checker::fast_grants_missing(&history, &acked);
-    let (violations, lost) = checker::check_with(&history, &acked, workload.history_may_be_lost);
+    let Checked { violations, lost, most_at_once } =
+        checker::check_with(&history, &acked, workload.history_may_be_lost);
     counts.lost = lost;
+    counts.most_at_once = most_at_once;
     unexpected_errors.truncate(10);
     let report = Report { counts, violations, unexpected_errors };
     println!("{report}");

@@ -1,21 +1,30 @@
 //! The history checker: pg_fence's invariants, judged on what the server recorded (see
 //! `recording`), plus "nothing acknowledged was lost", judged against what clients were told.
 //!
-//! Per key, the recorded lease changes and writes are walked in commit order:
-//! - invariant 1: each grant's fence is above every earlier grant's (so no fence is granted twice);
-//! - invariant 2: each grant was acquired no earlier than the previous lease ended, the end being
-//!   the last `expires_at` recorded for that fence (a renewal moves it later, a release or revoke
-//!   moves it to the moment the lease ended). A release lost in a crash left no record, so the
-//!   lease's end is what the server kept: this is what the server's clock had to respect;
-//! - invariant 3: writes have non-decreasing fences, and no write under F committed after the
-//!   grant of a fence above F (nor before F was granted);
-//! - invariant 4: a renewal or release changed only the current lease, and only its holder's (a
-//!   grant may mark the other kind's expired lease ended, which moves its end nowhere).
+//! A key has a holder per row, (key, slot) in either lease table: an exclusive lease in slot 0, a
+//! semaphore's permits in slots 0 .. N-1, shared leases in any slot (see src/leases/modes.rs). Per
+//! key, the recorded lease changes and writes are walked in commit order:
+//! - invariant 1: each grant's fence is above every earlier grant's of the key, in every slot and
+//!   mode (so no fence is granted twice);
+//! - invariant 3: no write under F committed after a grant that replaced F (nor before F was
+//!   granted). A grant replaces F when it could not be made while F was live, so it had to wait
+//!   for F's writers: a grant into F's slot, a grant of the other side of shared and non-shared, or
+//!   beside an exclusive lease. Shared leases never replace each other, nor do permits of other
+//!   slots (a grant of another count beside a live permit waits for no writer of it);
+//! - invariant 4: a renewal or release changed only its row's current lease, and only its holder's
+//!   (a grant may mark another row's expired lease ended, which moves its end nowhere).
+//!
+//! Then invariant 2, on the intervals of the key's leases by the server's clock, from acquired_at
+//! to the last `expires_at` recorded for the fence (a renewal moves it later, a release or revoke
+//! to the moment the lease ended; a release lost in a crash left no record, so the lease's end is
+//! what the server kept, which is what its clock had to respect): at no instant is a shared lease
+//! live beside a non-shared one, nor are more non-shared leases live than the smallest `permits`
+//! among them (for exclusive leases: two at once). A restart or a failover ends a fast lease.
 //!
 //! Then against the clients' acknowledgements: every acknowledged grant is recorded with the same
-//! fence and acquired_at (a fence handed out again after a crash would show another acquired_at),
-//! every acknowledged renewal is recorded, and every acknowledged write is in the audit history.
-//! Calls with an unknown outcome are not checked either way.
+//! fence, acquired_at (a fence handed out again after a crash would show another acquired_at) and
+//! mode, every acknowledged renewal is recorded, and every acknowledged write is in the audit
+//! history. Calls with an unknown outcome are not checked either way.
 //!
 //! Commit timestamps are taken before a transaction releases its locks, and pg_fence serializes
 //! the changes of a key (and a grant against fenced writes) with a lock, so causally ordered
@@ -33,6 +42,9 @@ pub struct AckedGrant {
     pub acquired_us: i64,
     /// false for a fast lease, which a crash may take with its record.
     pub durable: bool,
+    /// The mode the client asked for (a lease set's leases are exclusive: not shared, 1 permit).
+    pub shared: bool,
+    pub permits: i32,
 }
 
 /// A renewal the client saw committed, with the new expires_at it returned.
@@ -41,6 +53,8 @@ pub struct AckedRenewal {
     pub key: String,
     pub fence: i64,
     pub expires_us: i64,
+    /// lease_renew_all returns the earliest new expiry of its keys: this key's is at least that.
+    pub at_least: bool,
 }
 
 /// A release that returned true.
@@ -86,16 +100,21 @@ pub enum Violation {
     /// Invariant 1: an acknowledged grant or renewal missing from the history, or its fence
     /// recorded for another grant (handed out again).
     AcknowledgedLeaseLost,
-    /// Invariant 2: a grant acquired before the previous lease of its key ended.
-    OverlappingLeases,
-    /// Invariant 3: a write under fence F committed after a grant above F, before F's grant, or
-    /// after a write under a higher fence.
+    /// An acknowledged grant recorded in another mode (shared, permits) than the client asked for.
+    WrongMode,
+    /// Invariant 2: more non-shared leases of a key live at one instant than the smallest `permits`
+    /// among them (two exclusive leases at once, or a semaphore over its count).
+    TooManyLive,
+    /// Invariant 2: a shared lease live at the same instant as a non-shared lease of its key.
+    SharedBesideOther,
+    /// Invariant 3: a write under fence F committed after a grant that replaced F, or before F's
+    /// grant.
     LateWrite,
     /// Invariant 4: a renewal or release that changed a lease other than the caller's own.
     ForeignChange,
     /// An acknowledged write missing from the audit history (or recorded under another fence).
     LostWrite,
-    /// The recording itself: a key's fence in the lease table is not its last recorded grant.
+    /// The recording itself: a fence in the lease tables is not a recorded grant.
     IncompleteHistory,
 }
 
@@ -145,20 +164,42 @@ pub struct Lost {
     pub writes: u64,
 }
 
+/// The most leases of one key the history shows live at one instant, per mode: evidence that the
+/// run made holders meet, without which invariant 2 would be checked on nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AtOnce {
+    /// Shared leases.
+    pub shared: usize,
+    /// Permits of a semaphore (non-shared leases granted with `permits` above 1).
+    pub permits: usize,
+}
+
+/// What `check_with` found.
+#[derive(Debug, Default)]
+pub struct Checked {
+    pub violations: Violations,
+    pub lost: Lost,
+    pub most_at_once: AtOnce,
+}
+
 /// Checks the history against the invariants and the acknowledgements.
 pub fn check(history: &History, acked: &Acknowledged) -> Violations {
-    check_with(history, acked, false).0
+    check_with(history, acked, false).violations
 }
 
 /// The same, counting the acknowledged grants, renewals and writes missing from the history; with
 /// `may_lose` they are not violations (the history was rolled onto a server that never
 /// had them). A lost grant's fence must still never be granted again, and nothing recorded may
 /// break the invariants: a lost grant is checked as a fast grant lost in a crash is.
-pub fn check_with(history: &History, acked: &Acknowledged, may_lose: bool) -> (Violations, Lost) {
+pub fn check_with(history: &History, acked: &Acknowledged, may_lose: bool) -> Checked {
     let mut violations = Violations::default();
     let mut lost = Lost::default();
+    let mut most_at_once = AtOnce::default();
     for (key, events) in events_by_key(history) {
-        KeyWalk::new(key, &mut violations).walk(&events);
+        let leases = KeyWalk::new(key, &mut violations).walk(&events);
+        let at_once = check_live_at_once(key, &leases, &mut violations);
+        most_at_once.shared = most_at_once.shared.max(at_once.shared);
+        most_at_once.permits = most_at_once.permits.max(at_once.permits);
     }
     let lose = |count: &mut u64| {
         *count += 1;
@@ -171,7 +212,7 @@ pub fn check_with(history: &History, acked: &Acknowledged, may_lose: bool) -> (V
     for detail in &acked.stale_releases_accepted {
         violations.add(Violation::ForeignChange, detail.clone());
     }
-    (violations, lost)
+    Checked { violations, lost, most_at_once }
 }
 
 /// The (key, fence) of every recorded lease change of this kind.
@@ -229,30 +270,66 @@ fn events_by_key(history: &History) -> BTreeMap<&str, Vec<Event<'_>>> {
     by_key
 }
 
-/// The current lease of a key during the walk.
-struct Current<'h> {
-    fence: i64,
-    holder: &'h str,
+/// A lease of the key, as the walk has seen it so far.
+struct Lease<'h> {
+    grant: &'h LeaseChange,
     /// The last expires_at recorded for this fence.
     ends_us: i64,
-    /// For a fast lease, when the server that granted it started: a restart or a failover ended it.
-    fast_on_server_started_us: Option<i64>,
+    /// The fence of the first grant that replaced this lease (see the module comment): every write
+    /// under it must have committed before that grant.
+    replaced_by: Option<i64>,
+}
+
+impl Lease<'_> {
+    /// Whether `grant`, committed after this lease's grant, could not be made while this lease was
+    /// live, or took its slot: either way pg_fence made it wait for this lease's writers.
+    fn is_replaced_by(&self, grant: &LeaseChange) -> bool {
+        let held = self.grant;
+        if held.shared != grant.shared {
+            return true;
+        }
+        // Shared leases stand beside each other, and take over one another's rows without waiting.
+        // Permits of other slots stand beside a permit whatever count each asked for; an exclusive
+        // lease stands beside none.
+        !held.shared && (held.slot == grant.slot || held.permits.min(grant.permits) < 2)
+    }
+
+    /// A fast lease ends with the server that granted it: it is not live beside a lease granted
+    /// after it on a restarted (or promoted) server, whose start time differs.
+    fn gone_before(&self, later: &LeaseChange) -> bool {
+        !self.grant.durable && later.server_start_us != self.grant.server_start_us
+    }
 }
 
 /// The walk through one key's events in commit order.
 struct KeyWalk<'h, 'v> {
     key: &'h str,
     violations: &'v mut Violations,
-    current: Option<Current<'h>>,
-    highest_write_fence: i64,
+    /// Every lease of the key, in the commit order of their grants.
+    leases: Vec<Lease<'h>>,
+    by_fence: HashMap<i64, usize>,
+    /// Each row's current lease: (slot, durable) to its index in `leases`.
+    rows: HashMap<(i32, bool), usize>,
+    /// The leases no grant has replaced yet.
+    unreplaced: Vec<usize>,
+    highest_fence: Option<i64>,
 }
 
 impl<'h, 'v> KeyWalk<'h, 'v> {
     fn new(key: &'h str, violations: &'v mut Violations) -> Self {
-        KeyWalk { key, violations, current: None, highest_write_fence: i64::MIN }
+        KeyWalk {
+            key,
+            violations,
+            leases: Vec::new(),
+            by_fence: HashMap::new(),
+            rows: HashMap::new(),
+            unreplaced: Vec::new(),
+            highest_fence: None,
+        }
     }
 
-    fn walk(mut self, events: &[Event<'h>]) {
+    /// Walks the events; returns the key's leases, with their ends.
+    fn walk(mut self, events: &[Event<'h>]) -> Vec<Lease<'h>> {
         for event in events {
             match *event {
                 Event::Lease(change) if change.kind == LeaseChangeKind::Grant => self.grant(change),
@@ -260,53 +337,53 @@ impl<'h, 'v> KeyWalk<'h, 'v> {
                 Event::Write(write) => self.write(write),
             }
         }
+        self.leases
     }
 
-    /// Invariants 1 and 2.
+    /// Invariant 1, and which leases the grant replaces (for invariant 3).
     fn grant(&mut self, grant: &'h LeaseChange) {
         let key = self.key;
-        if let Some(previous) = &self.current {
-            if grant.fence <= previous.fence {
-                let detail = format!("{key}: fence {} granted after fence {}", grant.fence, previous.fence);
-                self.violations.add(Violation::FenceNotIncreasing, detail);
-            }
-            // A restart, or a failover to another server (whose start time differs), ended it.
-            let ended_by_restart =
-                previous.fast_on_server_started_us.is_some_and(|started| grant.server_start_us != started);
-            if grant.acquired_us < previous.ends_us && !ended_by_restart {
-                let early_ms = (previous.ends_us - grant.acquired_us) as f64 / 1000.0;
-                let detail = format!(
-                    "{key}: fence {} acquired {early_ms:.3} ms before fence {} ended",
-                    grant.fence, previous.fence
-                );
-                self.violations.add(Violation::OverlappingLeases, detail);
-            }
+        if let Some(highest) = self.highest_fence.filter(|highest| grant.fence <= *highest) {
+            let detail = format!("{key}: fence {} granted after fence {highest}", grant.fence);
+            self.violations.add(Violation::FenceNotIncreasing, detail);
         }
-        let fast_on_server_started_us = (!grant.durable).then_some(grant.server_start_us);
-        self.current = Some(Current {
-            fence: grant.fence,
-            holder: &grant.by,
-            ends_us: grant.expires_us,
-            fast_on_server_started_us,
+        self.highest_fence = self.highest_fence.max(Some(grant.fence));
+        let leases = &mut self.leases;
+        self.unreplaced.retain(|&index| {
+            let replaced = leases[index].is_replaced_by(grant);
+            if replaced {
+                leases[index].replaced_by = Some(grant.fence);
+            }
+            !replaced
         });
+        let index = self.leases.len();
+        self.leases.push(Lease { grant, ends_us: grant.expires_us, replaced_by: None });
+        self.by_fence.insert(grant.fence, index);
+        self.rows.insert((grant.slot, grant.durable), index);
+        self.unreplaced.push(index);
     }
 
     /// Invariant 4. Changes by sessions that are not torture clients (a sweeper, an admin's revoke)
-    /// need only be about the current lease.
+    /// need only be about the row's current lease.
     fn renew_or_end(&mut self, change: &'h LeaseChange) {
         let key = self.key;
-        let Some(current) = &mut self.current else {
-            let detail = format!("{key}: {:?} of fence {} before any grant", change.kind, change.fence);
+        let Some(&index) = self.rows.get(&(change.slot, change.durable)) else {
+            let detail = format!(
+                "{key}: {:?} of fence {} in slot {} before any grant there",
+                change.kind, change.fence, change.slot
+            );
             return self.violations.add(Violation::ForeignChange, detail);
         };
+        let current = &mut self.leases[index];
         let by_client = change.by.starts_with("torture-client-");
-        // A grant ends the other kind's lease of the key if that one expired unreleased, leaving its
-        // end where it was: bookkeeping of a lease already over, not a change by a foreign holder.
+        // A grant ends the key's other rows whose leases expired unreleased, leaving their ends
+        // where they were: bookkeeping of leases already over, not a change by a foreign holder.
         let ends_nothing = change.kind == LeaseChangeKind::End && change.expires_us >= current.ends_us;
-        if change.fence != current.fence || (by_client && change.by != current.holder && !ends_nothing) {
+        let holder = &current.grant.by;
+        if change.fence != current.grant.fence || (by_client && change.by != *holder && !ends_nothing) {
             let detail = format!(
-                "{key}: {:?} of fence {} by {} while fence {} of {} was current",
-                change.kind, change.fence, change.by, current.fence, current.holder
+                "{key}: {:?} of fence {} by {} while fence {} of {holder} was current in slot {}",
+                change.kind, change.fence, change.by, current.grant.fence, change.slot
             );
             return self.violations.add(Violation::ForeignChange, detail);
         }
@@ -315,51 +392,109 @@ impl<'h, 'v> KeyWalk<'h, 'v> {
 
     /// Invariant 3.
     fn write(&mut self, write: &RecordedWrite) {
-        let key = self.key;
-        let granted = self.current.as_ref().map_or(i64::MIN, |current| current.fence);
-        let problem = if write.fence < granted {
-            Some(format!("committed after the grant of fence {granted}"))
-        } else if write.fence > granted {
-            Some("committed before its fence was granted".to_string())
-        } else if write.fence < self.highest_write_fence {
-            Some(format!("committed after a write under fence {}", self.highest_write_fence))
-        } else {
-            None
+        let lease = self.by_fence.get(&write.fence).map(|&index| &self.leases[index]);
+        let problem = match lease {
+            None => "committed before its fence was granted".to_string(),
+            Some(Lease { replaced_by: Some(fence), .. }) => {
+                format!("committed after the grant of fence {fence}")
+            }
+            Some(_) => return,
         };
-        if let Some(problem) = problem {
-            let detail = format!("{key}: write {} under fence {} {problem}", write.write_id, write.fence);
-            self.violations.add(Violation::LateWrite, detail);
-        }
-        self.highest_write_fence = self.highest_write_fence.max(write.fence);
+        let detail = format!("{}: write {} under fence {} {problem}", self.key, write.write_id, write.fence);
+        self.violations.add(Violation::LateWrite, detail);
     }
 }
 
-/// Invariant 1 for what clients saw: each acknowledged grant is recorded, with its acquired_at.
-/// `allow_loss` says whether a missing durable grant may have been lost (it is counted there).
+/// Invariant 2 on one key's leases (in the commit order of their grants): at the instant each
+/// lease was acquired, the leases live then. Every instant at which the live leases break it comes
+/// after the latest acquisition among them, while they all are still live: so looking at the
+/// acquisitions misses none. Returns the most leases of each mode found live at once.
+fn check_live_at_once(key: &str, leases: &[Lease], violations: &mut Violations) -> AtOnce {
+    let mut by_start: Vec<usize> = (0..leases.len()).collect();
+    by_start.sort_by_key(|&index| (leases[index].grant.acquired_us, index));
+    let mut most = AtOnce::default();
+    let mut live: Vec<usize> = Vec::new();
+    for index in by_start {
+        let at = leases[index].grant.acquired_us;
+        live.retain(|&other| leases[other].ends_us > at);
+        if leases[index].ends_us <= at {
+            continue; // ended (released) at the instant it was granted: never live
+        }
+        live.push(index);
+        // Indices are commit order: a fast lease is over once a later grant came from another server.
+        let counted: Vec<&Lease> = live
+            .iter()
+            .filter(|&&this| {
+                !live.iter().any(|&later| later > this && leases[this].gone_before(leases[later].grant))
+            })
+            .map(|&this| &leases[this])
+            .collect();
+        let (shared, others): (Vec<&Lease>, Vec<&Lease>) =
+            counted.iter().partition(|lease| lease.grant.shared);
+        most.shared = most.shared.max(shared.len());
+        let permits = others.iter().filter(|lease| lease.grant.permits > 1).count();
+        most.permits = most.permits.max(permits);
+        let fences = |of: &[&Lease]| {
+            of.iter().map(|lease| lease.grant.fence.to_string()).collect::<Vec<_>>().join(", ")
+        };
+        let fence = leases[index].grant.fence;
+        if !shared.is_empty() && !others.is_empty() {
+            let detail = format!(
+                "{key}: when fence {fence} was acquired, shared fences [{}] were live beside fences [{}]",
+                fences(&shared),
+                fences(&others)
+            );
+            violations.add(Violation::SharedBesideOther, detail);
+        }
+        let limit = others.iter().map(|lease| lease.grant.permits).min().unwrap_or(i32::MAX);
+        if others.len() > limit as usize {
+            let detail = format!(
+                "{key}: when fence {fence} was acquired, {} leases were live, fences [{}], one of them granted with permits {limit}",
+                others.len(),
+                fences(&others)
+            );
+            violations.add(Violation::TooManyLive, detail);
+        }
+    }
+    most
+}
+
+/// Invariant 1 for what clients saw: each acknowledged grant is recorded, with its acquired_at and
+/// the mode the client asked for. `allow_loss` says whether a missing durable grant may have been
+/// lost (it is counted there).
 fn check_acknowledged_grants(
     history: &History,
     acked: &Acknowledged,
     violations: &mut Violations,
     mut allow_loss: impl FnMut(&AckedGrant) -> bool,
 ) {
-    let recorded: HashMap<(&str, i64), i64> = history
+    let recorded: HashMap<(&str, i64), &LeaseChange> = history
         .leases
         .iter()
         .filter(|change| change.kind == LeaseChangeKind::Grant)
-        .map(|change| ((change.key.as_str(), change.fence), change.acquired_us))
+        .map(|change| ((change.key.as_str(), change.fence), change))
         .collect();
     for grant in &acked.grants {
-        let problem = match recorded.get(&(grant.key.as_str(), grant.fence)) {
+        let (kind, problem) = match recorded.get(&(grant.key.as_str(), grant.fence)) {
             None if !grant.durable || allow_loss(grant) => {
                 check_lost_fast_grant(history, grant, violations);
                 continue;
             }
-            None => "is not in the history",
-            Some(&acquired_us) if acquired_us != grant.acquired_us => "was granted again to someone else",
+            None => (Violation::AcknowledgedLeaseLost, "is not in the history".to_string()),
+            Some(change) if change.acquired_us != grant.acquired_us => {
+                (Violation::AcknowledgedLeaseLost, "was granted again to someone else".to_string())
+            }
+            Some(change) if (change.shared, change.permits) != (grant.shared, grant.permits) => (
+                Violation::WrongMode,
+                format!(
+                    "asked shared {} permits {}, is recorded shared {} permits {}",
+                    grant.shared, grant.permits, change.shared, change.permits
+                ),
+            ),
             Some(_) => continue,
         };
         let detail = format!("{}: acknowledged grant of fence {} {problem}", grant.key, grant.fence);
-        violations.add(Violation::AcknowledgedLeaseLost, detail);
+        violations.add(kind, detail);
     }
 }
 
@@ -398,20 +533,23 @@ fn check_acknowledged_renewals(
     violations: &mut Violations,
     mut allow_loss: impl FnMut(&AckedRenewal) -> bool,
 ) {
-    let recorded: HashSet<(&str, i64, i64)> = history
+    let recorded: HashMap<(&str, i64), Vec<i64>> = history
         .leases
         .iter()
         .filter(|change| change.kind == LeaseChangeKind::Renew)
-        .map(|change| (change.key.as_str(), change.fence, change.expires_us))
-        .collect();
+        .fold(HashMap::new(), |mut recorded, change| {
+            recorded.entry((change.key.as_str(), change.fence)).or_default().push(change.expires_us);
+            recorded
+        });
     let fast: HashSet<(&str, i64)> =
         acked.grants.iter().filter(|g| !g.durable).map(|g| (g.key.as_str(), g.fence)).collect();
     for renewal in &acked.renewals {
         let key = (renewal.key.as_str(), renewal.fence);
-        if !recorded.contains(&(key.0, key.1, renewal.expires_us))
-            && !fast.contains(&key)
-            && !allow_loss(renewal)
-        {
+        let expiries = recorded.get(&key).map_or(&[][..], Vec::as_slice);
+        let found = expiries.iter().any(|&expires_us| {
+            expires_us == renewal.expires_us || (renewal.at_least && expires_us > renewal.expires_us)
+        });
+        if !found && !fast.contains(&key) && !allow_loss(renewal) {
             let detail = format!(
                 "{}: acknowledged renewal of fence {} is not in the history",
                 renewal.key, renewal.fence
@@ -447,7 +585,7 @@ fn check_acknowledged_writes(
     }
 }
 
-/// Every grant is recorded: a key's fence in the lease table is its highest recorded grant.
+/// Every grant is recorded: the fence of every row of the lease tables is a recorded grant.
 fn check_recording_complete(history: &History, violations: &mut Violations) {
     let recorded = recorded(history, LeaseChangeKind::Grant);
     let keys: HashSet<&str> = recorded.iter().map(|(key, _)| *key).collect();

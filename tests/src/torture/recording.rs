@@ -29,9 +29,13 @@ const SCHEMA: &str = r#"
     CREATE OR REPLACE TRIGGER torture_record_write AFTER UPDATE ON public.torture_resource
         FOR EACH ROW EXECUTE FUNCTION public.torture_record_write();
 
-    -- Every new version of a lease row, with what the change was and which session made it.
+    -- Every new version of a lease row, with what the change was and which session made it. A key
+    -- has a row per holder, (key, slot) in each lease table: a grant overwrites its slot's row.
     CREATE TABLE IF NOT EXISTS public.torture_leases (
         key         text        NOT NULL,
+        slot        integer     NOT NULL,
+        shared      boolean     NOT NULL,
+        permits     integer     NOT NULL,
         fence       bigint      NOT NULL,
         kind        text        NOT NULL,  -- 'grant', 'renew' or 'end' (release, revoke, sweep)
         held        boolean     NOT NULL,  -- token_hash IS NOT NULL
@@ -48,9 +52,11 @@ const SCHEMA: &str = r#"
                           WHEN NEW.token_hash IS NULL THEN 'end'
                           ELSE 'renew' END;
     BEGIN
-        INSERT INTO public.torture_leases (key, fence, kind, held, acquired_at, expires_at, by, durable)
-        VALUES (NEW.key, NEW.fence, kind, NEW.token_hash IS NOT NULL, NEW.acquired_at, NEW.expires_at,
-                current_setting('application_name'), TG_TABLE_NAME = 'lease_state');
+        INSERT INTO public.torture_leases
+               (key, slot, shared, permits, fence, kind, held, acquired_at, expires_at, by, durable)
+        VALUES (NEW.key, NEW.slot, NEW.shared, NEW.permits, NEW.fence, kind, NEW.token_hash IS NOT NULL,
+                NEW.acquired_at, NEW.expires_at, current_setting('application_name'),
+                TG_TABLE_NAME = 'lease_state');
         -- pg_fence commits a release without a WAL flush when the release is all its transaction
         -- writes. This insert is a second write, which would make the release's commit flush; keep
         -- the documented behaviour (an acknowledged release can be lost in a crash) under test.
@@ -98,6 +104,11 @@ pub enum LeaseChangeKind {
 #[derive(Clone, Debug)]
 pub struct LeaseChange {
     pub key: String,
+    /// The row's slot: a row of the key is (key, slot) in its table (`durable`).
+    pub slot: i32,
+    /// The mode the row's lease was granted in.
+    pub shared: bool,
+    pub permits: i32,
     pub fence: i64,
     pub kind: LeaseChangeKind,
     pub acquired_us: i64,
@@ -125,8 +136,8 @@ pub struct RecordedWrite {
 pub struct History {
     pub leases: Vec<LeaseChange>,
     pub writes: Vec<RecordedWrite>,
-    /// The fences in the lease tables (both kinds) per key, to check that no grant escaped the
-    /// recording.
+    /// The fence of every row of the lease tables (both kinds, every slot), to check that no grant
+    /// escaped the recording.
     pub final_fences: Vec<(String, i64)>,
 }
 
@@ -138,7 +149,7 @@ macro_rules! micros {
 }
 
 const LEASES: &str = concat!(
-    "SELECT key, fence, kind, ",
+    "SELECT key, slot, shared, permits, fence, kind, ",
     micros!("acquired_at"),
     ", ",
     micros!("expires_at"),
@@ -179,20 +190,23 @@ pub fn load_history(client: &mut Client) -> Result<History, postgres::Error> {
 }
 
 fn lease_change(row: &postgres::Row) -> LeaseChange {
-    let kind = match row.get::<_, &str>(2) {
+    let kind = match row.get::<_, &str>(5) {
         "grant" => LeaseChangeKind::Grant,
         "renew" => LeaseChangeKind::Renew,
         _ => LeaseChangeKind::End,
     };
     LeaseChange {
         key: row.get(0),
-        fence: row.get(1),
+        slot: row.get(1),
+        shared: row.get(2),
+        permits: row.get(3),
+        fence: row.get(4),
         kind,
-        acquired_us: row.get(3),
-        expires_us: row.get(4),
-        by: row.get(5),
-        committed_us: row.get(6),
-        durable: row.get(7),
-        server_start_us: row.get(8),
+        acquired_us: row.get(6),
+        expires_us: row.get(7),
+        by: row.get(8),
+        committed_us: row.get(9),
+        durable: row.get(10),
+        server_start_us: row.get(11),
     }
 }

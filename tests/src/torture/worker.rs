@@ -1,13 +1,15 @@
-//! One client of the torture run. It loops: acquire a random key (waiting for it half of the
-//! time), write under the fence one to three times (sometimes renewing in between), then release,
-//! or let the lease run out. It records what it was told succeeded (acknowledged), treats a call
-//! whose outcome it cannot know (connection lost, error at COMMIT) as unknown, and reconnects,
-//! retrying, whenever its connection is lost. It takes the faults the chaos thread leaves for it.
+//! One client of the torture run. It loops: acquire a random key in the way the workload uses it
+//! (see `KeyUse`), or a lease set of exclusive keys (waiting half of the time), write under each
+//! fence one to three times (sometimes renewing in between), then release, or let the lease run
+//! out. It records what it was told succeeded (acknowledged), treats a call whose outcome it cannot
+//! know (connection lost, error at COMMIT) as unknown, and reconnects, retrying, whenever its
+//! connection is lost. It takes the faults the chaos thread leaves for it.
 use super::checker::{AckedGrant, AckedRelease, AckedRenewal, AckedWrite, Acknowledged};
-use super::{client_name, key_name, Counts, Fault, Shared};
+use super::{client_name, key_name, Counts, Fault, KeyUse, Mode, Shared, SHARED_OR_EXCLUSIVE_WRITERS};
 use crate::sqlstate;
 use postgres::Client;
 use rand::rngs::ThreadRng;
+use rand::seq::SliceRandom;
 use rand::Rng;
 use std::mem::ManuallyDrop;
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -19,11 +21,19 @@ use uuid::Uuid;
 
 /// Times are fetched as microseconds since the epoch, to compare exactly with the history.
 const ACQUIRE: &str = "
-    SELECT (l).fence, (l).token, (extract(epoch FROM (l).acquired_at) * 1000000)::bigint
-      FROM fence.lease_acquire($1, $2::text::interval, wait => $3::text::interval, durable => $4) l";
+    SELECT (l).key, (l).fence, (l).token, (extract(epoch FROM (l).acquired_at) * 1000000)::bigint
+      FROM fence.lease_acquire($1, $2::text::interval, wait => $3::text::interval, durable => $4,
+                               shared => $5, permits => $6) l";
+/// No row when the set was refused.
+const ACQUIRE_ALL: &str = "
+    SELECT key, fence, token, (extract(epoch FROM acquired_at) * 1000000)::bigint
+      FROM fence.lease_acquire_all($1, $2::text::interval, wait => $3::text::interval, durable => $4)";
 const RENEW: &str =
     "SELECT (extract(epoch FROM fence.lease_renew($1, $2, $3::text::interval)) * 1000000)::bigint";
-const RELEASE: &str = "SELECT fence.lease_release($1, $2)";
+const RENEW_ALL: &str =
+    "SELECT (extract(epoch FROM fence.lease_renew_all($1, $2, $3::text::interval)) * 1000000)::bigint";
+const RELEASE: &str = "SELECT fence.lease_release($1, $2)::int";
+const RELEASE_ALL: &str = "SELECT fence.lease_release_all($1, $2)";
 /// The key's row of the audit table gets the fence and the id of this write.
 const WRITE: &str = "
     SELECT fence.fenced_update($1, $2, 'public.torture_resource',
@@ -43,12 +53,39 @@ enum Stop {
 
 type Outcome<T> = Result<T, Stop>;
 
+/// What one acquire granted: a lease, or a lease set's leases, which share one token.
 struct Lease {
-    key: String,
-    fence: i64,
+    /// (key, fence) of each lease: one, or a set's, in key order.
+    fences: Vec<(String, i64)>,
     token: Uuid,
+    mode: Mode,
     /// The TTL of the last grant or renewal.
     ttl_ms: u64,
+}
+
+impl Lease {
+    fn keys(&self) -> Vec<String> {
+        self.fences.iter().map(|(key, _)| key.clone()).collect()
+    }
+}
+
+/// What an acquire asks for.
+struct Ask {
+    keys: Vec<String>,
+    shared: bool,
+    permits: i32,
+    set: bool,
+}
+
+impl Ask {
+    fn mode(&self) -> Mode {
+        match (self.set, self.shared, self.permits) {
+            (true, _, _) => Mode::InSet,
+            (_, true, _) => Mode::Shared,
+            (_, _, 1) => Mode::Exclusive,
+            _ => Mode::Permits,
+        }
+    }
 }
 
 struct Connection {
@@ -125,7 +162,7 @@ impl<'s> Worker<'s> {
     /// server, after a failover, where pg_fence must refuse it if the lease did not survive).
     fn work_under(&mut self, lease: &mut Lease) -> Outcome<()> {
         for _ in 0..self.rng.gen_range(1..=3) {
-            let mut step = self.write(lease);
+            let mut step = self.write_each(lease);
             if step.is_ok() && self.rng.gen_bool(0.3) {
                 step = self.renew(lease);
             }
@@ -140,46 +177,92 @@ impl<'s> Worker<'s> {
     }
 
     fn acquire(&mut self) -> Outcome<Option<Lease>> {
-        let key = key_name(self.rng.gen_range(0..self.shared.workload.keys));
+        let ask = self.ask();
         let ttl_ms = self.ttl_ms();
+        let ttl = format!("{ttl_ms} milliseconds");
         let wait = if self.rng.gen_bool(0.5) { WAIT } else { "0" };
         let durable = !self.rng.gen_bool(self.shared.workload.fast_share);
         self.arm_kill();
-        let result =
-            self.client().query_one(ACQUIRE, &[&key, &format!("{ttl_ms} milliseconds"), &wait, &durable]);
-        let row = self.settle(result, "")?;
-        let (Some(fence), Some(token), Some(acquired_us)) = (row.get(0), row.get(1), row.get(2)) else {
+        let result = if ask.set {
+            self.client().query(ACQUIRE_ALL, &[&ask.keys, &ttl, &wait, &durable])
+        } else {
+            self.client().query(ACQUIRE, &[&ask.keys[0], &ttl, &wait, &durable, &ask.shared, &ask.permits])
+        };
+        let rows = self.settle(result, "")?;
+        // A refused acquire returns a row of NULLs, a refused set no row.
+        let granted: Vec<(String, i64, Uuid, i64)> = rows
+            .iter()
+            .filter_map(|row| Some((row.get::<_, Option<String>>(0)?, row.get(1), row.get(2), row.get(3))))
+            .collect();
+        let Some(&(_, _, token, _)) = granted.first() else {
             self.log.counts.refused_acquires += 1;
             return Ok(None);
         };
-        self.log.counts.grants += 1;
-        self.log.counts.fast_grants += u64::from(!durable);
-        self.log.acked.grants.push(AckedGrant { key: key.clone(), fence, acquired_us, durable });
-        Ok(Some(Lease { key, fence, token, ttl_ms }))
+        let mode = ask.mode();
+        self.log.counts.grants += granted.len() as u64;
+        self.log.counts.grants_by_mode.bump(mode, granted.len() as u64);
+        self.log.counts.sets += u64::from(ask.set);
+        self.log.counts.fast_grants += if durable { 0 } else { granted.len() as u64 };
+        let fences = granted.iter().map(|(key, fence, _, _)| (key.clone(), *fence)).collect();
+        for (key, fence, _, acquired_us) in granted {
+            let (shared, permits) = (ask.shared, ask.permits);
+            self.log.acked.grants.push(AckedGrant { key, fence, acquired_us, durable, shared, permits });
+        }
+        Ok(Some(Lease { fences, token, mode, ttl_ms }))
+    }
+
+    /// What to acquire next: a lease set of exclusive keys `set_share` of the time, else a key at
+    /// random, in the way the workload uses it.
+    fn ask(&mut self) -> Ask {
+        let keys = &self.shared.workload.keys;
+        if self.rng.gen_bool(self.shared.workload.set_share) {
+            let exclusive: Vec<usize> = (0..keys.len()).filter(|&k| keys[k] == KeyUse::Exclusive).collect();
+            let size = self.rng.gen_range(2..=3).min(exclusive.len());
+            let chosen = exclusive.choose_multiple(&mut self.rng, size).map(|&k| key_name(k)).collect();
+            return Ask { keys: chosen, shared: false, permits: 1, set: true };
+        }
+        let index = self.rng.gen_range(0..keys.len());
+        let (shared, permits) = match keys[index] {
+            KeyUse::Exclusive => (false, 1),
+            KeyUse::SharedOrExclusive => (!self.rng.gen_bool(SHARED_OR_EXCLUSIVE_WRITERS), 1),
+            KeyUse::Permits(permits) => (false, permits),
+            KeyUse::DisagreeingPermits(one, other) => {
+                (false, if self.rng.gen_bool(0.5) { one } else { other })
+            }
+        };
+        Ask { keys: vec![key_name(index)], shared, permits, set: false }
+    }
+
+    /// A write under each lease of what was granted (one, or a set's).
+    fn write_each(&mut self, lease: &Lease) -> Outcome<()> {
+        for (key, fence) in &lease.fences {
+            self.write(key, *fence, lease)?;
+        }
+        Ok(())
     }
 
     /// A fenced write, in autocommit or in an explicit transaction, with a pause past the TTL
     /// before it or inside its transaction when the chaos thread asked for one.
-    fn write(&mut self, lease: &Lease) -> Outcome<()> {
+    fn write(&mut self, key: &str, fence: i64, lease: &Lease) -> Outcome<()> {
         self.writes_made += 1;
         // Unique, and readable: 3000000017 is client 3's 17th write.
         let write_id = self.id as i64 * 1_000_000_000 + self.writes_made;
         let pause = self.take_pause(lease);
         let result = if self.rng.gen_bool(0.3) {
-            self.write_in_transaction(lease, write_id, pause)
+            self.write_in_transaction(key, fence, write_id, pause)
         } else {
             if let Some(pause) = pause {
                 thread::sleep(pause);
             }
             self.arm_kill();
-            let result = self.client().query_one(WRITE, &[&lease.key, &lease.fence, &write_id]);
+            let result = self.client().query_one(WRITE, &[&key, &fence, &write_id]);
             self.settle(result, "PF002").map(|_| ())
         };
         match result {
             Ok(()) => {
                 self.log.counts.accepted_writes += 1;
-                let (key, fence) = (lease.key.clone(), lease.fence);
-                self.log.acked.writes.push(AckedWrite { key, fence, write_id });
+                self.log.counts.writes_by_mode.bump(lease.mode, 1);
+                self.log.acked.writes.push(AckedWrite { key: key.to_string(), fence, write_id });
             }
             Err(Stop::Refused) => self.log.counts.stale_writes += 1,
             Err(Stop::Unknown) => {}
@@ -190,11 +273,17 @@ impl<'s> Worker<'s> {
     /// BEGIN; fenced_update; [pause]; COMMIT. A pause here outlasts the lease after the write
     /// passed its fence check: the commit must still come before the next holder's grant
     /// (invariant 3). An error at COMMIT leaves the outcome unknown.
-    fn write_in_transaction(&mut self, lease: &Lease, write_id: i64, pause: Option<Duration>) -> Outcome<()> {
+    fn write_in_transaction(
+        &mut self,
+        key: &str,
+        fence: i64,
+        write_id: i64,
+        pause: Option<Duration>,
+    ) -> Outcome<()> {
         self.arm_kill();
         let attempt = (|| {
             let mut transaction = self.client().transaction().map_err(Failed::Before)?;
-            transaction.query_one(WRITE, &[&lease.key, &lease.fence, &write_id]).map_err(Failed::Before)?;
+            transaction.query_one(WRITE, &[&key, &fence, &write_id]).map_err(Failed::Before)?;
             if let Some(pause) = pause {
                 thread::sleep(pause);
             }
@@ -211,19 +300,28 @@ impl<'s> Worker<'s> {
     }
 
     /// Renews, after a pause past the TTL when the chaos thread asked for one (lease lost, PF001).
+    /// A set is renewed whole or not at all.
     fn renew(&mut self, lease: &mut Lease) -> Outcome<()> {
         if let Some(pause) = self.take_pause(lease) {
             thread::sleep(pause);
         }
         let ttl_ms = self.ttl_ms();
+        let ttl = format!("{ttl_ms} milliseconds");
         self.arm_kill();
-        let result =
-            self.client().query_one(RENEW, &[&lease.key, &lease.token, &format!("{ttl_ms} milliseconds")]);
+        let set = lease.mode == Mode::InSet;
+        let result = if set {
+            self.client().query_one(RENEW_ALL, &[&lease.keys(), &lease.token, &ttl])
+        } else {
+            self.client().query_one(RENEW, &[&lease.fences[0].0, &lease.token, &ttl])
+        };
         match self.settle(result, "PF001") {
             Ok(row) => {
                 self.log.counts.renewals += 1;
-                let (key, fence, expires_us) = (lease.key.clone(), lease.fence, row.get(0));
-                self.log.acked.renewals.push(AckedRenewal { key, fence, expires_us });
+                let expires_us = row.get(0);
+                for (key, fence) in &lease.fences {
+                    let (key, fence, at_least) = (key.clone(), *fence, set);
+                    self.log.acked.renewals.push(AckedRenewal { key, fence, expires_us, at_least });
+                }
                 lease.ttl_ms = ttl_ms;
                 Ok(())
             }
@@ -235,21 +333,30 @@ impl<'s> Worker<'s> {
         }
     }
 
+    /// A lease told lost (PF001, PF002) is no longer held, so a set with it in cannot be released
+    /// whole any more: a release that ends as many leases as were granted is a violation then.
     fn release(&mut self, lease: &Lease, told_lost: bool) {
         self.arm_kill();
-        let result = self.client().query_one(RELEASE, &[&lease.key, &lease.token]);
+        let result = if lease.mode == Mode::InSet {
+            self.client().query_one(RELEASE_ALL, &[&lease.keys(), &lease.token])
+        } else {
+            self.client().query_one(RELEASE, &[&lease.fences[0].0, &lease.token])
+        };
         let Ok(row) = self.settle(result, "") else { return };
-        if !row.get::<_, bool>(0) {
+        let ended = row.get::<_, i32>(0) as usize;
+        if ended < lease.fences.len() {
+            // Which of a set's leases ended is not told: a partial release acknowledges none.
             self.log.counts.stale_releases += 1;
             return;
         }
         self.log.counts.releases += 1;
-        self.log.acked.releases.push(AckedRelease { key: lease.key.clone(), fence: lease.fence });
+        for (key, fence) in &lease.fences {
+            self.log.acked.releases.push(AckedRelease { key: key.clone(), fence: *fence });
+        }
         if told_lost {
+            let (key, fence) = &lease.fences[0];
             let detail = format!(
-                "{}: release of fence {} by {} returned true after the lease was reported lost",
-                lease.key,
-                lease.fence,
+                "{key}: release of fence {fence} by {} returned true after the lease was reported lost",
                 client_name(self.id)
             );
             self.log.acked.stale_releases_accepted.push(detail);
