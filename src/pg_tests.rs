@@ -182,7 +182,7 @@ mod tests {
                         WHERE attrelid = 'fence.leases'::regclass AND attnum > 0";
         assert_eq!(
             one::<String>(columns).as_deref(),
-            Some("key,owner,fence,acquired_at,expires_at,session_pid,live,durable")
+            Some("key,owner,fence,acquired_at,expires_at,session_pid,live,durable,shared,permits")
         );
     }
 
