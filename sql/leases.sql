@@ -46,7 +46,8 @@ BEGIN
            (l.token_hash IS NOT NULL AND l.expires_at > pg_catalog.clock_timestamp()
             AND (l.session_id IS NULL OR coalesce(fence.holder_alive(l.session_pid, l.session_id), false))),
            l.shared, l.permits
-      FROM fence.fast_lease_state l;
+      FROM fence.fast_lease_state l
+     WHERE l.key <> '';  -- the reset marker (src/leases/fences.rs)
 END
 $$;
 

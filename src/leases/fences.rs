@@ -6,11 +6,9 @@
 //! last WAL, a cancelled synchronous commit wait, point-in-time recovery, a restored dump, DROP and
 //! CREATE EXTENSION) forgets the fences it lost, but its clock has moved on since they were issued,
 //! so its next grant is above them. The one assumption is that clock: a fence issued on the lost
-//! history is at most the clock reading at its grant plus RESERVE_AHEAD and RESERVE_MARGIN (plus
-//! one per grant of that key within the same microsecond or after a step back), and every backend's
-//! grants start RESERVE_AHEAD above the clock at its first grant (`reset_floor`), so the new
-//! history's clock must read more than RESERVE_MARGIN later than the lost history's did at its last
-//! grant of the key (docs/guarantees.md, "Fences, and the one clock assumption").
+//! history is at most the clock reading at its grant (plus one per grant of that key within the
+//! same microsecond or after a step back), so the new history's clock must read later than that at
+//! its first grant of the key (docs/guarantees.md, "Fences, and the one clock assumption").
 //!
 //! Two durable marks keep fences rising where the clock does not, after a step back:
 //! - A key's rows may be deleted once their leases ended long enough ago (pg_fence.retain_ended,
@@ -20,19 +18,18 @@
 //! - A crash, an immediate shutdown or a failover forgets the fast leases and their fences (see
 //!   `kinds`). Every fast fence is at most the fast reservation, table fence.fast_reserve, raised
 //!   and flushed before a fast fence above it is told (`reserve_fast_fence`), a few seconds ahead of
-//!   the clock so that a steady stream of fast grants flushes once per RESERVE_AHEAD. A backend's
-//!   grants start above the reservation as it stood at its first grant (`reset_floor`): no backend
-//!   lives through a reset of the unlogged table (a crash restart ends them all; a standby's backends
-//!   cannot grant before its promotion), so that is above every fast fence a reset forgot.
+//!   the clock so that a steady stream of fast grants flushes once per RESERVE_AHEAD. After such a
+//!   reset, which the reset marker's absence from the unlogged table tells (`reset_floor`), a
+//!   backend's grants start above the reservation. No backend lives through a reset (a crash
+//!   restart ends them all; a standby's backends cannot grant before its promotion), so a backend
+//!   looks once, at its first grant.
 //!
-//! A reservation is up to RESERVE_AHEAD ahead of the clock, and so are the grants that start above
-//! it. A history that forgets the reservation with them (DROP and CREATE EXTENSION, a restored dump
-//! or a recovery that ends before the raise, an asynchronous standby that missed it) could start
-//! below them; so every backend's grants start RESERVE_AHEAD above the clock at its first grant as
-//! well: on any history, fences are at most RESERVE_AHEAD + RESERVE_MARGIN ahead of the clock at
-//! their grant, and a new history's grants start RESERVE_AHEAD ahead of its own clock. (A raise
-//! reaches RESERVE_MARGIN beyond RESERVE_AHEAD so that the grants of a backend that start exactly
-//! RESERVE_AHEAD ahead, and go on from there + 1, do not each need a raise.)
+//! Grants above the reservation would run ahead of the clock, by up to RESERVE_AHEAD, and a history
+//! that then forgets them with the reservation (DROP and CREATE EXTENSION, a restored dump or a
+//! recovery that ends before the raise, an asynchronous standby that missed it) could start below
+//! them. So the first grant after a reset waits until the clock has passed the reservation, and
+//! fences stay at the clock; only a reservation further ahead than any raise reaches, which a step
+//! back of the clock makes, is jumped over at once.
 //!
 //! (Over the objects of a version before 0.4.0, which have neither table, grants start at the clock
 //! floor alone: those versions have no fast leases, and their sweep deletes nothing.)
@@ -48,9 +45,9 @@ const UNIX_TO_POSTGRES_EPOCH: i64 = 946_684_800_000_000;
 
 /// How far ahead of the clock (µs) a raise of the fast reservation reaches.
 const RESERVE_AHEAD: i64 = 10_000_000;
-/// How much further (µs) a raise reaches than a backend's first grants start (see the module's
-/// comment).
-const RESERVE_MARGIN: i64 = 1_000;
+/// How much further than a raise reaches a first grant after a reset still waits for the clock (µs):
+/// beyond that the clock has been stepped back, and the grant goes above the reservation at once.
+const WAIT_SLACK: i64 = 1_000_000;
 
 thread_local! {
     /// `reset_floor` of this backend, with the OID of the fence.fast_reserve it was read from (DROP
@@ -87,18 +84,49 @@ fn high_water() -> Option<i64> {
         .flatten()
 }
 
-/// Above the fast reservation as this backend first read it, and RESERVE_AHEAD above the clock at
-/// that first grant (see the module's comment).
+/// Above every fast fence a reset of the unlogged table may have forgotten, as this backend found
+/// at its first grant (see the module's comment): nothing when the reset marker is there.
 fn reset_floor(now: i64) -> i64 {
     let Some(table) = installed::table(c"fast_reserve") else { return i64::MIN };
     if let Some((_, floor)) = RESET_FLOOR.get().filter(|(read_from, _)| *read_from == table) {
         return floor;
     }
-    let above_reserved = reserved().map_or(i64::MIN, |reserved| reserved.saturating_add(1));
-    let floor = above_reserved.max(clock_floor(now).saturating_add(RESERVE_AHEAD));
+    let floor = if reset_marker_is_there() { i64::MIN } else { after_a_reset(now) };
     RESET_FLOOR.set(Some((table, floor)));
     floor
 }
+
+/// The first grant since the unlogged table was made or reset: above the reservation, once the
+/// clock has passed it (so that fences stay at the clock), unless it is further ahead than any
+/// raise reaches, which only a step back of the clock makes. Then marks the table.
+fn after_a_reset(now: i64) -> i64 {
+    let above_reserved = reserved().map_or(i64::MIN, |reserved| reserved.saturating_add(1));
+    if above_reserved.saturating_sub(clock_floor(now)) <= RESERVE_AHEAD + WAIT_SLACK {
+        loop {
+            let ahead = above_reserved.saturating_sub(clock_floor(crate::pg::clock::now()));
+            if ahead <= 0 {
+                break;
+            }
+            crate::leases::waiting::sleep(ahead);
+        }
+    }
+    execute(MARK_RESET, &[], |_| ());
+    above_reserved
+}
+
+/// Whether the reset marker is in the unlogged table: no reset since some grant put it there.
+fn reset_marker_is_there() -> bool {
+    execute_first::<bool>(RESET_MARKER_IS_THERE, &[]).unwrap_or(false)
+}
+
+/// A row of the unlogged table under the empty key, which no lease can have: PostgreSQL empties the
+/// table after a crash or an immediate shutdown, and a promoted standby starts with it empty, so
+/// the row is there exactly while no fast fence can have been forgotten. The sweep leaves it alone.
+const MARK_RESET: &str = "
+    INSERT INTO fence.fast_lease_state (key, fence, owner, acquired_at, expires_at)
+    VALUES ('', 0, 'pg_fence: no reset since', pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp())
+    ON CONFLICT DO NOTHING";
+const RESET_MARKER_IS_THERE: &str = "SELECT EXISTS (SELECT FROM fence.fast_lease_state WHERE key = '')";
 
 /// The fast reservation, as this statement sees it committed.
 fn reserved() -> Option<i64> {
@@ -123,7 +151,7 @@ pub fn reserve_fast_fence(fence: i64, now: i64) {
         return;
     }
     // A row per raise, never an update of one row: a raise waits for no other raiser's transaction.
-    let raised = fence.max(clock_floor(now).saturating_add(RESERVE_AHEAD + RESERVE_MARGIN));
+    let raised = fence.max(clock_floor(now).saturating_add(RESERVE_AHEAD));
     execute("INSERT INTO fence.fast_reserve (fence) VALUES ($1)", &[raised.into()], |_| ());
     durability::require_durable_commit();
     if !RAISED_IN_THIS_TRANSACTION.replace(true) {

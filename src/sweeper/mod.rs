@@ -56,7 +56,7 @@ macro_rules! sweep {
         SELECT ctid, token_hash IS NULL AS ended FROM ",
             $table,
             "
-         WHERE ctid >= pg_catalog.format('(%s,0)', $3)::pg_catalog.tid
+         WHERE ctid >= pg_catalog.format('(%s,0)', $3)::pg_catalog.tid AND key <> ''
            AND ((token_hash IS NOT NULL AND NOT ",
             live_at!("$1"),
             ") OR (token_hash IS NULL AND expires_at < $4))
