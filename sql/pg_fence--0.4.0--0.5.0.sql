@@ -132,3 +132,36 @@ REVOKE EXECUTE ON FUNCTION fence.fast_lease_rows(),
     fence.lease_acquire(text, interval, text, interval, boolean, boolean, uuid, boolean, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fence.fast_lease_rows(),
     fence.lease_acquire(text, interval, text, interval, boolean, boolean, uuid, boolean, integer) TO fence_user;
+
+-- Watching a key and advertising a leader's value (src/leases/observe.rs).
+CREATE FUNCTION fence."await_change"(
+	"key" TEXT,
+	"seen_fence" bigint,
+	"seen_owner" TEXT,
+	"timeout" interval
+) RETURNS TABLE (
+	"fence" bigint,
+	"owner" TEXT,
+	"live" bool,
+	"acquired_at" timestamp with time zone,
+	"expires_at" timestamp with time zone
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'await_change_wrapper';
+
+CREATE FUNCTION fence."lease_proclaim"(
+	"key" TEXT,
+	"token" uuid,
+	"owner" TEXT
+) RETURNS bool
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lease_proclaim_wrapper';
+
+REVOKE EXECUTE ON FUNCTION fence.await_change(text, bigint, text, interval),
+    fence.lease_proclaim(text, uuid, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fence.await_change(text, bigint, text, interval),
+    fence.lease_proclaim(text, uuid, text) TO fence_user;

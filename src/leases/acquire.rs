@@ -363,6 +363,7 @@ impl Request<'_> {
             durability::require_durable_commit();
         }
         notify::send(Event::Acquired, self.key, fence);
+        waiting::wake_at_commit(self.key); // observers (see `observe`)
         Some(lease)
     }
 

@@ -29,6 +29,7 @@ pub mod durability;
 pub mod fences;
 pub mod holder;
 pub mod notify;
+pub mod observe;
 pub mod revoke;
 pub mod row;
 pub mod sessions;

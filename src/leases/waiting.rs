@@ -81,14 +81,10 @@ pub fn sleep(micros: i64) {
     pgrx::check_for_interrupts!();
 }
 
-/// Wakes the key's head waiter, if there is one, when the current transaction commits; a rollback
-/// wakes nobody. Call it holding the key lock in Change or Grant mode, after changing the lease: a
-/// waiter that enters the room after this look waits for that lock before it reads the lease (see
-/// leases.rs, `grant_within`), so it reads the change and needs no wake-up.
+/// Wakes the key's head waiter and its observers (see `observe`), whoever holds their locks once the
+/// current transaction has committed; a rollback wakes nobody. Whoever takes those locks later reads
+/// the change committed, and needs no wake-up.
 pub fn wake_at_commit(key: &str) {
-    if !someone_waiting(key) {
-        return;
-    }
     // The callbacks are registered with the first key of the transaction, and only then.
     let hash = key_hash::of(key);
     let first = WAKE_AT_COMMIT.with_borrow_mut(|rooms| {
@@ -136,7 +132,8 @@ unsafe extern "C-unwind" fn wake_after_commit(
 /// looks again and goes back to sleep.
 /// `hash` is the key's `key_hash::of`, taken while the transaction could still read the catalogs.
 pub fn wake(hash: u64) {
-    for slot in room_holders(keylock::tag(WAITING_ROOM_CLASS, hash)) {
+    let observers = super::observe::observers(hash);
+    for slot in room_holders(keylock::tag(WAITING_ROOM_CLASS, hash)).into_iter().chain(observers) {
         // SAFETY: setting another backend's latch is how PostgreSQL itself wakes it; a backend
         // that has exited in the meantime leaves a latch nobody waits on.
         unsafe {
@@ -149,12 +146,13 @@ pub fn wake(hash: u64) {
 }
 
 /// The backends (other than this one) holding the key's waiting-room lock.
-fn room_holders(room: pg_sys::LOCKTAG) -> Vec<compat::ProcSlot> {
+pub(super) fn room_holders(room: pg_sys::LOCKTAG) -> Vec<compat::ProcSlot> {
     let mut count = 0;
     // SAFETY: GetLockConflicts lists, in a palloc'd array of `count`, the virtual transaction ids
     // of the lock's holders other than this backend (it takes the lock partition's LWLock itself).
     unsafe {
-        let holders = pg_sys::GetLockConflicts(&room, ROOM_MODE, &mut count);
+        let holders =
+            pg_sys::GetLockConflicts(&room, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE, &mut count);
         (0..usize::try_from(count).unwrap_or(0))
             .filter_map(|i| compat::holder_slot(&*holders.add(i)))
             .collect()

@@ -89,17 +89,30 @@ pub fn ttl(ttl: Option<Interval>) -> i64 {
 
 /// Returns how long lease_acquire may wait, in microseconds (0: not at all).
 pub fn wait(wait: Option<Interval>) -> i64 {
-    let wait = required(wait, "wait");
-    let hint = "Pass how long to wait for the key, such as '5 seconds', or '0' not to wait.";
-    let micros = wait.as_micros();
-    if is_infinite(&wait) {
-        errors::invalid_argument("wait must be finite".into(), hint);
+    duration(wait, "wait", "Pass how long to wait for the key, such as '5 seconds', or '0' not to wait.")
+}
+
+/// Returns how long await_change may wait for a change, in microseconds (0: not at all).
+pub fn timeout(timeout: Option<Interval>) -> i64 {
+    duration(
+        timeout,
+        "timeout",
+        "Pass how long to wait for a change, such as '30 seconds', or '0' not to wait.",
+    )
+}
+
+/// A wait of `argument`: finite, not negative, at most 100 years.
+fn duration(value: Option<Interval>, argument: &str, hint: &str) -> i64 {
+    let value = required(value, argument);
+    let micros = value.as_micros();
+    if is_infinite(&value) {
+        errors::invalid_argument(format!("{argument} must be finite"), hint);
     }
     if micros > i128::from(MAX_WAIT_MICROS) {
-        errors::invalid_argument(format!("wait {wait} is longer than the limit of 100 years"), hint);
+        errors::invalid_argument(format!("{argument} {value} is longer than the limit of 100 years"), hint);
     }
     if micros < 0 {
-        errors::invalid_argument(format!("wait must not be negative, got {wait}"), hint);
+        errors::invalid_argument(format!("{argument} must not be negative, got {value}"), hint);
     }
     micros as i64
 }
