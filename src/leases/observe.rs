@@ -62,6 +62,7 @@ impl State {
 /// runs out, unchanged. Reads the latest committed state, at any isolation level.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::type_complexity)] // pg_extern needs the row type spelled out, not an alias
 fn await_change(
     key: Option<&str>,
     seen_fence: Option<i64>,
