@@ -58,10 +58,12 @@ ALTER TABLE fence.lease_state
     ADD COLUMN permits integer NOT NULL DEFAULT 1,
     DROP CONSTRAINT lease_state_pkey,
     ADD PRIMARY KEY (key, slot);
+-- (Named as CREATE TABLE .. LIKE names them on PostgreSQL 18, after lease_state's; earlier versions
+-- do not name NOT NULL constraints.)
 ALTER TABLE fence.fast_lease_state
-    ADD COLUMN slot integer NOT NULL DEFAULT 0,
-    ADD COLUMN shared boolean NOT NULL DEFAULT false,
-    ADD COLUMN permits integer NOT NULL DEFAULT 1,
+    ADD COLUMN slot integer CONSTRAINT lease_state_slot_not_null NOT NULL DEFAULT 0,
+    ADD COLUMN shared boolean CONSTRAINT lease_state_shared_not_null NOT NULL DEFAULT false,
+    ADD COLUMN permits integer CONSTRAINT lease_state_permits_not_null NOT NULL DEFAULT 1,
     DROP CONSTRAINT fast_lease_state_pkey,
     ADD PRIMARY KEY (key, slot);
 
