@@ -48,27 +48,28 @@ macro_rules! grant_again {
 }
 
 /// The first grant of a key's slot that has no row in `$table`: never granted, or its row deleted by
-/// the sweep after its lease ended. Its fence is `$first`.
+/// the sweep after its lease ended. Its fence is `$first`. `before_0_5_0`: without the slot and the
+/// mode, which the tables of older versions lack.
 macro_rules! grant_first {
-    ($table:literal, $($first:tt)+) => {
-        concat!(
-            "INSERT INTO ", $table, "
-                 (key, slot, shared, permits, fence, owner, token_hash, acquired_at, expires_at,
-                  session_pid, session_id)
-             VALUES ($1, $10, $11, $12, ", $($first)+, ", $2, $8, $3, $4, $6, $7)
-             ON CONFLICT DO NOTHING
-             RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
-        )
+    ($table:literal, $first:expr) => {
+        grant_first!($table, "key, slot, shared, permits", "$1, $10, $11, $12", $first)
     };
-}
-
-/// The same over the objects of versions before 0.5.0.
-macro_rules! grant_first_before_0_5_0 {
-    ($table:literal, $($first:tt)+) => {
+    ($table:literal, before_0_5_0, $first:expr) => {
+        grant_first!($table, "key", "$1", $first)
+    };
+    ($table:literal, $columns:literal, $values:literal, $first:expr) => {
         concat!(
-            "INSERT INTO ", $table, "
-                 (key, fence, owner, token_hash, acquired_at, expires_at, session_pid, session_id)
-             VALUES ($1, ", $($first)+, ", $2, $8, $3, $4, $6, $7)
+            "INSERT INTO ",
+            $table,
+            " (",
+            $columns,
+            ", fence, owner, token_hash, acquired_at, expires_at,
+                                       session_pid, session_id)
+             VALUES (",
+            $values,
+            ", ",
+            $first,
+            ", $2, $8, $3, $4, $6, $7)
              ON CONFLICT DO NOTHING
              RETURNING ROW(key, owner, fence, $5, acquired_at, expires_at)::fence.lease"
         )
@@ -383,16 +384,16 @@ impl Request<'_> {
         match self.kind {
             Kind::Fast => (
                 grant_again!("fence.fast_lease_state", before_0_5_0),
-                grant_first_before_0_5_0!("fence.fast_lease_state", above_deleted!()),
+                grant_first!("fence.fast_lease_state", before_0_5_0, above_deleted!()),
             ),
             Kind::Durable if installed::since_0_4_0() => (
                 grant_again!("fence.lease_state", before_0_5_0),
-                grant_first_before_0_5_0!("fence.lease_state", above_deleted!()),
+                grant_first!("fence.lease_state", before_0_5_0, above_deleted!()),
             ),
             // Before ALTER EXTENSION UPDATE has created fence.high_water, nothing was deleted yet.
             Kind::Durable => (
                 grant_again!("fence.lease_state", before_0_5_0),
-                grant_first_before_0_5_0!("fence.lease_state", "$9"),
+                grant_first!("fence.lease_state", before_0_5_0, "$9"),
             ),
         }
     }

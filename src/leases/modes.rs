@@ -99,7 +99,8 @@ impl LeaseMode {
 
     /// The locks whose writers a grant into `slot` waits for: the slot's own, and those of every
     /// ended holder of another mode (each needs the mode it was granted under to have ended with
-    /// its writes). Sorted, so that every grant takes them in the same order.
+    /// its writes). Sorted, so that every grant takes them in the same order. Not slot 0's for an
+    /// exclusive grant: that is the key lock, which it holds in `Grant` mode already.
     pub fn locks_to_wait_for(self, slot: i32, rows: &[Found]) -> Vec<GuardLock> {
         let mut locks: Vec<GuardLock> = rows
             .iter()
@@ -108,6 +109,9 @@ impl LeaseMode {
             .collect();
         if !self.shared {
             locks.push(GuardLock::Slot(slot));
+        }
+        if self.is_exclusive() {
+            locks.retain(|lock| *lock != GuardLock::Slot(0));
         }
         locks.sort();
         locks.dedup();
