@@ -17,10 +17,26 @@ BEGIN
 END
 $$;
 
+-- The same, naming why the lease ended (lease_status, src/leases/ended.rs).
+CREATE FUNCTION fence.raise_lease_lost(key text, token uuid)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    why text := (SELECT s.reason FROM fence.lease_status(key, token) s);
+BEGIN
+    RAISE EXCEPTION 'lease on key "%" is lost', key
+        USING ERRCODE = 'PF001',
+              DETAIL = pg_catalog.format('The token is not the live holder''s: reason %s (see fence.lease_status).', why),
+              HINT = 'Stop work done under this lease and acquire the key again: a renew cannot bring back a lease that has ended.';
+END
+$$;
+
 CREATE FUNCTION fence.lease_renew(key text, token uuid, ttl interval)
 RETURNS timestamptz
 LANGUAGE sql VOLATILE
-AS $$ SELECT coalesce(fence.renew_if_held(key, token, ttl), fence.raise_lease_lost(key)) $$;
+AS $$ SELECT coalesce(fence.renew_if_held(key, token, ttl), fence.raise_lease_lost(key, token)) $$;
 
 -- lease_renew_all: the same over a lease set's keys and their one token (src/leases/sets.rs).
 CREATE FUNCTION fence.lease_renew_all(keys text[], token uuid, ttl interval)

@@ -56,6 +56,12 @@ ALTER TABLE fence.lease_state
     ADD COLUMN slot integer NOT NULL DEFAULT 0,
     ADD COLUMN shared boolean NOT NULL DEFAULT false,
     ADD COLUMN permits integer NOT NULL DEFAULT 1,
+    ADD COLUMN ended_hash bytea,
+    ADD COLUMN ended_fence bigint,
+    ADD COLUMN ended_at timestamptz,
+    ADD COLUMN ended_reason text,
+    ADD COLUMN lock_delay bigint NOT NULL DEFAULT 0,
+    ADD COLUMN handed_to text,
     DROP CONSTRAINT lease_state_pkey,
     ADD PRIMARY KEY (key, slot);
 -- (Named as CREATE TABLE .. LIKE names them on PostgreSQL 18, after lease_state's; earlier versions
@@ -64,6 +70,12 @@ ALTER TABLE fence.fast_lease_state
     ADD COLUMN slot integer CONSTRAINT lease_state_slot_not_null NOT NULL DEFAULT 0,
     ADD COLUMN shared boolean CONSTRAINT lease_state_shared_not_null NOT NULL DEFAULT false,
     ADD COLUMN permits integer CONSTRAINT lease_state_permits_not_null NOT NULL DEFAULT 1,
+    ADD COLUMN ended_hash bytea,
+    ADD COLUMN ended_fence bigint,
+    ADD COLUMN ended_at timestamptz,
+    ADD COLUMN ended_reason text,
+    ADD COLUMN lock_delay bigint CONSTRAINT lease_state_lock_delay_not_null NOT NULL DEFAULT 0,
+    ADD COLUMN handed_to text,
     DROP CONSTRAINT fast_lease_state_pkey,
     ADD PRIMARY KEY (key, slot);
 
@@ -111,7 +123,7 @@ SELECT key, owner, fence, acquired_at, expires_at, session_pid, live, durable, s
 REVOKE SELECT ON fence.leases FROM PUBLIC;
 GRANT SELECT ON fence.leases TO fence_user;
 
--- lease_acquire takes `shared` and `permits`. It is dropped and created again: objects that depend
+-- lease_acquire takes `shared`, `permits` and `lock_delay`. It is dropped and created again: objects that depend
 -- on it (a view, or a function with a BEGIN ATOMIC body, that calls it) must be dropped first.
 DROP FUNCTION fence.lease_acquire(text, interval, text, interval, boolean, boolean, uuid);
 CREATE FUNCTION fence."lease_acquire"(
@@ -123,7 +135,8 @@ CREATE FUNCTION fence."lease_acquire"(
 	"durable" bool DEFAULT true,
 	"token" uuid DEFAULT NULL,
 	"shared" bool DEFAULT false,
-	"permits" INT DEFAULT 1
+	"permits" INT DEFAULT 1,
+	"lock_delay" interval DEFAULT '0'
 ) RETURNS fence.lease
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
@@ -131,9 +144,9 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'acquire_in_mode_wrapper';
 
 REVOKE EXECUTE ON FUNCTION fence.fast_lease_rows(),
-    fence.lease_acquire(text, interval, text, interval, boolean, boolean, uuid, boolean, integer) FROM PUBLIC;
+    fence.lease_acquire(text, interval, text, interval, boolean, boolean, uuid, boolean, integer, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fence.fast_lease_rows(),
-    fence.lease_acquire(text, interval, text, interval, boolean, boolean, uuid, boolean, integer) TO fence_user;
+    fence.lease_acquire(text, interval, text, interval, boolean, boolean, uuid, boolean, integer, interval) TO fence_user;
 
 -- Watching a key and advertising a leader's value (src/leases/observe.rs).
 CREATE FUNCTION fence."await_change"(
@@ -167,3 +180,54 @@ REVOKE EXECUTE ON FUNCTION fence.await_change(text, bigint, text, interval),
     fence.lease_proclaim(text, uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fence.await_change(text, bigint, text, interval),
     fence.lease_proclaim(text, uuid, text) TO fence_user;
+
+-- Why a lease ended, and hand-off (src/leases/ended.rs, src/leases/handoff.rs).
+CREATE FUNCTION fence."lease_status"(
+	"key" TEXT,
+	"token" uuid
+) RETURNS TABLE (
+	"state" TEXT,
+	"reason" TEXT,
+	"fence" bigint,
+	"expires_at" timestamp with time zone,
+	"current_fence" bigint
+)
+VOLATILE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lease_status_wrapper';
+
+CREATE FUNCTION fence."lease_handoff"(
+	"key" TEXT,
+	"token" uuid,
+	"to_owner" TEXT
+) RETURNS fence.lease
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lease_handoff_wrapper';
+
+CREATE FUNCTION fence.raise_lease_lost(key text, token uuid)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    why text := (SELECT s.reason FROM fence.lease_status(key, token) s);
+BEGIN
+    RAISE EXCEPTION 'lease on key "%" is lost', key
+        USING ERRCODE = 'PF001',
+              DETAIL = pg_catalog.format('The token is not the live holder''s: reason %s (see fence.lease_status).', why),
+              HINT = 'Stop work done under this lease and acquire the key again: a renew cannot bring back a lease that has ended.';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION fence.lease_renew(key text, token uuid, ttl interval)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $$ SELECT coalesce(fence.renew_if_held(key, token, ttl), fence.raise_lease_lost(key, token)) $$;
+
+REVOKE EXECUTE ON FUNCTION fence.lease_status(text, uuid), fence.lease_handoff(text, uuid, text),
+    fence.raise_lease_lost(text, uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fence.lease_status(text, uuid), fence.lease_handoff(text, uuid, text),
+    fence.raise_lease_lost(text, uuid) TO fence_user;

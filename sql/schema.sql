@@ -45,6 +45,18 @@ CREATE TABLE fence.lease_state (
     slot        integer     NOT NULL DEFAULT 0,
     shared      boolean     NOT NULL DEFAULT false,
     permits     integer     NOT NULL DEFAULT 1,
+    -- the last lease of this slot that ended, for lease_status (src/leases/ended.rs): its token's
+    -- hash, its fence, when and why it ended ('released', 'expired', 'revoked', 'session_ended');
+    -- NULL until one ends
+    ended_hash   bytea,
+    ended_fence  bigint,
+    ended_at     timestamptz,
+    ended_reason text,
+    -- lease_acquire's lock_delay, in microseconds: after an end that is not a release, no grant of
+    -- the key until this long after it
+    lock_delay  bigint      NOT NULL DEFAULT 0,
+    -- a lease handed off (lease_handoff) to the waiting acquirer of this owner, until it claims it
+    handed_to   text,
     PRIMARY KEY (key, slot)
 ) WITH (fillfactor = 70);  -- room on the page so acquire/renew/release stay HOT updates
 

@@ -4,7 +4,7 @@
 use super::kinds::Kind;
 use super::modes::LeaseMode;
 use super::notify::{self, Event};
-use super::{durability, fences, row, sessions, token_hash, waiting};
+use super::{durability, ended, fences, handoff, row, sessions, token_hash, waiting};
 use crate::locks::keylock::{self, Mode};
 use crate::pg::spi_plans::{execute, execute_first};
 use crate::pg::{clock, input, installed};
@@ -13,6 +13,7 @@ use pgrx::datum::Interval;
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use pgrx::Uuid;
+use std::cell::Cell;
 use std::time::Instant;
 
 /// A grant of a key's slot whose row in `$table` exists: a new fence (see `fences`), but only when
@@ -20,16 +21,30 @@ use std::time::Instant;
 /// also WAL-log a row lock: the key lock already keeps every other writer of this key out. $5: the
 /// new token, $8: its hash (see `token_hash`); $6, $7: the session of a session-bound lease, or
 /// NULL; $9: the lowest fence it may get (the clock floor, and above every other row of the key);
-/// $10, $11, $12: its slot, shared and permits (see `modes`). `before_0_5_0`: the same over the
-/// objects of older versions, whose tables have one exclusive row per key.
+/// $10, $11, $12: its slot, shared and permits (see `modes`); $13: the owner it is handed to (see
+/// `handoff`), or NULL; $14: its lock_delay (µs). The row's unreleased lease, which it replaces,
+/// has its end recorded (see `ended`). `before_0_5_0`: the same over the objects of older
+/// versions, whose tables have one exclusive row per key.
 macro_rules! grant_again {
     ($table:literal) => {
-        grant_again!($table, ", shared = $11, permits = $12", " AND slot = $10")
+        grant_again!(
+            $table,
+            concat!(
+                ", shared = $11, permits = $12, handed_to = $13, lock_delay = $14,
+                    ended_hash = coalesce(token_hash, ended_hash),
+                    ended_fence = CASE WHEN token_hash IS NULL THEN ended_fence ELSE fence END,
+                    ended_at = CASE WHEN token_hash IS NULL THEN ended_at ELSE least(expires_at, $3) END,
+                    ended_reason = CASE WHEN token_hash IS NULL THEN ended_reason ELSE ",
+                involuntary_end!("$3"),
+                " END"
+            ),
+            " AND slot = $10"
+        )
     };
     ($table:literal, before_0_5_0) => {
         grant_again!($table, "", "")
     };
-    ($table:literal, $set:literal, $slot:literal) => {
+    ($table:literal, $set:expr, $slot:literal) => {
         concat!(
             "UPDATE ",
             $table,
@@ -52,7 +67,12 @@ macro_rules! grant_again {
 /// mode, which the tables of older versions lack.
 macro_rules! grant_first {
     ($table:literal, $first:expr) => {
-        grant_first!($table, "key, slot, shared, permits", "$1, $10, $11, $12", $first)
+        grant_first!(
+            $table,
+            "key, slot, shared, permits, handed_to, lock_delay",
+            "$1, $10, $11, $12, $13, $14",
+            $first
+        )
     };
     ($table:literal, before_0_5_0, $first:expr) => {
         grant_first!($table, "key", "$1", $first)
@@ -88,10 +108,18 @@ macro_rules! above_deleted {
 /// again beside the new lease. (The grant overwrote its own slot's row, now live at $2.)
 macro_rules! end_unreleased {
     ($table:literal) => {
+        end_unreleased!($table, concat!(", ", record_end!(involuntary_end!("$2"), "least(expires_at, $2)")))
+    };
+    ($table:literal, before_0_5_0) => {
+        end_unreleased!($table, "")
+    };
+    ($table:literal, $record:expr) => {
         concat!(
             "UPDATE ",
             $table,
-            " SET token_hash = NULL, expires_at = least(expires_at, $2)
+            " SET token_hash = NULL, expires_at = least(expires_at, $2)",
+            $record,
+            "
               WHERE key = $1 AND token_hash IS NOT NULL AND NOT ",
             live_at!("$2")
         )
@@ -125,6 +153,7 @@ fn acquire_in_mode(
     token: default!(Option<Uuid>, "NULL"),
     shared: default!(Option<bool>, "false"),
     permits: default!(Option<i32>, "1"),
+    lock_delay: default!(Option<Interval>, "'0'"),
 ) -> Option<pgrx::composite_type!('static, "lease")> {
     let (key, ttl, owner) = (input::key(key), input::ttl(ttl), input::owner(owner));
     let wait = input::wait(wait);
@@ -132,6 +161,7 @@ fn acquire_in_mode(
     let kind = Kind::of(input::required(durable, "durable"));
     let token = token.map(input::token);
     let mode = LeaseMode::of(input::required(shared, "shared"), input::required(permits, "permits"));
+    let lock_delay = input::lock_delay(lock_delay);
     durability::require_writable("acquire a lease");
     // A retry of an acquire whose reply was lost: the lease it granted, as it was granted.
     let wal_before = durability::wal_position();
@@ -139,7 +169,12 @@ fn acquire_in_mode(
         durability::skip_flush_if_alone(wal_before);
         return Some(lease);
     }
-    let lease = Request { key, ttl, owner, session_bound, kind, token, mode }.acquire(wait);
+    let request = Request {
+        lock_delay,
+        records_session_ends: wait == 0,
+        ..Request::new(key, ttl, owner, session_bound, kind, token, mode)
+    };
+    let lease = request.acquire(wait);
     stats::bump(match (&lease, kind) {
         (None, _) => Counter::AcquiresRefused,
         (Some(_), Kind::Durable) => Counter::GrantsDurable,
@@ -174,7 +209,8 @@ fn acquire(
     durable: Option<bool>,
     token: Option<Uuid>,
 ) -> Option<pgrx::composite_type!('static, "lease")> {
-    acquire_in_mode(key, ttl, owner, wait, session_bound, durable, token, Some(false), Some(1))
+    let no_delay = Interval::new(0, 0, 0).ok();
+    acquire_in_mode(key, ttl, owner, wait, session_bound, durable, token, Some(false), Some(1), no_delay)
 }
 
 /// lease_acquire as the SQL objects of versions before 0.4.0 declare it, without `durable`.
@@ -186,7 +222,7 @@ fn lease_acquire(
     wait: Option<Interval>,
     session_bound: Option<bool>,
 ) -> Option<pgrx::composite_type!('static, "lease")> {
-    acquire_in_mode(key, ttl, owner, wait, session_bound, Some(true), None, Some(false), Some(1))
+    acquire(key, ttl, owner, wait, session_bound, Some(true), None)
 }
 
 pub(super) struct Request<'a> {
@@ -198,9 +234,55 @@ pub(super) struct Request<'a> {
     /// The token the caller chose, or None for a fresh random one.
     pub(super) token: Option<Uuid>,
     pub(super) mode: LeaseMode,
+    /// How long (µs) an end other than a release keeps the key from every grant (see `ended`).
+    pub(super) lock_delay: i64,
+    /// The owner whose waiting acquire is to claim the lease (see `handoff`), or None.
+    pub(super) handed_to: Option<String>,
+    /// Whether a refused grant records the ends of sessions it finds gone, which hold it back by
+    /// their lock-delay (see `ended`): only an acquire that does not wait, whose call ends at once.
+    pub(super) records_session_ends: bool,
+    /// When this call first saw a session-bound lease's session gone, its end not yet recorded.
+    first_seen_gone: Cell<Option<i64>>,
 }
 
-impl Request<'_> {
+impl<'a> Request<'a> {
+    pub(super) fn new(
+        key: &'a str,
+        ttl: i64,
+        owner: String,
+        session_bound: bool,
+        kind: Kind,
+        token: Option<Uuid>,
+        mode: LeaseMode,
+    ) -> Self {
+        Request {
+            key,
+            ttl,
+            owner,
+            session_bound,
+            kind,
+            token,
+            mode,
+            lock_delay: 0,
+            handed_to: None,
+            records_session_ends: false,
+            first_seen_gone: Cell::new(None),
+        }
+    }
+
+    /// `no_room_until` for this call, which remembers when it first saw a session gone.
+    fn no_room_until(&self, now: i64) -> Option<i64> {
+        room_until(self.key, self.mode, now, |rows| self.held_back_until(rows, now))
+    }
+
+    /// Until when a lock-delay holds this grant back, given the key's rows at `now` (see `ended`).
+    pub(super) fn held_back_until(&self, rows: &[row::Found], now: i64) -> Option<i64> {
+        if ended::session_end_unrecorded(rows) && self.first_seen_gone.get().is_none() {
+            self.first_seen_gone.set(Some(now));
+        }
+        ended::held_back_until(rows, now, self.first_seen_gone.get().unwrap_or(now))
+    }
+
     fn acquire(&self, wait: i64) -> Option<Lease> {
         if wait > 0 {
             waiting::require_read_committed();
@@ -262,7 +344,9 @@ impl Request<'_> {
     }
 
     fn wait_and_grant(&self, deadline: Instant) -> Option<Lease> {
+        handoff::stand(self.key, &self.owner);
         if !waiting::enter(self.key, deadline) {
+            handoff::step_down(self.key, &self.owner);
             return None;
         }
         let lease = loop {
@@ -283,8 +367,20 @@ impl Request<'_> {
             if let Some(lease) = self.token.and_then(|token| lease_held_with(self.key, token)) {
                 break Some(lease);
             }
+            if let Some(lease) = handoff::claim(self) {
+                break Some(lease);
+            }
             let now = clock::now();
-            if let Some(held_until) = no_room_until(self.key, self.mode, now) {
+            if let Some(held_until) = self.no_room_until(now) {
+                if handoff::let_candidate_pass(self) {
+                    // To the end of the queue, behind the candidate.
+                    waiting::leave(self.key);
+                    if !waiting::enter(self.key, deadline) {
+                        handoff::step_down(self.key, &self.owner);
+                        return None;
+                    }
+                    continue;
+                }
                 waiting::sleep((held_until - now).min(clock::micros_until(deadline)));
                 continue;
             }
@@ -298,6 +394,7 @@ impl Request<'_> {
             }
         };
         waiting::leave(self.key);
+        handoff::step_down(self.key, &self.owner);
         lease
     }
 
@@ -308,6 +405,15 @@ impl Request<'_> {
     pub(super) fn grant_locked(&self, deadline: Option<Instant>) -> Option<Lease> {
         let decided_at = clock::now();
         let rows = row::all(self.key, decided_at);
+        if self.held_back_until(&rows, decided_at).is_some() {
+            if self.records_session_ends && ended::session_end_unrecorded(&rows) {
+                // Recorded in this call's transaction, which keeps the key lock until it commits.
+                self.end_unreleased(&rows, decided_at);
+            } else {
+                keylock::unlock(self.key, self.key_lock());
+            }
+            return None;
+        }
         let Some(slot) = self.mode.slot_for(&rows) else {
             keylock::unlock(self.key, self.key_lock());
             return None;
@@ -336,6 +442,8 @@ impl Request<'_> {
             slot.into(),
             self.mode.shared.into(),
             self.mode.permits.into(),
+            self.handed_to.as_deref().into(),
+            self.lock_delay.into(),
         ];
         let (again, first) = self.statements();
         // The row found above tells which statement grants the slot. Under REPEATABLE READ or
@@ -405,16 +513,23 @@ impl Request<'_> {
         if self.kind == Kind::Fast {
             fences::reserve_fast_fence(fence, now);
         }
-        let overwritten = |found: &row::Found| found.kind == self.kind && found.slot == slot;
+        let others: Vec<&row::Found> =
+            rows.iter().filter(|found| !(found.kind == self.kind && found.slot == slot)).collect();
+        self.end_unreleased(others, now);
+    }
+
+    /// Ends for good the leases among `rows` that ended without a release, recording why (see
+    /// `end_unreleased!`).
+    fn end_unreleased<'r>(&self, rows: impl IntoIterator<Item = &'r row::Found>, now: i64) {
+        let rows: Vec<&row::Found> = rows.into_iter().collect();
         for kind in [Kind::Durable, Kind::Fast] {
-            let unreleased = |found: &&row::Found| {
-                found.kind == kind && found.unreleased && found.live.is_none() && !overwritten(found)
-            };
+            let unreleased =
+                |found: &&&row::Found| found.kind == kind && found.unreleased && found.live.is_none();
             if !rows.iter().any(|found| unreleased(&found)) {
                 continue;
             }
             let args = [self.key.into(), clock::timestamp(now).into()];
-            execute(by_kind!(kind, end_unreleased), &args, |_| ());
+            execute(by_objects!(kind, end_unreleased), &args, |_| ());
             // Lost in a crash, the end of a durable lease would let it live again after a step back
             // of the clock, beside the new lease; a crash forgets a fast one anyway.
             if kind == Kind::Durable {
@@ -424,10 +539,23 @@ impl Request<'_> {
     }
 }
 
-/// When the key's live leases leave no room for a lease of `mode` at `now`, as last committed:
-/// until when a waiter may sleep (the first of them to end, and at most RECHECK_AT_LEAST_EVERY).
+/// When the key's live leases leave no room for a lease of `mode` at `now`, as last committed, or a
+/// lock-delay holds it back (see `ended`): until when a waiter may sleep (the first of them to end,
+/// and at most RECHECK_AT_LEAST_EVERY).
 pub(super) fn no_room_until(key: &str, mode: LeaseMode, now: i64) -> Option<i64> {
+    room_until(key, mode, now, |rows| ended::held_back_until(rows, now, now))
+}
+
+fn room_until(
+    key: &str,
+    mode: LeaseMode,
+    now: i64,
+    held_back_until: impl FnOnce(&[row::Found]) -> Option<i64>,
+) -> Option<i64> {
     let rows = row::all(key, now);
+    if let Some(until) = held_back_until(&rows) {
+        return Some(until.min(now + RECHECK_AT_LEAST_EVERY));
+    }
     if mode.slot_for(&rows).is_some() {
         return None;
     }

@@ -28,13 +28,22 @@ macro_rules! renew {
     };
 }
 
-/// Ends a live lease held with this token; expires_at becomes the moment it ended.
+/// Ends a live lease held with this token; expires_at becomes the moment it ended, recorded as a
+/// release (see `ended`).
 macro_rules! release {
     ($table:literal) => {
+        release!($table, concat!(", ", record_end!("'released'", "$3")))
+    };
+    ($table:literal, before_0_5_0) => {
+        release!($table, "")
+    };
+    ($table:literal, $record:expr) => {
         concat!(
             "UPDATE ",
             $table,
-            " SET token_hash = NULL, expires_at = $3 WHERE key = $1 AND token_hash = $2 AND ",
+            " SET token_hash = NULL, expires_at = $3",
+            $record,
+            " WHERE key = $1 AND token_hash = $2 AND ",
             live_at!("$3"),
             " RETURNING fence"
         )
@@ -96,6 +105,17 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
     released
 }
 
+/// Ends `held`, the lease the token with this hash holds, at `now`: its fence, or None when the
+/// statement did not find it live (see `unseen_by_the_statement`). The caller holds the key lock.
+pub(super) fn end_held(key: &str, hash: &[u8], held: &row::Live, now: i64) -> Option<i64> {
+    let args = [key.into(), hash.to_vec().into(), clock::timestamp(now).into()];
+    let ended = execute_first::<i64>(by_objects!(held.kind, release), &args);
+    if ended.is_none() {
+        unseen_by_the_statement();
+    }
+    ended
+}
+
 pub(super) fn release_checked(key: &str, token: Uuid) -> bool {
     let wal_before = durability::wal_position();
     if !lock_key_if_it_can_succeed(key, Mode::Change, |now| token_holds(key, token, now)) {
@@ -103,15 +123,7 @@ pub(super) fn release_checked(key: &str, token: Uuid) -> bool {
     }
     let now = clock::now();
     let hash = token_hash(token);
-    let held = row::held_with(key, &hash, now);
-    let args = [key.into(), hash.into(), clock::timestamp(now).into()];
-    let ended_fence = held.and_then(|held| {
-        let ended = execute_first::<i64>(by_kind!(held.kind, release), &args);
-        if ended.is_none() {
-            unseen_by_the_statement();
-        }
-        ended
-    });
+    let ended_fence = row::held_with(key, &hash, now).and_then(|held| end_held(key, &hash, &held, now));
     match ended_fence {
         Some(fence) => {
             sessions::unbound(key);

@@ -59,3 +59,18 @@ macro_rules! by_kind {
         }
     };
 }
+
+/// `by_kind!` for statements that also have a form, `$statement!(table, before_0_5_0)`, for the
+/// objects of versions before 0.5.0 (see `installed`), whose tables record no ends.
+macro_rules! by_objects {
+    ($kind:expr, $statement:ident) => {
+        if $crate::pg::installed::since_0_5_0() {
+            by_kind!($kind, $statement)
+        } else {
+            match $kind {
+                $crate::leases::kinds::Kind::Durable => $statement!("fence.lease_state", before_0_5_0),
+                $crate::leases::kinds::Kind::Fast => $statement!("fence.fast_lease_state", before_0_5_0),
+            }
+        }
+    };
+}

@@ -22,11 +22,14 @@
 mod liveness;
 #[macro_use]
 pub mod kinds;
+#[macro_use]
+pub mod ended;
 pub mod modes;
 
 mod acquire;
 pub mod durability;
 pub mod fences;
+pub mod handoff;
 pub mod holder;
 pub mod notify;
 pub mod observe;

@@ -13,13 +13,22 @@ use crate::pg::spi_plans::execute;
 use crate::stats::{self, Counter};
 use pgrx::prelude::*;
 
-/// Ends the key's live leases, whoever holds them; expires_at becomes the moment they ended.
+/// Ends the key's live leases, whoever holds them; expires_at becomes the moment they ended,
+/// recorded as a revocation (see `ended`).
 macro_rules! revoke {
     ($table:literal) => {
+        revoke!($table, concat!(", ", record_end!("'revoked'", "$2")))
+    };
+    ($table:literal, before_0_5_0) => {
+        revoke!($table, "")
+    };
+    ($table:literal, $record:expr) => {
         concat!(
             "UPDATE ",
             $table,
-            " SET token_hash = NULL, expires_at = $2 WHERE key = $1 AND ",
+            " SET token_hash = NULL, expires_at = $2",
+            $record,
+            " WHERE key = $1 AND ",
             live_at!("$2"),
             " RETURNING fence"
         )
@@ -45,7 +54,7 @@ fn lease_revoke(key: Option<&str>) -> bool {
         if !live.iter().any(|lease| lease.kind == kind) {
             continue;
         }
-        revoked.extend(execute(by_kind!(kind, revoke), &args, |rows| {
+        revoked.extend(execute(by_objects!(kind, revoke), &args, |rows| {
             rows.filter_map(|row| row.get::<i64>(1).ok().flatten()).collect::<Vec<_>>()
         }));
         // An administrator acts on what it sees: a revocation must not come back after a crash

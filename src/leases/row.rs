@@ -32,6 +32,8 @@ pub struct Live {
     pub acquired_at: i64,
     /// For a session-bound lease, its session: (pid, session lock id), see `sessions`.
     pub session: Option<(i32, i64)>,
+    /// The owner whose waiting acquire is to claim it (see `handoff`).
+    pub handed_to: Option<String>,
 }
 
 /// What one row of a key says at `now`: its last fence, and its lease if that is live.
@@ -43,6 +45,25 @@ pub struct Found {
     pub live: Option<Live>,
     /// Whether it still holds a token: live, or ended by expiry or its session without a release.
     pub unreleased: bool,
+    /// SHA-256 of the token it still holds, if it does.
+    pub token_hash: Option<Vec<u8>>,
+    /// When its lease ends or ended (microseconds, as clock::now()).
+    pub expires_at: i64,
+    /// Whether it is a session-bound lease whose session has ended.
+    pub session_gone: bool,
+    /// The last lease of this slot that ended, as recorded (see `ended`).
+    pub ended: Option<Ended>,
+    /// Its lease's lock_delay (µs).
+    pub lock_delay: i64,
+}
+
+/// A lease's end as its row records it (see `ended`).
+pub struct Ended {
+    pub token_hash: Vec<u8>,
+    pub fence: i64,
+    /// When it ended (microseconds, as clock::now()).
+    pub at: i64,
+    pub reason: String,
 }
 
 /// `key`'s live leases, of both kinds and every slot, at `now` (microseconds, as clock::now()), in
@@ -128,6 +149,12 @@ struct Columns {
     slot: Option<usize>,
     shared: Option<usize>,
     permits: Option<usize>,
+    ended_hash: Option<usize>,
+    ended_fence: Option<usize>,
+    ended_at: Option<usize>,
+    ended_reason: Option<usize>,
+    lock_delay: Option<usize>,
+    handed_to: Option<usize>,
 }
 
 impl Columns {
@@ -153,6 +180,12 @@ impl Columns {
             slot: optional(c"slot"),
             shared: optional(c"shared"),
             permits: optional(c"permits"),
+            ended_hash: optional(c"ended_hash"),
+            ended_fence: optional(c"ended_fence"),
+            ended_at: optional(c"ended_at"),
+            ended_reason: optional(c"ended_reason"),
+            lock_delay: optional(c"lock_delay"),
+            handed_to: optional(c"handed_to"),
         }
     }
 
@@ -173,20 +206,23 @@ impl Columns {
             shared: self.shared.and_then(get).and_then(|d| bool::from_datum(d, false)).unwrap_or(false),
             permits: self.permits.and_then(get).and_then(|d| i32::from_datum(d, false)).unwrap_or(1),
         };
+        let expires_at = get(self.expires_at).and_then(|d| i64::from_datum(d, false)).unwrap_or_default();
+        let session_id = get(self.session_id).and_then(|d| i64::from_datum(d, false));
+        let session_pid = get(self.session_pid).and_then(|d| i32::from_datum(d, false));
+        // A session id without a pid is dead (see `live_at!`). Asked only while the lease has a token.
+        let token_hash = get(self.token_hash).and_then(|d| Vec::<u8>::from_datum(d, false));
+        let unreleased = token_hash.is_some();
+        let session_alive = session_id
+            .filter(|_| unreleased)
+            .map(|id| session_pid.is_some_and(|pid| sessions::alive(pid, id)));
+        let text = |i: Option<usize>| i.and_then(get).and_then(|d| String::from_datum(d, false));
+        let handed_to = text(self.handed_to);
         let live = || {
-            let token_hash = get(self.token_hash).and_then(|d| Vec::<u8>::from_datum(d, false))?;
-            let expires_at = get(self.expires_at).and_then(|d| i64::from_datum(d, false))?;
-            if expires_at <= now {
+            let token_hash = token_hash.clone()?;
+            if expires_at <= now || session_alive == Some(false) {
                 return None;
             }
-            let mut session = None;
-            if let Some(id) = get(self.session_id).and_then(|d| i64::from_datum(d, false)) {
-                let pid = get(self.session_pid).and_then(|d| i32::from_datum(d, false))?;
-                if !sessions::alive(pid, id) {
-                    return None;
-                }
-                session = Some((pid, id));
-            }
+            let session = session_id.and_then(|id| Some((session_pid?, id)));
             let owner = get(self.owner).and_then(|d| String::from_datum(d, false)).unwrap_or_default();
             let acquired_at =
                 get(self.acquired_at).and_then(|d| i64::from_datum(d, false)).unwrap_or_default();
@@ -200,8 +236,30 @@ impl Columns {
                 owner,
                 acquired_at,
                 session,
+                handed_to: handed_to.clone(),
             })
         };
-        Found { kind: self.kind, slot, mode, fence, live: live(), unreleased: get(self.token_hash).is_some() }
+        let live = live();
+        let ended = || {
+            Some(Ended {
+                token_hash: self.ended_hash.and_then(get).and_then(|d| Vec::<u8>::from_datum(d, false))?,
+                fence: self.ended_fence.and_then(get).and_then(|d| i64::from_datum(d, false))?,
+                at: self.ended_at.and_then(get).and_then(|d| i64::from_datum(d, false))?,
+                reason: text(self.ended_reason)?,
+            })
+        };
+        Found {
+            kind: self.kind,
+            slot,
+            mode,
+            fence,
+            live,
+            unreleased,
+            token_hash,
+            expires_at,
+            session_gone: session_alive == Some(false),
+            ended: ended(),
+            lock_delay: self.lock_delay.and_then(get).and_then(|d| i64::from_datum(d, false)).unwrap_or(0),
+        }
     }
 }

@@ -47,15 +47,7 @@ fn lease_acquire_all(
     let token = Some(Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes()));
     let requests: Vec<Request> = keys
         .iter()
-        .map(|key| Request {
-            key,
-            ttl,
-            owner: owner.clone(),
-            session_bound,
-            kind,
-            token,
-            mode: LeaseMode::EXCLUSIVE,
-        })
+        .map(|key| Request::new(key, ttl, owner.clone(), session_bound, kind, token, LeaseMode::EXCLUSIVE))
         .collect();
     let wal_before = durability::wal_position();
     // As for one key: a transaction that already holds one of the keys' locks does not wait.

@@ -8,6 +8,7 @@
 //! | session        | 28776    | one holder backend     | `sessions`      |
 //! | guard lock     | 28777    | writes of some holders | this file       |
 //! | observer       | 28778    | one key's observers    | `observe`       |
+//! | candidate      | 28779    | a key's waiters of one owner | `handoff` |
 //!
 //! The key lock, on a keyed 64-bit hash of the key (`key_hash`), is held until the end of the
 //! top-level transaction that takes it, in one of three modes, so that each kind of call waits only
@@ -54,6 +55,7 @@ pub const WAITING_ROOM_CLASS: u16 = 0x7067;
 pub const SESSION_CLASS: u16 = 0x7068;
 pub const GUARD_LOCK_CLASS: u16 = 0x7069;
 pub const OBSERVER_CLASS: u16 = 0x706A;
+pub const CANDIDATE_CLASS: u16 = 0x706B;
 
 #[derive(Clone, Copy)]
 pub enum Mode {

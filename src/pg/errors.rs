@@ -17,6 +17,7 @@
 //! - P0002 no_data_found, 21000 cardinality_violation: versioned_update matched no row, or several.
 //! - 25001 active_sql_transaction: fence.sweep() inside a transaction block.
 //! - 55000 object_not_in_prerequisite_state: a table of schema fence is missing or was edited by hand.
+//! - 55P03 lock_not_available: lease_handoff found the old holder's writes still running.
 //!
 //! PostgreSQL's own errors that pg_fence passes on: 57014 query_canceled (cancel or
 //! statement_timeout) and 55P03 lock_not_available (the caller's lock_timeout) from a waiting acquire.
@@ -181,6 +182,15 @@ pub fn prepare_after_fast_grant() -> ! {
         PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
         "cannot PREPARE a transaction that granted a fast lease".into(),
         "Grant fast leases (durable => false) outside two-phase transactions, or grant durable ones.",
+    )
+}
+
+/// lease_handoff waited in vain for the writes made under the lease it ends, in other transactions.
+pub fn handoff_blocked(key: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+        format!("the lease on key \"{key}\" cannot be handed off while writes under it are running"),
+        "Let the transactions writing under the lease end, then call lease_handoff again.",
     )
 }
 

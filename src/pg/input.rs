@@ -101,6 +101,20 @@ pub fn timeout(timeout: Option<Interval>) -> i64 {
     )
 }
 
+/// The longest lock_delay: a key kept from every grant for longer is an outage, not a safety margin.
+pub const MAX_LOCK_DELAY_MICROS: i64 = 3_600_000_000;
+
+/// Returns lease_acquire's lock_delay, in microseconds (0: none).
+pub fn lock_delay(lock_delay: Option<Interval>) -> i64 {
+    let hint = "Pass how long nobody may be granted the key after this lease ends other than by a release, \
+                such as '15 seconds', at most '1 hour'; '0' for no delay.";
+    let micros = duration(lock_delay, "lock_delay", hint);
+    if micros > MAX_LOCK_DELAY_MICROS {
+        errors::invalid_argument("lock_delay must be at most 1 hour".into(), hint);
+    }
+    micros
+}
+
 /// A wait of `argument`: finite, not negative, at most 100 years.
 fn duration(value: Option<Interval>, argument: &str, hint: &str) -> i64 {
     let value = required(value, argument);

@@ -51,6 +51,17 @@ thread_local! {
 /// fence, page, and whether it was deleted.
 macro_rules! sweep {
     ($table:literal) => {
+        sweep!(
+            $table,
+            concat!(", ", record_end!(involuntary_end!("$1"), "least(s.expires_at, $1)")),
+            // A row whose lock-delay runs on keeps the key back (see `leases::ended`).
+            " AND (lock_delay = 0 OR expires_at + lock_delay * interval '1 microsecond' < $1)"
+        )
+    };
+    ($table:literal, before_0_5_0) => {
+        sweep!($table, "", "")
+    };
+    ($table:literal, $record:expr, $delayed:expr) => {
         concat!(
             "WITH candidate AS (
         SELECT ctid, token_hash IS NULL AS ended FROM ",
@@ -59,12 +70,16 @@ macro_rules! sweep {
          WHERE ctid >= pg_catalog.format('(%s,0)', $3)::pg_catalog.tid AND key <> ''
            AND ((token_hash IS NOT NULL AND NOT ",
             live_at!("$1"),
-            ") OR (token_hash IS NULL AND expires_at < $4))
+            ") OR (token_hash IS NULL AND expires_at < $4",
+            $delayed,
+            "))
          LIMIT $2 FOR UPDATE SKIP LOCKED),
     marked AS (
         UPDATE ",
             $table,
-            " s SET token_hash = NULL, expires_at = least(s.expires_at, $1)
+            " s SET token_hash = NULL, expires_at = least(s.expires_at, $1)",
+            $record,
+            "
           FROM candidate c
          WHERE s.ctid = c.ctid AND NOT c.ended
         RETURNING s.key, s.fence, c.ctid),
@@ -163,7 +178,7 @@ fn sweep_table(
     }
     let resume = RESUME_AT_PAGE.with(|pages| pages[kind as usize].get());
     let args = [clock::timestamp(now).into(), limit.into(), resume.into(), delete_before.into()];
-    let statement = by_kind!(kind, sweep);
+    let statement = by_objects!(kind, sweep);
     let rows: Vec<(String, i64, i64, bool)> = execute(statement, &args, |rows| {
         rows.map(|row| {
             (
