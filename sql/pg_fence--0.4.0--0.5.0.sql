@@ -222,6 +222,9 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION fence.raise_lease_lost(text, uuid) IS
+    'pg_fence internal: raises fence.lease_renew''s PF001, naming the reason; not part of the API';
+
 CREATE OR REPLACE FUNCTION fence.lease_renew(key text, token uuid, ttl interval)
 RETURNS timestamptz
 LANGUAGE sql VOLATILE

@@ -40,6 +40,7 @@ pub struct Acquire<'a> {
     token: Option<Uuid>,
     shared: Option<bool>,
     permits: Option<i32>,
+    lock_delay: Option<&'a str>,
 }
 
 impl<'a> Acquire<'a> {
@@ -54,6 +55,7 @@ impl<'a> Acquire<'a> {
             token: None,
             shared: None,
             permits: None,
+            lock_delay: None,
         }
     }
 
@@ -65,6 +67,11 @@ impl<'a> Acquire<'a> {
     /// One of at most `permits` live leases of the key (a semaphore).
     pub fn permits(self, permits: i32) -> Acquire<'a> {
         Acquire { permits: Some(permits), ..self }
+    }
+
+    /// How long an end other than a release keeps the key from every grant, an interval.
+    pub fn lock_delay(self, lock_delay: &'a str) -> Acquire<'a> {
+        Acquire { lock_delay: Some(lock_delay), ..self }
     }
 
     pub fn owner(self, owner: &'a str) -> Acquire<'a> {
@@ -99,7 +106,7 @@ impl<'a> Acquire<'a> {
         let mut arguments = vec!["$1".to_string(), "$2::text::interval".to_string()];
         let mut params: Vec<(&(dyn ToSql + Sync), Type)> =
             vec![(&self.key, Type::TEXT), (&self.ttl, Type::TEXT)];
-        let optional: [(&str, &str, Option<&(dyn ToSql + Sync)>, Type); 7] = [
+        let optional: [(&str, &str, Option<&(dyn ToSql + Sync)>, Type); 8] = [
             ("owner", "", self.owner.as_ref().map(|v| v as _), Type::TEXT),
             ("wait", "::text::interval", self.wait.as_ref().map(|v| v as _), Type::TEXT),
             ("session_bound", "", self.session_bound.as_ref().map(|v| v as _), Type::BOOL),
@@ -107,6 +114,7 @@ impl<'a> Acquire<'a> {
             ("token", "", self.token.as_ref().map(|v| v as _), Type::UUID),
             ("shared", "", self.shared.as_ref().map(|v| v as _), Type::BOOL),
             ("permits", "", self.permits.as_ref().map(|v| v as _), Type::INT4),
+            ("lock_delay", "::text::interval", self.lock_delay.as_ref().map(|v| v as _), Type::TEXT),
         ];
         for (name, cast, value, type_) in optional {
             if let Some(value) = value {

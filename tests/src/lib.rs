@@ -149,6 +149,12 @@ impl Cluster {
         run_script(&["crash", &self.name]);
     }
 
+    /// Stops the server cleanly (a shutdown checkpoint) and starts it again.
+    pub fn stop_and_start(&self) {
+        run_script(&["stop", &self.name]);
+        run_script(&["start", &self.name]);
+    }
+
     /// Starts again after `crash` (PostgreSQL runs crash recovery).
     pub fn restart(&self) {
         run_script(&["start", &self.name]);

@@ -59,7 +59,7 @@ fn told(rx: &mpsc::Receiver<(State, Instant)>, since: Instant) -> (State, Durati
 
 #[test]
 fn every_change_wakes_an_observer_vacancy_included() {
-    let cluster = Cluster::start("observe_changes", 27500, &[]);
+    let cluster = Cluster::start("observe_changes", 27600, &[]);
     let (mut holder, mut admin, mut watcher) = (cluster.connect(), cluster.connect(), cluster.connect());
     let (rx, observer_pid) = observer(&cluster, "leader");
     assert!(comes_to_wait_on(&mut watcher, observer_pid, "Extension"), "the observer did not wait");
@@ -128,7 +128,7 @@ fn server_now(client: &mut Client) -> f64 {
 /// an observer passing the state it saw is told the vacancy at once.
 #[test]
 fn a_fast_lease_lost_in_a_crash_is_a_change() {
-    let cluster = Cluster::start("observe_crash", 27501, &[]);
+    let cluster = Cluster::start("observe_crash", 27601, &[]);
     let mut holder = cluster.connect();
     let lease = Acquire::new("leader", "1 hour").durable(false).owner("fast-node").run(&mut holder).unwrap();
     let mut observer = cluster.connect();
@@ -148,7 +148,7 @@ fn a_fast_lease_lost_in_a_crash_is_a_change() {
 /// latencies from each change's commit to each observer's return are printed (p50, p99, max).
 #[test]
 fn fifty_observers_are_each_told_every_change() {
-    let cluster = Cluster::start("observe_fifty", 27502, &["max_connections=100"]);
+    let cluster = Cluster::start("observe_fifty", 27602, &["max_connections=100"]);
     let observers: Vec<_> = (0..50).map(|_| observer(&cluster, "hot").0).collect();
     let mut holder = cluster.connect();
     thread::sleep(Duration::from_millis(500));
@@ -188,7 +188,7 @@ fn fifty_observers_are_each_told_every_change() {
 /// go through without waiting on a lock.
 #[test]
 fn an_observer_holds_up_no_holder_acquirer_or_guard() {
-    let cluster = Cluster::start("observe_nobody", 27503, &[]);
+    let cluster = Cluster::start("observe_nobody", 27603, &[]);
     let (mut client, mut watcher) = (cluster.connect(), cluster.connect());
     let (_rx, observer_pid) = observer(&cluster, "k");
     assert!(comes_to_wait_on(&mut watcher, observer_pid, "Extension"));
