@@ -13,7 +13,10 @@ type Status = (String, Option<String>, Option<i64>, Option<i64>);
 
 fn status(client: &mut Client, key: &str, token: Uuid) -> Status {
     let row = client
-        .query_one("SELECT state, reason, fence, current_fence FROM fence.lease_status($1, $2)", &[&key, &token])
+        .query_one(
+            "SELECT state, reason, fence, current_fence FROM fence.lease_status($1, $2)",
+            &[&key, &token],
+        )
         .unwrap();
     (row.get(0), row.get(1), row.get(2), row.get(3))
 }
@@ -75,7 +78,8 @@ fn status_tells_each_reason_and_the_durable_ones_survive_a_restart() {
     check(&mut client, "as they ended");
     let (_, _, fence, current) = status(&mut client, "taken_over", taken_over.token);
     assert_eq!((fence, current), (Some(taken_over.fence), Some(successor.fence)));
-    let (state, reason_of_stranger, fence, current) = status(&mut client, "live", Uuid::from_u128(0x5eed_0f_a_57a4_9e4));
+    let (state, reason_of_stranger, fence, current) =
+        status(&mut client, "live", Uuid::from_u128(0x005e_ed0f_a57a_49e4));
     assert_eq!((state.as_str(), reason_of_stranger.as_deref(), fence), ("ended", Some("unknown"), None));
     assert_eq!(current, Some(live.fence));
 
@@ -113,13 +117,20 @@ fn lock_delay_holds_grants_back_after_an_end_that_is_not_a_release() {
     thread::sleep(Duration::from_millis(1200));
     assert!(Acquire::new("expiry", "1 minute").run(&mut client).is_none(), "granted within the lock-delay");
     let next = Acquire::new("expiry", "1 minute").wait("10 seconds").run(&mut client).unwrap();
-    assert!(next.acquired_at >= first.expires_at + 2.0, "granted {:.3} s after the expiry", next.acquired_at - first.expires_at);
+    assert!(
+        next.acquired_at >= first.expires_at + 2.0,
+        "granted {:.3} s after the expiry",
+        next.acquired_at - first.expires_at
+    );
     assert!(next.fence > first.fence);
 
     // A release ends it at once.
     let released = delayed("release", "1 minute").run(&mut client).unwrap();
     assert!(released.release(&mut client));
-    assert!(Acquire::new("release", "1 minute").run(&mut client).is_some(), "a release set off the lock-delay");
+    assert!(
+        Acquire::new("release", "1 minute").run(&mut client).is_some(),
+        "a release set off the lock-delay"
+    );
 
     // A revocation.
     let revoked = delayed("revoke", "1 minute").run(&mut client).unwrap();
@@ -203,7 +214,11 @@ fn the_leader_election_example_of_the_docs_runs_as_it_says() {
         .output()
         .expect("run docs/examples/leader_election.sh");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "the example failed: {stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "the example failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let lines: Vec<&str> = stdout.lines().collect();
     for expected in [
         "observer: leader is v1 at 10.0.0.1",

@@ -3,7 +3,8 @@
 //! do, while a fault thread makes Patroni fail over four ways in turn: kill -9 of the leader's
 //! PostgreSQL, SIGSTOP of it past the leader key's ttl (then SIGCONT), SIGTERM of the leader's
 //! Patroni (which stops its PostgreSQL; started again after), and a switchover. After each
-//! failover it shows, per node, where pg_fence's sweeper worker runs and what it swept.
+//! failover it shows, per node, where pg_fence's sweeper worker runs and what it swept. Beside the
+//! workload, a leader election runs through the same failovers (`election`).
 //!
 //! Run by `pg_test/run-ha`, which starts the cluster in each mode: these tests are #[ignore]d, as
 //! they need that cluster. PG_FENCE_HA_SECONDS sets the workload's length (default 90).
@@ -12,6 +13,9 @@
 //! - `failovers_with_asynchronous_replication` (Patroni's default): acknowledged grants, renewals
 //!   and writes may be lost with the old primary's last WAL (counted); still no fence granted twice
 //!   or below an earlier one, and no write under a fence landing after a higher grant.
+#[path = "ha/election.rs"]
+mod election;
+
 use pg_fence_integration::torture::{self, Fault, Report, Violation, Workload};
 use postgres::{Client, NoTls};
 use std::path::PathBuf;
@@ -234,6 +238,8 @@ struct Summary {
     report: Report,
     failovers: Vec<Failover>,
     sweeper_only_on_leader: bool,
+    /// The election's summary line, and what it found wrong.
+    election: (String, Vec<String>),
 }
 
 /// The torture workload through the multi-host string for PG_FENCE_HA_SECONDS, with the four
@@ -262,7 +268,10 @@ fn run(synchronous: bool) -> Summary {
     let sweeper_ok = Mutex::new(true);
     let kinds = [Kind::KillLeader, Kind::PauseLeader, Kind::StopPatroni, Kind::Switchover];
     let start = Instant::now();
+    let election = election::Election::default();
+    let connect_election = || dsn.connect();
     let report = thread::scope(|scope| {
+        election.run(scope, &connect_election, start + duration);
         scope.spawn(|| {
             let mut next = Duration::ZERO;
             for (i, kind) in kinds.into_iter().enumerate() {
@@ -287,10 +296,12 @@ fn run(synchronous: bool) -> Summary {
         });
         torture::run(&workload, &connect, None)
     });
+    let mut primary = dsn.connect().expect("connect to the primary after the run");
     Summary {
         report,
         failovers: failovers.into_inner().unwrap(),
         sweeper_only_on_leader: sweeper_ok.into_inner().unwrap(),
+        election: election.check(&mut primary),
     }
 }
 
@@ -326,6 +337,7 @@ fn summarize(mode: &str, summary: &Summary) -> (u64, u64) {
         durations.join(", "),
         summary.sweeper_only_on_leader
     );
+    println!("HA SUMMARY mode={mode} {}", summary.election.0);
     (reissued, stale_landed)
 }
 
@@ -333,6 +345,7 @@ fn assert_common(summary: &Summary) {
     let c = &summary.report.counts;
     assert_eq!(summary.failovers.len(), 4, "all four failovers made (PG_FENCE_HA_SECONDS too short?)");
     assert!(summary.sweeper_only_on_leader, "the sweeper worker ran on the primary only, and swept");
+    assert!(summary.election.1.is_empty(), "leader election: {:?}", summary.election.1);
     assert!(c.grants >= 100 && c.accepted_writes >= 100, "too little work to mean anything");
     assert_eq!(
         c.unexpected_errors, 0,
