@@ -133,7 +133,7 @@ fn lease_status(
 > {
     let key = input::key(key);
     let token = input::required(token, "token");
-    let rows = row::all(key, clock::now());
+    let rows = row::all_with_ends(key, clock::now());
     let current = rows.iter().map(|found| found.fence).max();
     let status = status_of(&rows, &token_hash(token), current);
     TableIterator::once((

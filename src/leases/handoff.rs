@@ -17,7 +17,7 @@
 //!   themselves. A candidate that gives up before claiming leaves the lease to expire, unused.
 use super::acquire::{Lease, Request};
 use super::kinds::Kind;
-use super::{durability, lock_key_if_it_can_succeed, row, sessions, token_hash, token_holds, waiting};
+use super::{durability, lock_key_if_it_can_succeed, row, sessions, token_hash, waiting};
 use crate::locks::key_hash;
 use crate::locks::keylock::{self, Mode, Owner, CANDIDATE_CLASS};
 use crate::pg::spi_plans::execute_first;
@@ -31,6 +31,10 @@ const CANDIDATE_MODE: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCK
 
 /// How long a hand-off waits for the old holder's writes in other transactions to end.
 const WRITERS_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest a handed-off lease waits for its candidate to claim it (µs): a candidate that gave
+/// up in the meantime leaves the key free soon, not after the old lease's whole TTL.
+const CLAIM_WITHIN: i64 = 10_000_000;
 
 fn candidate_tag(key: &str, owner: &str) -> pg_sys::LOCKTAG {
     keylock::tag(CANDIDATE_CLASS, key_hash::of(&format!("{key}\u{1}{owner}")))
@@ -144,8 +148,10 @@ fn lease_handoff(
     let hash = token_hash(token);
     let held = row::held_with(key, &hash, clock::now())?;
     let mut request = Request::new(key, 0, to_owner, false, held.kind, None, held.mode);
-    if !lock_key_if_it_can_succeed(key, request.key_lock(), |now| token_holds(key, token, now)) {
-        return None;
+    // As a grant, it waits for writers under the old fence in other transactions: up to a bound.
+    let deadline = Instant::now() + WRITERS_WAIT;
+    if !keylock::lock_until(key, request.key_lock(), deadline) {
+        errors::handoff_blocked(key);
     }
     let now = clock::now();
     let Some(held) = row::held_with(key, &hash, now) else {
@@ -153,10 +159,9 @@ fn lease_handoff(
         return None;
     };
     super::holder::end_held(key, &hash, &held, now);
-    // The new lease runs for as long as the old one was granted for.
-    request.ttl = held.expires_at - held.acquired_at;
+    // Until claimed, no longer than the old lease was granted for, nor than CLAIM_WITHIN.
+    request.ttl = (held.expires_at - held.acquired_at).min(CLAIM_WITHIN);
     request.handed_to = Some(request.owner.clone());
-    let deadline = Instant::now() + WRITERS_WAIT;
     let Some(mut lease) = request.grant_locked(Some(deadline)) else {
         errors::handoff_blocked(key);
     };

@@ -77,16 +77,24 @@ pub fn held_with(key: &str, token_hash: &[u8], now: i64) -> Option<Live> {
     live(key, now).find(|lease| lease.token_hash == token_hash)
 }
 
-/// Every row of `key`, of both kinds, in the latest committed state.
+/// Every row of `key`, of both kinds, in the latest committed state. Their `ended` only where a
+/// lock-delay needs it: decoding it on every fenced write's read would cost for nothing.
 pub fn all(key: &str, now: i64) -> Vec<Found> {
-    let mut rows = find(Kind::Durable, key, now);
-    rows.extend(find(Kind::Fast, key, now));
+    let mut rows = find(Kind::Durable, key, now, false);
+    rows.extend(find(Kind::Fast, key, now, false));
+    rows
+}
+
+/// `all`, with every row's `ended` (see `ended`).
+pub fn all_with_ends(key: &str, now: i64) -> Vec<Found> {
+    let mut rows = find(Kind::Durable, key, now, true);
+    rows.extend(find(Kind::Fast, key, now, true));
     rows
 }
 
 /// `key`'s rows of this kind, one per slot, in the latest committed state; none when it has none
 /// (or, for fast leases, where they cannot be read: see `Kind::table`).
-pub fn find(kind: Kind, key: &str, now: i64) -> Vec<Found> {
+pub fn find(kind: Kind, key: &str, now: i64, ends: bool) -> Vec<Found> {
     let Some(table) = kind.table() else { return Vec::new() };
     let name = kind.table_name();
     // SAFETY: the relation stays open (and locked, as a SELECT would) for the scan; the snapshot is
@@ -124,7 +132,7 @@ pub fn find(kind: Kind, key: &str, now: i64) -> Vec<Found> {
             if tuple.is_null() {
                 break;
             }
-            found.push(columns.read(tuple, desc, now));
+            found.push(columns.read(tuple, desc, now, ends));
         }
         pg_sys::systable_endscan(scan);
         pg_sys::UnregisterSnapshot(snapshot);
@@ -194,7 +202,7 @@ impl Columns {
     /// session id but no pid is dead, and one with a pid but no session id is a plain lease.
     ///
     /// SAFETY: `tuple` must be a row of the table `desc` describes.
-    unsafe fn read(&self, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc, now: i64) -> Found {
+    unsafe fn read(&self, tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc, now: i64, ends: bool) -> Found {
         let natts = (*desc).natts as usize;
         let mut values = vec![pg_sys::Datum::from(0); natts];
         let mut nulls = vec![true; natts];
@@ -240,7 +248,11 @@ impl Columns {
             })
         };
         let live = live();
+        let lock_delay = self.lock_delay.and_then(get).and_then(|d| i64::from_datum(d, false)).unwrap_or(0);
         let ended = || {
+            if !ends && lock_delay == 0 {
+                return None;
+            }
             Some(Ended {
                 token_hash: self.ended_hash.and_then(get).and_then(|d| Vec::<u8>::from_datum(d, false))?,
                 fence: self.ended_fence.and_then(get).and_then(|d| i64::from_datum(d, false))?,
@@ -259,7 +271,7 @@ impl Columns {
             expires_at,
             session_gone: session_alive == Some(false),
             ended: ended(),
-            lock_delay: self.lock_delay.and_then(get).and_then(|d| i64::from_datum(d, false)).unwrap_or(0),
+            lock_delay,
         }
     }
 }

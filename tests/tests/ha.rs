@@ -269,7 +269,9 @@ fn run(synchronous: bool) -> Summary {
     let kinds = [Kind::KillLeader, Kind::PauseLeader, Kind::StopPatroni, Kind::Switchover];
     let start = Instant::now();
     let election = election::Election::default();
-    let connect_election = || dsn.connect();
+    // In a database of its own, out of the torture checker's sight.
+    let election_dsn = election::prepare(&mut dsn.connect().expect("connect to the primary"), &dsn);
+    let connect_election = || election_dsn.connect();
     let report = thread::scope(|scope| {
         election.run(scope, &connect_election, start + duration);
         scope.spawn(|| {
@@ -296,7 +298,7 @@ fn run(synchronous: bool) -> Summary {
         });
         torture::run(&workload, &connect, None)
     });
-    let mut primary = dsn.connect().expect("connect to the primary after the run");
+    let mut primary = election_dsn.connect().expect("connect to the primary after the run");
     Summary {
         report,
         failovers: failovers.into_inner().unwrap(),

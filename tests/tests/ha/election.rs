@@ -4,6 +4,7 @@
 //! belongs to one leader, no write under a fence landed after a write under a higher one, and the
 //! observer saw every leader that wrote, but for terms that fell wholly within one of its own
 //! reconnections (measured, and reported).
+use super::Dsn;
 use postgres::Client;
 use std::sync::Mutex;
 use std::thread;
@@ -19,6 +20,22 @@ pub struct Election {
     terms: Mutex<Vec<(i64, String, Instant, Instant)>>,
     observed: Mutex<Vec<(Option<i64>, Option<String>)>>,
     observer_gaps: Mutex<Vec<(Instant, Instant)>>,
+}
+
+/// Creates the election's database, with pg_fence, through `client` (on the primary); returns `dsn`
+/// for that database.
+pub fn prepare(client: &mut Client, dsn: &Dsn) -> Dsn {
+    let exists = "SELECT 1 FROM pg_database WHERE datname = 'ha_election'";
+    if client.query_opt(exists, &[]).unwrap().is_none() {
+        client.batch_execute("CREATE DATABASE ha_election").unwrap();
+    }
+    let dsn =
+        Dsn { hosts: dsn.hosts.clone(), rest: dsn.rest.replace("dbname=postgres", "dbname=ha_election") };
+    let mut client = dsn.connect().expect("connect to the election's database");
+    client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_fence; DROP TABLE IF EXISTS ha_election")
+        .unwrap();
+    dsn
 }
 
 /// Connects through `connect` until it succeeds or `until` passes.
