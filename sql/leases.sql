@@ -28,7 +28,7 @@ DECLARE
 BEGIN
     RAISE EXCEPTION 'lease on key "%" is lost', key
         USING ERRCODE = 'PF001',
-              DETAIL = pg_catalog.format('The token is not the live holder''s: reason %s (see fence.lease_status).', why),
+              DETAIL = pg_catalog.format('The token is not the live holder''s: reason %s (see fence.lease_status).', coalesce(why, 'unknown')),
               HINT = 'Stop work done under this lease and acquire the key again: a renew cannot bring back a lease that has ended.';
 END
 $$;

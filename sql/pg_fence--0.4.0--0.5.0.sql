@@ -192,7 +192,7 @@ CREATE FUNCTION fence."lease_status"(
 	"expires_at" timestamp with time zone,
 	"current_fence" bigint
 )
-VOLATILE SECURITY DEFINER PARALLEL SAFE
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'lease_status_wrapper';
@@ -217,7 +217,7 @@ DECLARE
 BEGIN
     RAISE EXCEPTION 'lease on key "%" is lost', key
         USING ERRCODE = 'PF001',
-              DETAIL = pg_catalog.format('The token is not the live holder''s: reason %s (see fence.lease_status).', why),
+              DETAIL = pg_catalog.format('The token is not the live holder''s: reason %s (see fence.lease_status).', coalesce(why, 'unknown')),
               HINT = 'Stop work done under this lease and acquire the key again: a renew cannot bring back a lease that has ended.';
 END
 $$;

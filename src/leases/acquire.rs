@@ -13,7 +13,7 @@ use pgrx::datum::Interval;
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use pgrx::Uuid;
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::time::Instant;
 
 /// A grant of a key's slot whose row in `$table` exists: a new fence (see `fences`), but only when
@@ -169,11 +169,7 @@ fn acquire_in_mode(
         durability::skip_flush_if_alone(wal_before);
         return Some(lease);
     }
-    let request = Request {
-        lock_delay,
-        records_session_ends: wait == 0,
-        ..Request::new(key, ttl, owner, session_bound, kind, token, mode)
-    };
+    let request = Request { lock_delay, ..Request::new(key, ttl, owner, session_bound, kind, token, mode) };
     let lease = request.acquire(wait);
     stats::bump(match (&lease, kind) {
         (None, _) => Counter::AcquiresRefused,
@@ -225,6 +221,9 @@ fn lease_acquire(
     acquire(key, ttl, owner, wait, session_bound, Some(true), None)
 }
 
+/// A lease among a key's rows: its kind, slot and fence.
+type LeaseId = (Kind, i32, i64);
+
 pub(super) struct Request<'a> {
     pub(super) key: &'a str,
     pub(super) ttl: i64,
@@ -238,11 +237,9 @@ pub(super) struct Request<'a> {
     pub(super) lock_delay: i64,
     /// The owner whose waiting acquire is to claim the lease (see `handoff`), or None.
     pub(super) handed_to: Option<String>,
-    /// Whether a refused grant records the ends of sessions it finds gone, which hold it back by
-    /// their lock-delay (see `ended`): only an acquire that does not wait, whose call ends at once.
-    pub(super) records_session_ends: bool,
-    /// When this call first saw a session-bound lease's session gone, its end not yet recorded.
-    first_seen_gone: Cell<Option<i64>>,
+    /// When this call first saw each session-bound lease's session gone (by kind, slot and fence),
+    /// its end not yet recorded: what its lock-delay counts from (see `ended`).
+    first_seen_gone: RefCell<Vec<(LeaseId, i64)>>,
 }
 
 impl<'a> Request<'a> {
@@ -265,22 +262,39 @@ impl<'a> Request<'a> {
             mode,
             lock_delay: 0,
             handed_to: None,
-            records_session_ends: false,
-            first_seen_gone: Cell::new(None),
+            first_seen_gone: RefCell::new(Vec::new()),
         }
     }
 
-    /// `no_room_until` for this call, which remembers when it first saw a session gone.
-    fn no_room_until(&self, now: i64) -> Option<i64> {
-        room_until(self.key, self.mode, now, |rows| self.held_back_until(rows, now))
+    /// When the key's live leases leave no room for this lease at `now`, as last committed, or a
+    /// lock-delay holds it back (see `ended`): until when a waiter may sleep (the first of them to
+    /// end, and at most RECHECK_AT_LEAST_EVERY).
+    pub(super) fn no_room_until(&self, now: i64) -> Option<i64> {
+        let rows = row::all(self.key, now);
+        if let Some(until) = self.held_back_until(&rows, now) {
+            return Some(until.min(now + RECHECK_AT_LEAST_EVERY));
+        }
+        if self.mode.slot_for(&rows).is_some() {
+            return None;
+        }
+        let first_end = rows.iter().filter_map(|found| found.live.as_ref()).map(|live| live.expires_at).min();
+        Some(first_end.unwrap_or(now).min(now + RECHECK_AT_LEAST_EVERY))
     }
 
     /// Until when a lock-delay holds this grant back, given the key's rows at `now` (see `ended`).
     pub(super) fn held_back_until(&self, rows: &[row::Found], now: i64) -> Option<i64> {
-        if ended::session_end_unrecorded(rows) && self.first_seen_gone.get().is_none() {
-            self.first_seen_gone.set(Some(now));
+        let mut seen = self.first_seen_gone.borrow_mut();
+        for found in rows.iter().filter(|found| ended::session_end_unrecorded(found)) {
+            let lease = (found.kind, found.slot, found.fence);
+            if !seen.iter().any(|(each, _)| *each == lease) {
+                seen.push((lease, now));
+            }
         }
-        ended::held_back_until(rows, now, self.first_seen_gone.get().unwrap_or(now))
+        let first_seen = |found: &row::Found| {
+            let lease = (found.kind, found.slot, found.fence);
+            seen.iter().find(|(each, _)| *each == lease).map_or(now, |(_, at)| *at)
+        };
+        ended::held_back_until(rows, now, first_seen)
     }
 
     fn acquire(&self, wait: i64) -> Option<Lease> {
@@ -344,9 +358,9 @@ impl<'a> Request<'a> {
     }
 
     fn wait_and_grant(&self, deadline: Instant) -> Option<Lease> {
-        handoff::stand(self.key, &self.owner);
+        handoff::stand(self);
         if !waiting::enter(self.key, deadline) {
-            handoff::step_down(self.key, &self.owner);
+            handoff::step_down(self);
             return None;
         }
         let lease = loop {
@@ -376,7 +390,7 @@ impl<'a> Request<'a> {
                     // To the end of the queue, behind the candidate.
                     waiting::leave(self.key);
                     if !waiting::enter(self.key, deadline) {
-                        handoff::step_down(self.key, &self.owner);
+                        handoff::step_down(self);
                         return None;
                     }
                     continue;
@@ -394,7 +408,7 @@ impl<'a> Request<'a> {
             }
         };
         waiting::leave(self.key);
-        handoff::step_down(self.key, &self.owner);
+        handoff::step_down(self);
         lease
     }
 
@@ -406,12 +420,7 @@ impl<'a> Request<'a> {
         let decided_at = clock::now();
         let rows = row::all(self.key, decided_at);
         if self.held_back_until(&rows, decided_at).is_some() {
-            if self.records_session_ends && ended::session_end_unrecorded(&rows) {
-                // Recorded in this call's transaction, which keeps the key lock until it commits.
-                self.end_unreleased(&rows, decided_at);
-            } else {
-                keylock::unlock(self.key, self.key_lock());
-            }
+            keylock::unlock(self.key, self.key_lock());
             return None;
         }
         let Some(slot) = self.mode.slot_for(&rows) else {
@@ -513,19 +522,12 @@ impl<'a> Request<'a> {
         if self.kind == Kind::Fast {
             fences::reserve_fast_fence(fence, now);
         }
-        let others: Vec<&row::Found> =
-            rows.iter().filter(|found| !(found.kind == self.kind && found.slot == slot)).collect();
-        self.end_unreleased(others, now);
-    }
-
-    /// Ends for good the leases among `rows` that ended without a release, recording why (see
-    /// `end_unreleased!`).
-    fn end_unreleased<'r>(&self, rows: impl IntoIterator<Item = &'r row::Found>, now: i64) {
-        let rows: Vec<&row::Found> = rows.into_iter().collect();
+        let overwritten = |found: &row::Found| found.kind == self.kind && found.slot == slot;
         for kind in [Kind::Durable, Kind::Fast] {
-            let unreleased =
-                |found: &&&row::Found| found.kind == kind && found.unreleased && found.live.is_none();
-            if !rows.iter().any(|found| unreleased(&found)) {
+            let unreleased = |found: &row::Found| {
+                found.kind == kind && found.unreleased && found.live.is_none() && !overwritten(found)
+            };
+            if !rows.iter().any(unreleased) {
                 continue;
             }
             let args = [self.key.into(), clock::timestamp(now).into()];
@@ -537,28 +539,4 @@ impl<'a> Request<'a> {
             }
         }
     }
-}
-
-/// When the key's live leases leave no room for a lease of `mode` at `now`, as last committed, or a
-/// lock-delay holds it back (see `ended`): until when a waiter may sleep (the first of them to end,
-/// and at most RECHECK_AT_LEAST_EVERY).
-pub(super) fn no_room_until(key: &str, mode: LeaseMode, now: i64) -> Option<i64> {
-    room_until(key, mode, now, |rows| ended::held_back_until(rows, now, now))
-}
-
-fn room_until(
-    key: &str,
-    mode: LeaseMode,
-    now: i64,
-    held_back_until: impl FnOnce(&[row::Found]) -> Option<i64>,
-) -> Option<i64> {
-    let rows = row::all(key, now);
-    if let Some(until) = held_back_until(&rows) {
-        return Some(until.min(now + RECHECK_AT_LEAST_EVERY));
-    }
-    if mode.slot_for(&rows).is_some() {
-        return None;
-    }
-    let first_end = rows.iter().filter_map(|found| found.live.as_ref()).map(|live| live.expires_at).min();
-    Some(first_end.unwrap_or(now).min(now + RECHECK_AT_LEAST_EVERY))
 }

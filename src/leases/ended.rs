@@ -10,8 +10,9 @@
 //!
 //! Lock-delay: a lease acquired with `lock_delay` that ends other than by a release (it expires, is
 //! revoked, or its session ends) keeps every grant of its key back until `lock_delay` after its end.
-//! The end of a session is known only once it is seen: the first grant that sees it records it (and
-//! is refused), and a waiting acquire counts from when it first saw it.
+//! The end of a session is known only once it is seen: the sweep records it, a waiting acquire
+//! counts from when it first saw it, and an acquire that remembers nothing from the lease's expiry.
+//! Each is at or after the real end: never a shorter delay.
 use super::row::{self, Found};
 use super::token_hash;
 use crate::pg::{clock, input};
@@ -40,30 +41,34 @@ macro_rules! involuntary_end {
     };
 }
 
-/// Until when the key's rows keep a grant back by a lock-delay, at `now`; `first_seen` stands
+/// Until when the key's rows keep a grant back by a lock-delay, at `now`; `first_seen(row)` stands
 /// for the end of a session-bound lease whose session was seen gone but whose end nobody recorded
 /// yet (the caller's first sight of it). None when nothing holds the key back.
-pub fn held_back_until(rows: &[Found], now: i64, first_seen: i64) -> Option<i64> {
+pub fn held_back_until(rows: &[Found], now: i64, first_seen: impl Fn(&Found) -> i64) -> Option<i64> {
     rows.iter()
         .filter(|found| found.lock_delay > 0 && found.live.is_none())
-        .filter_map(|found| Some(end_of(found, first_seen)? + found.lock_delay))
+        .filter_map(|found| Some(end_of(found, &first_seen)? + found.lock_delay))
         .filter(|until| *until > now)
         .max()
 }
 
 /// When a dead lease ended, if its end was not a release.
-fn end_of(found: &Found, first_seen: i64) -> Option<i64> {
+fn end_of(found: &Found, first_seen: &impl Fn(&Found) -> i64) -> Option<i64> {
     if found.unreleased {
-        return Some(if found.session_gone { first_seen.min(found.expires_at) } else { found.expires_at });
+        return Some(if found.session_gone {
+            first_seen(found).min(found.expires_at)
+        } else {
+            found.expires_at
+        });
     }
     let ended = found.ended.as_ref().filter(|ended| ended.fence == found.fence)?;
     (ended.reason != "released").then_some(ended.at)
 }
 
-/// Whether a row holds a session-bound lease whose session is gone, with time left: its end is
-/// known only from when it is seen.
-pub fn session_end_unrecorded(rows: &[Found]) -> bool {
-    rows.iter().any(|found| found.unreleased && found.session_gone && found.lock_delay > 0)
+/// Whether a row holds a session-bound lease whose session is gone, with time left and a
+/// lock-delay: its end is known only from when it is seen.
+pub fn session_end_unrecorded(found: &Found) -> bool {
+    found.unreleased && found.session_gone && found.lock_delay > 0
 }
 
 /// What lease_status reports of a token's lease.
@@ -86,12 +91,17 @@ fn status_of(rows: &[Found], hash: &[u8], current: Option<i64>) -> Status {
     for found in rows {
         if found.token_hash.as_deref() == Some(hash) {
             let Some(live) = &found.live else {
-                let reason = if found.session_gone { "session_ended" } else { "expired" };
+                // A session's end is not known until recorded (see `session_end_unrecorded`).
+                let (reason, ended_at) = if found.session_gone {
+                    ("session_ended", None)
+                } else {
+                    ("expired", Some(found.expires_at))
+                };
                 return Status {
                     state: "ended",
                     reason: Some(taken_over(reason, found.fence)),
                     fence: Some(found.fence),
-                    expires_at: Some(found.expires_at),
+                    expires_at: ended_at,
                 };
             };
             return Status {
@@ -115,7 +125,7 @@ fn status_of(rows: &[Found], hash: &[u8], current: Option<i64>) -> Status {
 
 /// Whether `token`'s lease on `key` is live, or why it ended: one row (state, reason, fence,
 /// expires_at, current_fence). Reads the latest committed state; changes nothing.
-#[pg_extern(volatile, parallel_safe, security_definer)]
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::type_complexity)]
 fn lease_status(

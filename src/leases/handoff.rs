@@ -3,26 +3,32 @@
 //! rolling update.
 //!
 //! - A waiting acquire stands as a *candidate* while it waits: it holds the candidate lock (class
-//!   28779, AccessShareLock) on a keyed hash of its key and owner, which candidates of one owner
-//!   share and nobody else takes. lease_handoff finds a candidate by that lock (the lock table, not
-//!   a table: a waiter commits nothing while it waits).
+//!   28779, AccessShareLock) on a keyed hash of its key, owner, mode and kind, which candidates
+//!   alike share and nobody else takes. lease_handoff finds a candidate for a lease like its own by
+//!   that lock (the lock table, not a table: a waiter commits nothing while it waits). So a waiter
+//!   is handed only a lease of the mode and kind it asked for.
 //! - lease_handoff releases the caller's lease and grants the key, in the same transaction under
-//!   the key lock, to a token nobody knows, with `handed_to` set to the candidate's owner. So the
-//!   key has its new fence and owner at once, and nobody can renew, release or write under that
-//!   lease until the candidate claims it.
+//!   the key lock, to a token nobody knows, with `handed_to` set to the candidate's owner, for the
+//!   rest of the old lease's TTL and CLAIM_WITHIN at most. So the key has its new fence and owner at
+//!   once, and nobody can renew or release that lease until the candidate claims it.
 //! - The candidate claims it when it next looks at the key as the head of the key's waiting room:
 //!   it puts its own token's hash, session and expiry in the row, keeping the fence. A head that is
 //!   not the candidate steps back to the end of the queue while such a lease waits for its
 //!   candidate, so that the candidate gets to the head; the others keep their order among
-//!   themselves. A candidate that gives up before claiming leaves the lease to expire, unused.
+//!   themselves. A candidate that gives up before claiming leaves the lease to expire, unused. (A
+//!   lease set first in line for the key does not step back: see `sets`.)
 use super::acquire::{Lease, Request};
 use super::kinds::Kind;
-use super::{durability, lock_key_if_it_can_succeed, row, sessions, token_hash, waiting};
+use super::modes::LeaseMode;
+use super::notify::{self, Event};
+use super::row::{self, Live};
+use super::{durability, lock_key_if_it_can_succeed, sessions, token_hash, waiting};
 use crate::locks::key_hash;
 use crate::locks::keylock::{self, Mode, Owner, CANDIDATE_CLASS};
 use crate::pg::spi_plans::execute_first;
 use crate::pg::{clock, errors, input};
 use pgrx::pg_sys;
+use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
 use pgrx::Uuid;
 use std::time::{Duration, Instant};
@@ -36,26 +42,41 @@ const WRITERS_WAIT: Duration = Duration::from_secs(5);
 /// up in the meantime leaves the key free soon, not after the old lease's whole TTL.
 const CLAIM_WITHIN: i64 = 10_000_000;
 
-fn candidate_tag(key: &str, owner: &str) -> pg_sys::LOCKTAG {
-    keylock::tag(CANDIDATE_CLASS, key_hash::of(&format!("{key}\u{1}{owner}")))
+/// The candidate lock of waiters of `key` under `owner` for a lease of `mode` and `kind`. The parts
+/// are length-prefixed, so that no two different ones hash the same text.
+fn candidate_tag(key: &str, owner: &str, mode: LeaseMode, kind: Kind) -> pg_sys::LOCKTAG {
+    let mode = if mode.shared { -1 } else { mode.permits };
+    let text = format!("{}:{key}{}:{owner}{mode}:{}", key.len(), owner.len(), kind as u8);
+    keylock::tag(CANDIDATE_CLASS, key_hash::of(&text))
 }
 
-/// Stands as a candidate for `key` under `owner` while this call waits for it.
-pub(super) fn stand(key: &str, owner: &str) {
-    keylock::acquire(&candidate_tag(key, owner), CANDIDATE_MODE, Owner::Subtransaction, false);
+fn tag_of(request: &Request) -> pg_sys::LOCKTAG {
+    candidate_tag(request.key, &request.owner, request.mode, request.kind)
 }
 
-pub(super) fn step_down(key: &str, owner: &str) {
-    keylock::release(&candidate_tag(key, owner), CANDIDATE_MODE, Owner::Subtransaction);
+/// Stands as a candidate for the lease `request` asks for, while it waits.
+pub(super) fn stand(request: &Request) {
+    keylock::acquire(&tag_of(request), CANDIDATE_MODE, Owner::Subtransaction, false);
 }
 
-/// Whether another session waits for `key` under `owner`.
-fn candidate_waits(key: &str, owner: &str) -> bool {
-    !waiting::room_holders(candidate_tag(key, owner)).is_empty()
+pub(super) fn step_down(request: &Request) {
+    keylock::release(&tag_of(request), CANDIDATE_MODE, Owner::Subtransaction);
 }
 
-/// Takes over the lease handed off to this request's owner: its token, session and expiry, with
-/// the fence the hand-off granted. None when no such lease is live.
+/// Whether another session waits for `key` under `owner` for a lease like `lease`.
+fn candidate_waits(key: &str, owner: &str, lease: &Live) -> bool {
+    !waiting::room_holders(candidate_tag(key, owner, lease.mode, lease.kind)).is_empty()
+}
+
+/// Whether `live` is handed off to a lease like the one `request` asks for.
+fn handed_to(live: &Live, request: &Request) -> bool {
+    live.handed_to.as_deref() == Some(request.owner.as_str())
+        && live.mode == request.mode
+        && live.kind == request.kind
+}
+
+/// Takes over the lease in slot $10 handed off to this request's owner: its token, session and
+/// expiry, with the fence the hand-off granted. None when it is no longer live.
 macro_rules! claim {
     ($table:literal) => {
         concat!(
@@ -63,24 +84,21 @@ macro_rules! claim {
             $table,
             " SET token_hash = $3, handed_to = NULL, expires_at = $5, session_pid = $6, session_id = $7,
                   lock_delay = $8
-              WHERE key = $1 AND handed_to = $2 AND ",
+              WHERE key = $1 AND slot = $10 AND handed_to = $2 AND ",
             live_at!("$4"),
             " RETURNING ROW(key, owner, fence, $9, acquired_at, expires_at)::fence.lease"
         )
     };
 }
 
-/// The lease handed off to `request`'s owner, claimed, if there is one.
+/// The lease handed off to `request`, claimed, if there is one.
 pub(super) fn claim(request: &Request) -> Option<Lease> {
-    let handed =
-        |now| row::live(request.key, now).any(|live| live.handed_to.as_deref() == Some(&request.owner));
+    let handed = |now| row::live(request.key, now).any(|live| handed_to(&live, request));
     if !lock_key_if_it_can_succeed(request.key, Mode::Change, handed) {
         return None;
     }
     let now = clock::now();
-    let Some(live) =
-        row::live(request.key, now).find(|live| live.handed_to.as_deref() == Some(&request.owner))
-    else {
+    let Some(live) = row::live(request.key, now).find(|live| handed_to(live, request)) else {
         keylock::unlock(request.key, Mode::Change);
         return None;
     };
@@ -96,6 +114,7 @@ pub(super) fn claim(request: &Request) -> Option<Lease> {
         session.map(|(_, id)| id).into(),
         request.lock_delay.into(),
         token.into(),
+        live.slot.into(),
     ];
     let Some(lease) = execute_first::<Lease>(by_kind!(live.kind, claim), &args) else {
         keylock::unlock(request.key, Mode::Change);
@@ -111,19 +130,19 @@ pub(super) fn claim(request: &Request) -> Option<Lease> {
 }
 
 /// Whether the head of the key's waiting room, which `request` is, should step back to the end of
-/// the queue: a live lease waits to be claimed by another owner's candidate, who waits behind it.
+/// the queue: a live lease waits to be claimed by another candidate, who waits behind it.
 pub(super) fn let_candidate_pass(request: &Request) -> bool {
     row::live(request.key, clock::now()).any(|live| {
-        live.handed_to
-            .as_ref()
-            .is_some_and(|owner| *owner != request.owner && candidate_waits(request.key, owner))
+        let waits = |owner: &String| candidate_waits(request.key, owner, &live);
+        !handed_to(&live, request) && live.handed_to.as_ref().is_some_and(waits)
     })
 }
 
 /// Ends the lease `token` holds and grants the key, with a higher fence, to the waiting acquirer
-/// whose owner is `to_owner`, ahead of the queue; returns the new lease without its token, which only
-/// that acquirer learns. NULL, changing nothing, when no acquirer of that owner waits for the key or
-/// `token` does not hold it.
+/// whose owner is `to_owner` and that asked for a lease of the same mode and kind, ahead of the
+/// queue; returns the new lease without its token, which only that acquirer learns. NULL, changing
+/// nothing, when no such acquirer waits for the key, `token` does not hold it, or a lock-delay holds
+/// the key back.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn lease_handoff(
@@ -142,29 +161,41 @@ fn lease_handoff(
     }
     let to_owner = input::owner(Some(to_owner));
     durability::require_writable("hand off a lease");
-    if !candidate_waits(key, &to_owner) {
-        return None;
-    }
     let hash = token_hash(token);
     let held = row::held_with(key, &hash, clock::now())?;
+    if !candidate_waits(key, &to_owner, &held) {
+        return None;
+    }
     let mut request = Request::new(key, 0, to_owner, false, held.kind, None, held.mode);
     // As a grant, it waits for writers under the old fence in other transactions: up to a bound.
     let deadline = Instant::now() + WRITERS_WAIT;
     if !keylock::lock_until(key, request.key_lock(), deadline) {
         errors::handoff_blocked(key);
     }
+    // Decided again under the lock: the candidate may have given up, or been granted the key.
     let now = clock::now();
-    let Some(held) = row::held_with(key, &hash, now) else {
+    let rows = row::all(key, now);
+    let held = rows.iter().filter_map(|found| found.live.as_ref()).find(|live| live.token_hash == hash);
+    let Some(held) = held.filter(|held| candidate_waits(key, &request.owner, held)) else {
         keylock::unlock(key, request.key_lock());
         return None;
     };
-    super::holder::end_held(key, &hash, &held, now);
-    // Until claimed, no longer than the old lease was granted for, nor than CLAIM_WITHIN.
-    request.ttl = (held.expires_at - held.acquired_at).min(CLAIM_WITHIN);
+    if request.held_back_until(&rows, now).is_some() {
+        keylock::unlock(key, request.key_lock());
+        return None;
+    }
+    let Some(old_fence) = super::holder::end_held(key, &hash, held, now) else {
+        keylock::unlock(key, request.key_lock());
+        return None;
+    };
+    // Until claimed: the rest of the old lease's TTL, CLAIM_WITHIN at most.
+    request.ttl = (held.expires_at - now).min(CLAIM_WITHIN);
     request.handed_to = Some(request.owner.clone());
     let Some(mut lease) = request.grant_locked(Some(deadline)) else {
         errors::handoff_blocked(key);
     };
-    lease.set_by_name::<Option<Uuid>>("token", None).ok()?;
+    sessions::unbound(key);
+    notify::send(Event::Released, key, old_fence);
+    lease.set_by_name::<Option<Uuid>>("token", None).unwrap_or_report();
     Some(lease)
 }

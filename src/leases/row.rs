@@ -217,11 +217,12 @@ impl Columns {
         let expires_at = get(self.expires_at).and_then(|d| i64::from_datum(d, false)).unwrap_or_default();
         let session_id = get(self.session_id).and_then(|d| i64::from_datum(d, false));
         let session_pid = get(self.session_pid).and_then(|d| i32::from_datum(d, false));
-        // A session id without a pid is dead (see `live_at!`). Asked only while the lease has a token.
+        // A session id without a pid is dead (see `live_at!`). Asked only while the lease has a token
+        // and time left: the lock table is looked at for nothing else.
         let token_hash = get(self.token_hash).and_then(|d| Vec::<u8>::from_datum(d, false));
         let unreleased = token_hash.is_some();
         let session_alive = session_id
-            .filter(|_| unreleased)
+            .filter(|_| unreleased && expires_at > now)
             .map(|id| session_pid.is_some_and(|pid| sessions::alive(pid, id)));
         let text = |i: Option<usize>| i.and_then(get).and_then(|d| String::from_datum(d, false));
         let handed_to = text(self.handed_to);

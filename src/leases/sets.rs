@@ -9,7 +9,7 @@
 //! acquire without `wait` is refused while anyone waits, see `waiting`), and a stream of single-key
 //! acquirers cannot starve it; the price is that its free keys go to nobody else meanwhile. It
 //! holds no key's lock while it waits, and never queues for one (see `wait_in_the_rooms`).
-use super::acquire::{no_room_until, Lease, Request};
+use super::acquire::{Lease, Request};
 use super::holder::{release_checked, renew_checked};
 use super::kinds::Kind;
 use super::modes::LeaseMode;
@@ -80,10 +80,7 @@ fn grant_all_unless_held(requests: &[Request]) -> Option<Vec<Lease>> {
         if taken {
             locked.push(request.key);
         }
-        if !taken
-            || waiting::someone_waiting(request.key)
-            || no_room_until(request.key, LeaseMode::EXCLUSIVE, clock::now()).is_some()
-        {
+        if !taken || waiting::someone_waiting(request.key) || request.no_room_until(clock::now()).is_some() {
             locked.iter().for_each(|key| keylock::unlock(key, Mode::Grant));
             return None;
         }
@@ -150,8 +147,7 @@ fn wait_in_the_rooms(requests: &[Request], deadline: Instant) -> Option<Vec<Leas
             taken
         });
         let now = clock::now();
-        let first_end =
-            requests.iter().filter_map(|request| no_room_until(request.key, LeaseMode::EXCLUSIVE, now)).min();
+        let first_end = requests.iter().filter_map(|request| request.no_room_until(now)).min();
         if all_locked && first_end.is_none() {
             return Some(grant_locked_all(requests));
         }
