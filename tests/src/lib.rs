@@ -6,6 +6,7 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub mod bench;
 mod lease;
 pub mod torture;
 

@@ -16,7 +16,8 @@
 //! for random keys of k1..kN; `reused`, for 100 keys per client, each client its own (client c:
 //! k(100c+1)..k(100c+100)); or `new`, for a key never used before at every pair.
 //! Output: "SYSTEM CLIENTS pairs/s p50_ms p99_ms refused".
-use postgres::{Client, NoTls};
+use pg_fence_integration::bench;
+use postgres::Client;
 use rand::Rng;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -72,8 +73,7 @@ impl Session {
     fn connect(system: &str, port: u16) -> Session {
         let pg = |system| {
             let database = std::env::var("PAIRS_DATABASE").unwrap_or_else(|_| "postgres".into());
-            let config = format!("host=127.0.0.1 port={port} user=postgres dbname={database}");
-            let mut client = Client::connect(&config, NoTls).expect("connect");
+            let mut client = bench::connect(port, &database);
             let [acquire, release] = match system {
                 System::Fence => [
                     "SELECT token FROM fence.lease_acquire($1, '30 seconds')",
@@ -286,7 +286,7 @@ fn main() {
         .collect();
     let mut latencies: Vec<u64> = workers.into_iter().flat_map(|worker| worker.join().unwrap()).collect();
     latencies.sort_unstable();
-    let percentile = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
+    let percentile = |p: f64| bench::percentile(&latencies, p) as f64 / 1000.0;
     println!(
         "{system} {clients} {:.0} {:.3} {:.3} {}",
         latencies.len() as f64 / duration.as_secs_f64(),
