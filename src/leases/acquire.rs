@@ -436,6 +436,9 @@ impl<'a> Request<'a> {
         // the guard locks are waited for. Read the clock after that wait, never before the decision.
         let now = clock::now().max(decided_at);
         let floor = fences::floor(now, rows.iter().map(|found| found.fence).max());
+        // The first grant after a reset of the fast leases waits for the clock (see `fences`): the
+        // lease starts after that wait, not before it.
+        let now = clock::now().max(now);
         let token = self.token.unwrap_or_else(|| Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes()));
         let session = self.session_bound.then(sessions::hold_session_lock);
         let args = [

@@ -314,3 +314,36 @@ fn every_fast_fence_told_is_covered_by_a_committed_reservation() {
     let err = tx.batch_execute("PREPARE TRANSACTION 'fast'").unwrap_err();
     assert_eq!(sqlstate(&err), "0A000", "{err}");
 }
+
+#[test]
+fn the_first_grant_after_a_crash_that_waits_for_the_clock_gets_its_whole_ttl() {
+    let cluster = Cluster::start("fast_first_after_crash", 27406, &[]);
+    let mut client = cluster.connect();
+    for n in 0..20 {
+        Acquire::new(&format!("fast:{n}"), "1 minute").durable(false).run(&mut client).unwrap();
+    }
+    drop(client);
+    cluster.crash();
+    cluster.restart();
+    let mut client = cluster.connect();
+    let started = std::time::Instant::now();
+    let lease = Acquire::new("after", "5 seconds").run(&mut client).unwrap();
+    let waited = started.elapsed();
+    let now: f64 =
+        client.query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[]).unwrap().get(0);
+    assert!(
+        waited > Duration::from_secs(1),
+        "the grant did not wait for the reservation ({waited:?}): this test proves nothing"
+    );
+    assert!(
+        (lease.expires_at - lease.acquired_at - 5.0).abs() < 0.001,
+        "granted for {} s",
+        lease.expires_at - lease.acquired_at
+    );
+    assert!(
+        lease.expires_at - now > 4.0,
+        "after waiting {waited:?}, the lease had {:.3} s left",
+        lease.expires_at - now
+    );
+    lease.renew(&mut client, "5 seconds").expect("the first grant after the crash was already over");
+}
