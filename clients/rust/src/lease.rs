@@ -1,6 +1,7 @@
 //! The SQL API, one statement per call, on any client or transaction. These calls do not retry:
 //! `FenceClient` and the keeper do, on top of them.
 use crate::error::{classify, code, Error};
+use crate::reason::{self, Ended};
 use serde_json::Value;
 use std::time::{Duration, SystemTime};
 use tokio_postgres::types::{ToSql, Type};
@@ -290,7 +291,7 @@ async fn renew_by(
     let params: [(&(dyn ToSql + Sync), Type); 3] =
         [keys, (token, Type::UUID), (&ttl.as_secs_f64(), Type::FLOAT8)];
     let row = client.query_typed_one(sql, &params).await.map_err(|err| match code(&err) {
-        Some("PF001") => Error::LeaseLost { key: label.to_owned() },
+        Some("PF001") => Error::LeaseLost { key: label.to_owned(), reason: None },
         _ => classify(err),
     })?;
     row.try_get(0).map_err(Error::Db)
@@ -332,6 +333,64 @@ pub(crate) async fn bound_here(client: &impl GenericClient, lease: &Lease) -> Re
     let params: [(&(dyn ToSql + Sync), Type); 2] = [(&lease.key, Type::TEXT), (&lease.fence, Type::INT8)];
     let row = client.query_typed(sql, &params).await.map_err(classify)?;
     Ok(row.first().and_then(|row| row.get::<_, Option<bool>>(0)).unwrap_or(false))
+}
+
+/// `fence.lease_status` of a token: whether the lease it was granted on a key is live, and if not,
+/// why it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseStatus {
+    /// `live` or `ended`.
+    pub state: String,
+    /// Why it ended, the server's word: `released`, `expired`, `revoked`, `taken_over`,
+    /// `session_ended` or `unknown` (the row is gone, or the token never held the key); None while
+    /// live. `HeldLease` turns it into a `LossReason` (`unknown` of a fast lease is `Restarted`).
+    pub reason: Option<String>,
+    /// The lease's fence and expiry; None when the server knows nothing of the token.
+    pub fence: Option<i64>,
+    pub expires_at: Option<SystemTime>,
+    /// The key's current fence (`current_fence`).
+    pub current_fence: Option<i64>,
+}
+
+impl LeaseStatus {
+    pub fn is_live(&self) -> bool {
+        self.state == "live"
+    }
+}
+
+/// `fence.lease_status(key, token)`.
+pub async fn status(client: &impl GenericClient, key: &str, token: Uuid) -> Result<LeaseStatus, Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&key, Type::TEXT), (&token, Type::UUID)];
+    let sql = "SELECT state, reason, fence, expires_at, current_fence FROM fence.lease_status($1, $2)";
+    let row = client.query_typed_one(sql, &params).await.map_err(classify)?;
+    let get = |err| Error::Db(err);
+    Ok(LeaseStatus {
+        state: row.try_get(0).map_err(get)?,
+        reason: row.try_get(1).map_err(get)?,
+        fence: row.try_get(2).map_err(get)?,
+        expires_at: row.try_get(3).map_err(get)?,
+        current_fence: row.try_get(4).map_err(get)?,
+    })
+}
+
+/// How the first of the leases `token` was granted on `keys` (in their order) ended, by
+/// lease_status: one statement for a lease or a set; None when every one is live.
+pub(crate) async fn ended(
+    client: &impl GenericClient,
+    keys: &[&str],
+    token: Uuid,
+    durable: bool,
+) -> Result<Option<Ended>, Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&keys, Type::TEXT_ARRAY), (&token, Type::UUID)];
+    let sql = "SELECT s.state, s.reason FROM unnest($1::text[]) WITH ORDINALITY AS k(key, n) \
+               CROSS JOIN LATERAL fence.lease_status(k.key, $2) AS s ORDER BY k.n";
+    let rows = client.query_typed(sql, &params).await.map_err(classify)?;
+    let rows = rows
+        .iter()
+        .map(|row| Ok((row.try_get::<_, &str>(0)?, row.try_get::<_, Option<&str>>(1)?)))
+        .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+        .map_err(Error::Db)?;
+    Ok(reason::ended(rows, durable))
 }
 
 /// The last fence granted for `key`; None if it was never granted (or its row was swept).

@@ -15,11 +15,13 @@ mod connect;
 mod error;
 mod keeper;
 pub mod lease;
+mod reason;
 mod retry;
 
 pub use client::FenceClient;
 pub use connect::{Connector, PgConnection, APPLICATION_NAME};
 pub use error::{BoxError, Error};
 pub use keeper::{hold, hold_all, Held, HeldLease, HeldLeaseSet, KeepOptions, LeaseState, OnLost};
-pub use lease::{AcquireOptions, Lease, LeaseSet};
+pub use lease::{AcquireOptions, Lease, LeaseSet, LeaseStatus};
+pub use reason::LossReason;
 pub use retry::Backoff;

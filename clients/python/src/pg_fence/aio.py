@@ -13,10 +13,12 @@ from typing import Any, Awaitable, Callable, Iterable, List, Mapping, Optional, 
 import psycopg
 
 from . import lease as q
-from .connections import APPLICATION_NAME, connect_kwargs
-from .errors import CallTimedOut, OutcomeUnknown, connecting, outcome_unknown, retryable, translate
+from .connections import APPLICATION_NAME, Source
+from .errors import CallTimedOut, LeaseLost, OutcomeUnknown, connecting, outcome_unknown, retryable, translate
 from .holding import Holding, KeepPlan, clock
 from .lease import Held, Lease, LeaseSet, Seconds, interval, new_token
+from .reasons import UNKNOWN as NO_REASON
+from .reasons import loss_reason
 from .retry import Retry, Tries
 
 T = TypeVar("T")
@@ -94,6 +96,12 @@ async def ended(conn: psycopg.AsyncConnection, held: Held) -> bool:
     return held.ended(await one(conn, held.release_query(), held.label))
 
 
+async def status(conn: psycopg.AsyncConnection, key: str, token: uuid.UUID) -> q.LeaseStatus:
+    row = await one(conn, q.status_query(key, token), key)
+    assert row is not None, "lease_status returns one row"
+    return q.LeaseStatus(*row)
+
+
 async def current_fence(conn: psycopg.AsyncConnection, key: str) -> Optional[int]:
     row = await one(conn, q.current_fence_query(key), key)
     return row[0] if row else None
@@ -115,15 +123,13 @@ async def fenced_update(
     return int(row[0]) if row else 0
 
 
-class AsyncConnections:
+class AsyncConnections(Source):
     """As connections.Connections, for asyncio: a call past its limit is cancelled, and its
     connection, in an unknown state then, is closed (or given back to the pool) and replaced."""
 
-    def __init__(self, conninfo: str, pool: Any, *, pinned: bool, application_name: str, connect_timeout: float):
-        self.conninfo, self.pool, self.pinned = conninfo, pool, pinned
-        self.kwargs = connect_kwargs(application_name, connect_timeout)
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         self._conn: Optional[psycopg.AsyncConnection] = None
-        self._autocommit: dict = {}
 
     async def checkout(self) -> psycopg.AsyncConnection:
         if self.pool is not None and not self.pinned:
@@ -271,12 +277,26 @@ class AsyncClient:
         return await retrying(self._connections, self.retry, call, self._limit(wait), resend=False)
 
     async def renew(self, lease: Lease, ttl: Seconds) -> Lease:
-        return await retrying(self._connections, self.retry, lambda conn: renew(conn, lease, ttl), self._limit())
+        """As Client.renew."""
+        return await self._renewing(lease, lambda conn: renew(conn, lease, ttl))
 
     async def renew_all(self, lease_set: LeaseSet, ttl: Seconds) -> LeaseSet:
-        return await retrying(
-            self._connections, self.retry, lambda conn: renew_all(conn, lease_set, ttl), self._limit()
-        )
+        return await self._renewing(lease_set, lambda conn: renew_all(conn, lease_set, ttl))
+
+    async def _renewing(self, held: H, call: Callable[[psycopg.AsyncConnection], Awaitable[H]]) -> H:
+        try:
+            return await retrying(self._connections, self.retry, call, self._limit())
+        except LeaseLost as lost:
+            with contextlib.suppress(Exception):
+                found = await bounded(
+                    self._connections, lambda conn: rows(conn, held.status_query(), ""), self._limit()
+                )
+                lost.reason = loss_reason(found, held.durable, NO_REASON)
+            raise
+
+    async def status(self, key: str, token: uuid.UUID) -> q.LeaseStatus:
+        """As Client.status."""
+        return await retrying(self._connections, self.retry, lambda conn: status(conn, key, token), self._limit())
 
     async def release(self, lease: Lease) -> bool:
         return await retrying(self._connections, self.retry, lambda conn: release(conn, lease), self._limit())

@@ -14,7 +14,7 @@ import psycopg
 
 from . import lease as q
 from .errors import translate
-from .lease import Held, Lease, LeaseSet, Seconds
+from .lease import Held, Lease, LeaseSet, LeaseStatus, Seconds
 
 H = TypeVar("H", Lease, LeaseSet)
 
@@ -98,6 +98,13 @@ def release_all(conn: psycopg.Connection, lease_set: LeaseSet) -> int:
 def ended(conn: psycopg.Connection, held: Held) -> bool:
     """Releases a lease or a set: True when this call ended it (for a set, every one of its leases)."""
     return held.ended(one(conn, held.release_query(), held.label))
+
+
+def status(conn: psycopg.Connection, key: str, token: uuid.UUID) -> LeaseStatus:
+    """fence.lease_status: whether the lease `token` was granted on `key` is live, and if not, why it ended."""
+    row = one(conn, q.status_query(key, token), key)
+    assert row is not None, "lease_status returns one row"
+    return LeaseStatus(*row)
 
 
 def current_fence(conn: psycopg.Connection, key: str) -> Optional[int]:

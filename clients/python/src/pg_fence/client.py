@@ -10,14 +10,29 @@ from typing import Any, Callable, Iterable, Optional, Tuple, Type, TypeVar
 
 from . import calls
 from .connections import APPLICATION_NAME, Connections, bounded, retrying
-from .errors import OutcomeUnknown, outcome_unknown
+from .errors import LeaseLost, OutcomeUnknown, outcome_unknown
 from .holding import Holding, KeepPlan, clock
 from .keeper import KeptLease, KeptLeaseSet
-from .lease import Acquire, AcquireAll, Held, Lease, LeaseSet, Query, Seconds, acquire_all_request, interval, new_token
+from .lease import (
+    Acquire,
+    AcquireAll,
+    Held,
+    Lease,
+    LeaseSet,
+    LeaseStatus,
+    Query,
+    Seconds,
+    acquire_all_request,
+    interval,
+    new_token,
+)
 from .lease import release_query as release_token_query
+from .reasons import UNKNOWN as NO_REASON
+from .reasons import loss_reason
 from .retry import Retry, Tries
 
 K = TypeVar("K", bound=KeptLease)
+H = TypeVar("H", Lease, LeaseSet)
 
 
 class Client:
@@ -96,12 +111,25 @@ class Client:
         return retrying(self._connections, self.retry, call, self._limit(wait), resend=False)
 
     def renew(self, lease: Lease, ttl: Seconds) -> Lease:
-        return retrying(self._connections, self.retry, lambda conn: calls.renew(conn, lease, ttl), self._limit())
+        """The lease with its new expiry; LeaseLost, with its `reason` (pg_fence.reasons), when its
+        token no longer holds it."""
+        return self._renewing(lease, lambda conn: calls.renew(conn, lease, ttl))
 
     def renew_all(self, lease_set: LeaseSet, ttl: Seconds) -> LeaseSet:
-        return retrying(
-            self._connections, self.retry, lambda conn: calls.renew_all(conn, lease_set, ttl), self._limit()
-        )
+        return self._renewing(lease_set, lambda conn: calls.renew_all(conn, lease_set, ttl))
+
+    def _renewing(self, held: H, call: Callable[[Any], H]) -> H:
+        try:
+            return retrying(self._connections, self.retry, call, self._limit())
+        except LeaseLost as lost:
+            with contextlib.suppress(Exception):
+                rows = bounded(self._connections, lambda conn: calls.rows(conn, held.status_query(), ""), self._limit())
+                lost.reason = loss_reason(rows, held.durable, NO_REASON)
+            raise
+
+    def status(self, key: str, token: uuid.UUID) -> LeaseStatus:
+        """fence.lease_status: whether the lease `token` was granted on `key` is live, or why it ended."""
+        return retrying(self._connections, self.retry, lambda conn: calls.status(conn, key, token), self._limit())
 
     def release(self, lease: Lease) -> bool:
         return retrying(self._connections, self.retry, lambda conn: calls.release(conn, lease), self._limit())

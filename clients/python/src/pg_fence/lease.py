@@ -45,6 +45,10 @@ class Lease:
     def release_query(self) -> "Query":
         return release_query(self.key, self.token)
 
+    def status_query(self) -> "Query":
+        """lease_status of this lease: (state, reason, ...)."""
+        return status_query(self.key, self.token)
+
     @staticmethod
     def ended(row: Optional[tuple]) -> bool:
         """Whether the release whose result is `row` ended the lease."""
@@ -92,6 +96,14 @@ class LeaseSet:
 
     def release_query(self) -> "Query":
         return ("SELECT fence.lease_release_all(%s, %s)", (list(self.keys), self.token))
+
+    def status_query(self) -> "Query":
+        """lease_status's (state, reason) of each lease of the set, in key order."""
+        return (
+            "SELECT s.state, s.reason FROM unnest(%s::text[]) WITH ORDINALITY AS k(key, n)"
+            " CROSS JOIN LATERAL fence.lease_status(k.key, %s) AS s ORDER BY k.n",
+            (list(self.keys), self.token),
+        )
 
     def ended(self, row: Optional[tuple]) -> bool:
         """Whether the release whose result is `row` ended every lease of the set (a set of which
@@ -229,6 +241,27 @@ def acquire_all_request(
 
 def release_query(key: str, token: uuid.UUID) -> Query:
     return ("SELECT fence.lease_release(%s, %s)", (key, token))
+
+
+@dataclass(frozen=True)
+class LeaseStatus:
+    """fence.lease_status of a token: `state` "live" or "ended"; `reason` why it ended (the server's:
+    released, expired, revoked, taken_over, session_ended, unknown), None while live; its `fence`
+    and `expires_at` (None when the server knows nothing of the token), and the key's current fence."""
+
+    state: str
+    reason: Optional[str]
+    fence: Optional[int]
+    expires_at: Optional[datetime]
+    current_fence: Optional[int]
+
+    @property
+    def live(self) -> bool:
+        return self.state == "live"
+
+
+def status_query(key: str, token: uuid.UUID) -> Query:
+    return ("SELECT state, reason, fence, expires_at, current_fence FROM fence.lease_status(%s, %s)", (key, token))
 
 
 def current_fence_query(key: str) -> Query:
