@@ -1,6 +1,6 @@
 use crate::connect::Connector;
 use crate::error::Error;
-use crate::lease::{self, AcquireOptions, Lease, LeaseSet, LeaseStatus};
+use crate::lease::{self, AcquireOptions, Leader, Lease, LeaseSet, LeaseStatus};
 use crate::reason::Ended;
 use crate::retry::Backoff;
 use serde_json::Value;
@@ -214,6 +214,44 @@ impl<C: Connector> FenceClient<C> {
         let ask = async { lease::ended(&**self.connection().await?, keys, token, durable).await };
         let ended = tokio::time::timeout(self.call_timeout, ask).await.ok().and_then(Result::ok).flatten();
         Err(Error::LeaseLost { key, reason: ended.map(Ended::loss) })
+    }
+
+    /// How the server says the lease ended (lease_status); None while it is live.
+    pub(crate) async fn ended(&self, lease: &Lease) -> Result<Option<Ended>, Error> {
+        let keys = [lease.key.as_str()];
+        self.retrying(Duration::ZERO, |conn| async move {
+            lease::ended(&**conn, &keys, lease.token, lease.durable).await
+        })
+        .await
+    }
+
+    /// `lease::await_change`, retried; each try waits `timeout` at most (beyond the call timeout).
+    pub async fn await_change(
+        &self,
+        key: &str,
+        seen: Option<&Leader>,
+        timeout: Duration,
+    ) -> Result<Option<Leader>, Error> {
+        self.retrying(timeout, |conn| async move { lease::await_change(&**conn, key, seen, timeout).await })
+            .await
+    }
+
+    /// The key's leader now (None: nobody leads).
+    pub async fn leader(&self, key: &str) -> Result<Option<Leader>, Error> {
+        self.await_change(key, None, Duration::ZERO).await
+    }
+
+    /// `lease::proclaim`, retried (a proclaim done twice is done once).
+    pub async fn proclaim(&self, lease: &Lease, owner: &str) -> Result<bool, Error> {
+        self.retrying(Duration::ZERO, |conn| async move { lease::proclaim(&**conn, lease, owner).await })
+            .await
+    }
+
+    /// `lease::handoff`, retried: a retry after a hand-off whose answer was lost finds the token
+    /// holding nothing and returns None; `status` then says `released`.
+    pub async fn handoff(&self, lease: &Lease, to_owner: &str) -> Result<Option<Leader>, Error> {
+        self.retrying(Duration::ZERO, |conn| async move { lease::handoff(&**conn, lease, to_owner).await })
+            .await
     }
 
     /// `lease::status`, retried.

@@ -7,6 +7,7 @@ use crate::error::Error;
 use crate::lease::{self, AcquireOptions, Lease, LeaseSet};
 use crate::reason::{Ended, LossReason};
 use crate::retry::Backoff;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
@@ -106,6 +107,11 @@ struct Shared {
     state: watch::Sender<LeaseState>,
     ended: CancellationToken,
     on_lost: Option<OnLost>,
+    /// Held around each renewal, and by a hand-off or a proclaim (the elector's `Leadership`), which
+    /// must not meet a renewal in flight.
+    renewing: Arc<tokio::sync::Mutex<()>>,
+    /// Set when the keeper is to stop without releasing: the lease was handed off, or left to expire.
+    abandoned: AtomicBool,
 }
 
 impl Shared {
@@ -240,6 +246,24 @@ impl<T> Held<T> {
     pub async fn lost(&self) -> LeaseState {
         self.shared.ended.cancelled().await;
         self.state()
+    }
+
+    /// The lock each renewal holds.
+    pub(crate) fn renewing(&self) -> Arc<tokio::sync::Mutex<()>> {
+        self.shared.renewing.clone()
+    }
+
+    /// Stops the keeper without releasing: the lease ended by the holder's own hand-off (Released),
+    /// or is left to expire at its TTL (Unknown). `on_lost` is not called.
+    pub(crate) fn abandon(&self, end: LeaseState) {
+        self.shared.abandoned.store(true, Ordering::SeqCst);
+        self.shared.move_to(end, |state| matches!(state, LeaseState::Held { .. }));
+        self.stop.cancel();
+    }
+
+    /// The server said the lease is not held (for `reason`): Lost, told as the keeper tells it.
+    pub(crate) fn lost_for(&self, reason: LossReason) {
+        self.shared.end(LeaseState::Lost(reason));
     }
 
     /// Stops the keeper and releases the lease, on a new connection if its own broke: true when the
@@ -441,6 +465,8 @@ impl<C: Connector> Keeper<C> {
             state,
             ended: CancellationToken::new(),
             on_lost: keep.on_lost.clone(),
+            renewing: Arc::new(tokio::sync::Mutex::new(())),
+            abandoned: AtomicBool::new(false),
         });
         Keeper {
             client,
@@ -472,6 +498,9 @@ impl<C: Connector> Keeper<C> {
                 return Ok(false);
             }
             stop.cancelled().await;
+        }
+        if self.shared.abandoned.load(Ordering::SeqCst) {
+            return Ok(false);
         }
         // Unknown or still held: the lease may be live, and releasing it frees the key at once.
         let released = self.release().await;
@@ -546,7 +575,13 @@ impl<C: Connector> Keeper<C> {
             // A try that hangs is abandoned in time for another on a new connection, but for a
             // session-bound lease, which would end with its connection.
             let limit = if self.bound.is_some() { left } else { self.every.min(left) };
-            match timeout(limit, self.try_renew(limit)).await {
+            let renewing = self.shared.renewing.lock().await;
+            let held = matches!(*self.shared.state.borrow(), LeaseState::Held { .. });
+            let tried = if held { Some(timeout(limit, self.try_renew(limit)).await) } else { None };
+            drop(renewing);
+            // Handed off, or declared lost by a proclaim, meanwhile: the stop follows.
+            let Some(tried) = tried else { return std::future::pending().await };
+            match tried {
                 Ok(Ok(renewed)) => return Ok(renewed),
                 Ok(Err(Error::LeaseLost { .. })) => return Err(LossReason::Unknown),
                 // A session-bound lease cannot move to another connection: once its own broke (or
@@ -616,6 +651,8 @@ mod tests {
             state: watch::channel(LeaseState::Held { fence: 1, expires_at: SystemTime::now() }).0,
             ended: CancellationToken::new(),
             on_lost: None,
+            renewing: Default::default(),
+            abandoned: AtomicBool::new(false),
         };
         assert!(matches!(shared.current(), LeaseState::Held { .. }));
         // As after a suspend of a minute: CLOCK_MONOTONIC (and so `at`) did not move, boot time did.

@@ -12,6 +12,7 @@
 mod client;
 mod clock;
 mod connect;
+mod elector;
 mod error;
 mod keeper;
 pub mod lease;
@@ -20,8 +21,9 @@ mod retry;
 
 pub use client::FenceClient;
 pub use connect::{Connector, PgConnection, APPLICATION_NAME};
+pub use elector::{ElectOptions, Elector, Leadership, Observer, StopReason};
 pub use error::{BoxError, Error};
 pub use keeper::{hold, hold_all, Held, HeldLease, HeldLeaseSet, KeepOptions, LeaseState, OnLost};
-pub use lease::{AcquireOptions, Lease, LeaseSet, LeaseStatus};
+pub use lease::{AcquireOptions, Leader, Lease, LeaseSet, LeaseStatus};
 pub use reason::LossReason;
 pub use retry::Backoff;

@@ -13,7 +13,8 @@ from typing import Any, Awaitable, Callable, Iterable, List, Mapping, Optional, 
 import psycopg
 
 from . import lease as q
-from .connections import APPLICATION_NAME, Source
+from .connections import APPLICATION_NAME, CANCEL_TIMEOUT, Source
+from .election import ElectorOptions
 from .errors import CallTimedOut, LeaseLost, OutcomeUnknown, connecting, outcome_unknown, retryable, translate
 from .holding import Holding, KeepPlan, clock
 from .lease import Held, Lease, LeaseSet, Seconds, interval, new_token
@@ -51,8 +52,9 @@ async def acquire(
     token: Optional[uuid.UUID] = None,
     shared: bool = False,
     permits: int = 1,
+    lock_delay: Seconds = 0,
 ) -> Optional[Lease]:
-    request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+    request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
     return await acquire_with(conn, request, token or new_token())
 
 
@@ -190,10 +192,20 @@ async def bounded(
         await connections.checkin(conn, err)
         raise CallTimedOut(f"no answer from the server within {limit:.1f} s") from err
     except BaseException as err:
+        if isinstance(err, asyncio.CancelledError):
+            # The task was cancelled: so is the statement, which the server would go on with.
+            await cancel(conn)
         await connections.checkin(conn, err)
         raise
     await connections.checkin(conn, None)
     return result
+
+
+async def cancel(conn: Optional[psycopg.AsyncConnection]) -> None:
+    """As connections.cancel."""
+    if conn is not None and not conn.closed:
+        with contextlib.suppress(Exception):
+            await conn.cancel_safe(timeout=CANCEL_TIMEOUT)
 
 
 async def retrying(
@@ -242,6 +254,13 @@ class AsyncClient:
     def _limit(self, wait: Seconds = 0) -> Optional[float]:
         return None if self.call_timeout is None else self.call_timeout + interval(wait).total_seconds()
 
+    async def _call(self, call: Callable[[psycopg.AsyncConnection], Awaitable[T]]) -> T:
+        return await retrying(self._connections, self.retry, call, self._limit())
+
+    def elector(self, key: str, ttl: Seconds, **options: Any) -> "AsyncElector":
+        """As Client.elector; call it in a coroutine."""
+        return AsyncElector(self, ElectorOptions(key, ttl, **options))
+
     async def acquire(
         self,
         key: str,
@@ -254,8 +273,9 @@ class AsyncClient:
         token: Optional[uuid.UUID] = None,
         shared: bool = False,
         permits: int = 1,
+        lock_delay: Seconds = 0,
     ) -> Optional[Lease]:
-        request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+        request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
         token = token or new_token()
         return await retrying(
             self._connections, self.retry, lambda conn: acquire_with(conn, request, token), self._limit(wait)
@@ -285,7 +305,7 @@ class AsyncClient:
 
     async def _renewing(self, held: H, call: Callable[[psycopg.AsyncConnection], Awaitable[H]]) -> H:
         try:
-            return await retrying(self._connections, self.retry, call, self._limit())
+            return await self._call(call)
         except LeaseLost as lost:
             with contextlib.suppress(Exception):
                 found = await bounded(
@@ -296,16 +316,16 @@ class AsyncClient:
 
     async def status(self, key: str, token: uuid.UUID) -> q.LeaseStatus:
         """As Client.status."""
-        return await retrying(self._connections, self.retry, lambda conn: status(conn, key, token), self._limit())
+        return await self._call(lambda conn: status(conn, key, token))
 
     async def release(self, lease: Lease) -> bool:
-        return await retrying(self._connections, self.retry, lambda conn: release(conn, lease), self._limit())
+        return await self._call(lambda conn: release(conn, lease))
 
     async def release_all(self, lease_set: LeaseSet) -> int:
-        return await retrying(self._connections, self.retry, lambda conn: release_all(conn, lease_set), self._limit())
+        return await self._call(lambda conn: release_all(conn, lease_set))
 
     async def current_fence(self, key: str) -> Optional[int]:
-        return await retrying(self._connections, self.retry, lambda conn: current_fence(conn, key), self._limit())
+        return await self._call(lambda conn: current_fence(conn, key))
 
     async def lease(
         self,
@@ -318,13 +338,14 @@ class AsyncClient:
         durable: bool = True,
         shared: bool = False,
         permits: int = 1,
+        lock_delay: Seconds = 0,
         renew_every: Optional[Seconds] = None,
         margin: Seconds = 0,
         on_lost: Optional[Callable[[Any], Any]] = None,
         release_timeout: Seconds = 5,
     ) -> "AsyncKeptLease":
         """`async with await client.lease(...) as lease:`; as Client.lease."""
-        request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+        request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
         return await self._keep(AsyncKeptLease, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
 
     async def lease_set(
@@ -345,8 +366,15 @@ class AsyncClient:
         request = q.acquire_all_request(keys, ttl, owner, wait, session_bound, durable)
         return await self._keep(AsyncKeptLeaseSet, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
 
-    async def _keep(self, kept: Any, plan: KeepPlan, on_lost: Optional[Callable[[Any], Any]]) -> Any:
-        connections = self.connections(pinned=True)
+    async def _keep(
+        self,
+        kept: Any,
+        plan: KeepPlan,
+        on_lost: Optional[Callable[[Any], Any]],
+        connections: Optional[AsyncConnections] = None,
+    ) -> Any:
+        """As Client._keep."""
+        connections = connections or self.connections(pinned=True)
         try:
             holding = plan.holding(*await self._acquire_to_keep(connections, plan.request))
             if holding.anchored_long_ago():
@@ -367,7 +395,12 @@ class AsyncClient:
             try:
                 call = functools.partial(acquire_with, request=request, token=token)
                 return await bounded(connections, call, self._limit(request.wait)), anchor
-            except Exception as err:
+            except BaseException as err:
+                if isinstance(err, asyncio.CancelledError):
+                    # Cancelled (bounded cancelled the statement): give up what its token may have
+                    # been granted.
+                    await self._give_up(connections, q.release_query(request.key, token))
+                    raise
                 try:
                     pause = tries.pause_or_raise(err)
                 except OutcomeUnknown as unknown:
@@ -403,4 +436,5 @@ class AsyncClient:
         await self.close()
 
 
+from .aio_elector import AsyncElector  # noqa: E402
 from .aio_keeper import AsyncKeptLease, AsyncKeptLeaseSet  # noqa: E402 (it builds on the calls above)

@@ -35,6 +35,8 @@ class AsyncKeptLease(Kept):
         self._holding, self._connections, self._retry = holding, connections, retry
         self._on_lost, self._release_timeout = on_lost, release_timeout
         self.lost = asyncio.Event()
+        # As KeptLease._renewing.
+        self._renewing = asyncio.Lock()
         self._renewer = asyncio.create_task(self._renew_loop())
         self._watchdog = asyncio.create_task(self._watch())
 
@@ -104,7 +106,10 @@ class AsyncKeptLease(Kept):
             await self._pause(holding)
             sent = clock()
             try:
-                renewed = await bounded(self._connections, self._renew, holding.attempt_limit())
+                async with self._renewing:
+                    if holding.state != HELD:
+                        return  # handed off meanwhile
+                    renewed = await bounded(self._connections, self._renew, holding.attempt_limit())
             except Exception as err:
                 if holding.renewal_failed(err, self._retry.pause):
                     # As in KeptLease.

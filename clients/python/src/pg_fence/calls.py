@@ -45,11 +45,12 @@ def acquire(
     token: Optional[uuid.UUID] = None,
     shared: bool = False,
     permits: int = 1,
+    lock_delay: Seconds = 0,
 ) -> Optional[Lease]:
     """The lease on `key`, or None when the key cannot be granted now (held, or all its permits
     taken) and `wait` ran out. `shared=True` for a lease any number may hold at once (never beside
     an exclusive one), `permits=N` for one of at most N."""
-    request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+    request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
     return acquire_with(conn, request, token or q.new_token())
 
 

@@ -165,6 +165,18 @@ class Connections(Source):
         return conn
 
 
+#: How long a cancel request may take: a stopped server answers nothing.
+CANCEL_TIMEOUT = 2.0
+
+
+def cancel(conn: Optional[psycopg.Connection]) -> None:
+    """Asks the server to cancel the statement running on `conn` (a waiting acquire ends with
+    57014, granting nothing), waiting CANCEL_TIMEOUT at most; from any thread."""
+    if conn is not None and not conn.closed:
+        with contextlib.suppress(Exception):
+            conn.cancel_safe(timeout=CANCEL_TIMEOUT)
+
+
 def in_transaction(conn: psycopg.Connection, call: Callable[[psycopg.Connection], T]) -> T:
     if conn.autocommit:
         return call(conn)

@@ -18,7 +18,7 @@ from typing import Any, Callable, List, Optional, TypeVar
 from . import calls
 from .connections import Connections, bounded, retrying
 from .errors import LeaseLost, StaleFence
-from .holding import LOST, UNKNOWN, Holding, clock
+from .holding import HELD, LOST, UNKNOWN, Holding, clock
 from .kept import Kept, SetView
 from .lease import Held
 from .reasons import SESSION_ENDED, ended_reason
@@ -48,6 +48,9 @@ class KeptLease(Kept):
         self._release_wanted = False
         self._released: Optional[bool] = None
         self._release_lock = threading.Lock()
+        # Held around each renewal, and by a hand-off or a proclaim (Leadership), which must not
+        # meet a renewal in flight.
+        self._renewing = threading.RLock()
         label = holding.lease.label
         self._threads = [
             threading.Thread(target=self._renew_loop, name=f"pg_fence renew {label}", daemon=True),
@@ -148,7 +151,10 @@ class KeptLease(Kept):
         while not self._pause(holding):
             sent = clock()
             try:
-                renewed = bounded(self._connections, self._renew, holding.attempt_limit())
+                with self._renewing:
+                    if holding.state != HELD:
+                        return  # handed off meanwhile
+                    renewed = bounded(self._connections, self._renew, holding.attempt_limit())
             except Exception as err:
                 if holding.renewal_failed(err, self._retry.pause):
                     # PF001, or a session-bound lease whose session we lost (it may live on in it,

@@ -135,15 +135,18 @@ def acquire_query(
     token: uuid.UUID,
     shared: bool = False,
     permits: int = 1,
+    lock_delay: Seconds = 0,
 ) -> Query:
     # Named columns, not `*`: a refused acquire returns NULL, which `SELECT *` turns into one
-    # row of NULLs; Acquire.parse tells it by its NULL fence. `shared` and `permits` are passed by
-    # name and only when asked for, so that plain leases work on servers without them.
+    # row of NULLs; Acquire.parse tells it by its NULL fence. `shared`, `permits` and `lock_delay`
+    # are passed by name and only when asked for, so that plain leases work on servers without them.
     modes, params = "", (key, interval(ttl), owner, interval(wait), session_bound, durable, token)
     if shared:
         modes, params = ", shared => %s", (*params, True)
     if permits != 1:
         modes, params = f"{modes}, permits => %s", (*params, Int4(permits))
+    if interval(lock_delay):
+        modes, params = f"{modes}, lock_delay => %s", (*params, interval(lock_delay))
     return (
         "SELECT key, owner, fence, token, acquired_at, expires_at"
         f" FROM fence.lease_acquire(%s, %s, %s, %s, %s, %s, %s{modes})",
@@ -175,9 +178,11 @@ class Acquire:
     durable: bool = True
     shared: bool = False
     permits: int = 1
+    lock_delay: Seconds = 0
 
     def __post_init__(self) -> None:
         check_mode(self.shared, self.permits)
+        interval(self.lock_delay)  # TypeError for what is not a duration
 
     @property
     def label(self) -> str:
@@ -194,6 +199,7 @@ class Acquire:
             token,
             self.shared,
             self.permits,
+            self.lock_delay,
         )
 
     def seconds(self) -> Tuple[float, float]:
