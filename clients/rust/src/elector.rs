@@ -448,6 +448,7 @@ impl<C: Connector> Leadership<C> {
         };
         let reason = ended.map_or(LossReason::Unknown, Ended::loss);
         held.lost_for(reason);
+        self.told.tell(LeaseState::Lost(reason));
         Error::LeaseLost { key: held.lease().key.clone(), reason: Some(reason) }
     }
 
@@ -484,6 +485,7 @@ impl<C: Connector> Leadership<C> {
         };
         self.told.handed_off.store(true, Ordering::SeqCst);
         held.abandon(LeaseState::Released);
+        self.told.tell(LeaseState::Released);
         Ok(leader)
     }
 
