@@ -108,7 +108,11 @@ NO_NEWS = object()
 
 
 class ElectorOptions:
-    """What an elector (sync or asyncio) is asked for, and its callbacks."""
+    """What an elector (sync or asyncio) is asked for, and its callbacks (README, Leader election):
+    the leadership's lease (`ttl`, `durable`, `session_bound`, `lock_delay`), how it is kept
+    (`renew_every`, `margin`, `release_timeout`, as Client.lease), `release_on_cancel`, how long
+    one wait of an observer lasts (`observe_timeout`), and on_started_leading(leadership),
+    on_stopped_leading(reason), on_new_leader(leader or None)."""
 
     def __init__(
         self,
