@@ -138,7 +138,10 @@ class Holding:
             if self.state not in (HELD, UNKNOWN) or (answer is None and self.state == UNKNOWN):
                 return
             self.state = UNKNOWN if answer is None else RELEASED if answer else LOST
-            self.reason = None if answer else UNREACHABLE if answer is None else reason or NO_REASON  # type: ignore[assignment]
+            if answer:
+                self.reason = None
+            else:
+                self.reason = UNREACHABLE if answer is None else reason or NO_REASON  # type: ignore[assignment]
             if self.state != RELEASED and self.lost_at is None:
                 self.lost_at = clock()
 
