@@ -192,9 +192,7 @@ async def bounded(
         await connections.checkin(conn, err)
         raise CallTimedOut(f"no answer from the server within {limit:.1f} s") from err
     except BaseException as err:
-        if isinstance(err, asyncio.CancelledError):
-            # The task was cancelled: so is the statement, which the server would go on with.
-            await cancel(conn)
+        # A cancelled task's statement psycopg cancels on the server itself.
         await connections.checkin(conn, err)
         raise
     await connections.checkin(conn, None)
@@ -397,8 +395,8 @@ class AsyncClient:
                 return await bounded(connections, call, self._limit(request.wait)), anchor
             except BaseException as err:
                 if isinstance(err, asyncio.CancelledError):
-                    # Cancelled (bounded cancelled the statement): give up what its token may have
-                    # been granted.
+                    # Cancelled (psycopg cancelled the statement on the server): give up what its
+                    # token may have been granted.
                     await self._give_up(connections, q.release_query(request.key, token))
                     raise
                 try:
