@@ -167,6 +167,11 @@ def test_leader_election_when_the_leaders_session_is_terminated(own_cluster):
     )
     assert successor["fence"] > leader["fence"]
     fences_never_go_back(own_cluster, "leader_log")
+    # The observer saw both leaders; the old one was told why it stopped leading.
+    assert election.first("leader_observed", fence=leader["fence"], owner=leader["candidate"])
+    assert election.first("leader_observed", fence=successor["fence"], owner=successor["candidate"])
+    stopped = election.first("stopped_leading", after=terminated, candidate=leader["candidate"])
+    assert stopped is not None and stopped["reason"] == "session_ended", stopped
 
 
 LIVE_HOLDERS = "SELECT count(*), count(*) FILTER (WHERE NOT shared) FROM fence.leases WHERE key = %s AND live"

@@ -37,16 +37,17 @@ def test_a_kept_lease_outlives_its_ttl_and_is_released_on_exit(cluster, key):
 def test_a_takeover_is_told_within_a_renewal(cluster, key):
     told = []
     with Client(cluster.conninfo) as client:
-        with client.lease(key, 1.5, on_lost=lambda kept: told.append(kept.state)) as lease:
+        with client.lease(key, 1.5, on_lost=lambda kept: told.append((kept.state, kept.reason))) as lease:
             revoked = clock()
             cluster.sql("SELECT fence.lease_revoke(%s)", (key,))
             taker = client.acquire(key, 30)
             assert lease.lost.wait(5), "the keeper never noticed the takeover"
             print(f"\ntakeover: told {1000 * (lease.lost_at - revoked):.0f} ms after the revoke")
-            assert lease.state == "lost"
-            assert eventually(lambda: told == ["lost"], 5), "on_lost was called once, after lost was set"
-            with pytest.raises(LeaseLost):
+            assert lease.state == "lost" and lease.reason == "revoked"
+            assert eventually(lambda: told == [("lost", "revoked")], 5), "on_lost was called once, after lost was set"
+            with pytest.raises(LeaseLost) as lost:
                 lease.check()
+            assert (lost.value.state, lost.value.reason) == ("lost", "revoked")
             with cluster.connect() as conn:
                 with pytest.raises(LeaseLost):
                     lease.fenced_update(conn, "pg_class", {"relname": "x"}, {"oid": 0})
@@ -75,7 +76,7 @@ def test_a_stale_fence_from_the_server_ends_the_kept_lease_at_once(cluster, key)
                 with pytest.raises(StaleFence):
                     with conn.transaction():
                         lease.guard(conn)
-            assert lease.lost.is_set() and lease.state == "lost"
+            assert lease.lost.is_set() and lease.state == "lost" and lease.reason == "revoked"
         assert live_fence(cluster, key) == taker.fence
 
 
@@ -88,7 +89,7 @@ def test_a_stopped_server_is_declared_unknown_before_the_lease_expires(own_clust
     own_cluster.signal_server(signal.SIGSTOP)
     try:
         assert lease.lost.wait(10), "never declared lost while renewals could not get through"
-        assert lease.state == "unknown" and not lease.held()
+        assert lease.state == "unknown" and lease.reason == "unreachable" and not lease.held()
     finally:
         own_cluster.signal_server(signal.SIGCONT)
     # On the wall clock, which the server (on this machine) shares: the deadline that held() obeys
@@ -128,7 +129,7 @@ def test_a_session_bound_lease_is_lost_when_its_session_ends(own_cluster, key):
             own_cluster.sql("SELECT pg_terminate_backend(%s)", (pid,))
             taker = client.acquire(key, 30, wait=5)
             assert taker is not None and taker.fence > lease.fence
-            assert lease.lost.wait(5) and lease.state == "lost"
+            assert lease.lost.wait(5) and (lease.state, lease.reason) == ("lost", "session_ended")
             print(f"\nsession ended: told {1000 * (lease.lost_at - ended):.0f} ms after pg_terminate_backend")
 
 
@@ -165,3 +166,4 @@ def test_a_release_that_finds_the_lease_gone_says_lost_not_released(cluster, key
         cluster.sql("SELECT fence.lease_revoke(%s)", (key,))
         assert lease.release() is False
         assert lease.state == "lost" and lease.lost.is_set()
+        assert lease.reason == "revoked", "the release asked the server why it found nothing"

@@ -112,13 +112,13 @@ def test_kept_permits_are_renewed_and_a_waiter_beyond_them_times_out(cluster, ke
 def test_a_kept_shared_lease_is_told_when_its_key_is_revoked(cluster, key):
     told = []
     with Client(cluster.conninfo) as client:
-        with client.lease(key, 30, shared=True, renew_every=0.3, on_lost=lambda k: told.append(k.state)) as lease:
+        with client.lease(key, 30, shared=True, renew_every=0.3, on_lost=lambda k: told.append(k.reason)) as lease:
             other = client.acquire(key, 30, shared=True)
             assert other is not None and lease.held()
             cluster.sql("SELECT fence.lease_revoke(%s)", (key,))
             assert lease.lost.wait(5), "the keeper never noticed the revoke"
             assert lease.state == "lost" and isinstance(lease.last_error, pg_fence.LeaseLost)
-            assert eventually(lambda: told == ["lost"], 5)
+            assert eventually(lambda: told == ["revoked"], 5)
             with cluster.connect() as conn:
                 with pytest.raises(pg_fence.StaleFence):
                     with conn.transaction():

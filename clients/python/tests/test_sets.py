@@ -89,14 +89,17 @@ def test_a_kept_set_is_lost_as_a_whole_when_one_key_is_revoked(cluster, key):
     keys = set_keys(key)
     told = []
     with Client(cluster.conninfo) as client:
-        with client.lease_set(keys, 30, renew_every=0.3, on_lost=lambda kept: told.append(kept.state)) as kept:
+        with client.lease_set(
+            keys, 30, renew_every=0.3, on_lost=lambda kept: told.append((kept.state, kept.reason))
+        ) as kept:
             fences = kept.fences
             cluster.sql("SELECT fence.lease_revoke(%s)", (keys[0],))
             assert kept.lost.wait(5), "the keeper never noticed that one lease of the set was revoked"
             assert kept.state == "lost" and isinstance(kept.last_error, LeaseLost)
-            assert eventually(lambda: told == ["lost"], 5), "on_lost was called once"
-            with pytest.raises(LeaseLost):
+            assert eventually(lambda: told == [("lost", "revoked")], 5), "on_lost was called once, with the reason"
+            with pytest.raises(LeaseLost) as lost:
                 kept.check()
+            assert lost.value.reason == "revoked"
             # The rest of the set is given up at once, not left held until its TTL.
             assert eventually(lambda: live(cluster, keys) == {}, 5), "the set's other leases were left live"
             with cluster.connect() as conn:
@@ -115,7 +118,7 @@ def test_a_stale_fence_of_one_key_ends_the_kept_set_and_frees_the_others(cluster
                 with pytest.raises(StaleFence):
                     with conn.transaction():
                         kept.guard(conn, sorted(keys)[2])
-            assert kept.lost.is_set() and kept.state == "lost"
+            assert kept.lost.is_set() and kept.state == "lost" and kept.reason == "revoked"
         assert live(cluster, keys) == {}, "leaving the block did not give up the rest of a lost set"
 
 
@@ -173,4 +176,5 @@ async def test_async_kept_set_renews_and_is_lost_when_one_key_is_revoked(cluster
             cluster.sql("SELECT fence.lease_revoke(%s)", (keys[1],))
             await asyncio.wait_for(kept.lost.wait(), 5)
             assert kept.state == "lost" and isinstance(kept.last_error, LeaseLost)
+            assert kept.reason == "revoked"
         assert live(cluster, keys) == {}

@@ -1,6 +1,7 @@
 use crate::connect::Connector;
 use crate::error::Error;
-use crate::lease::{self, AcquireOptions, Lease, LeaseSet};
+use crate::lease::{self, AcquireOptions, Leader, Lease, LeaseSet, LeaseStatus};
+use crate::reason::Ended;
 use crate::retry::Backoff;
 use serde_json::Value;
 use std::future::Future;
@@ -180,16 +181,82 @@ impl<C: Connector> FenceClient<C> {
         .await
     }
 
+    /// `lease::renew`, retried; `Error::LeaseLost` with the reason lease_status gives.
     pub async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<SystemTime, Error> {
-        self.retrying(Duration::ZERO, |conn| async move { lease::renew(&**conn, lease, ttl).await }).await
+        let renewed = self
+            .retrying(Duration::ZERO, |conn| async move { lease::renew(&**conn, lease, ttl).await })
+            .await;
+        self.explained(renewed, &[&lease.key], lease.token, lease.durable).await
     }
 
     pub async fn release(&self, lease: &Lease) -> Result<bool, Error> {
         self.retrying(Duration::ZERO, |conn| async move { lease::release(&**conn, lease).await }).await
     }
 
+    /// `lease::renew_all`, retried; `Error::LeaseLost` with the reason lease_status gives.
     pub async fn renew_all(&self, set: &LeaseSet, ttl: Duration) -> Result<SystemTime, Error> {
-        self.retrying(Duration::ZERO, |conn| async move { lease::renew_all(&**conn, set, ttl).await }).await
+        let renewed = self
+            .retrying(Duration::ZERO, |conn| async move { lease::renew_all(&**conn, set, ttl).await })
+            .await;
+        self.explained(renewed, &set.keys(), set.token, set.leases[0].durable).await
+    }
+
+    /// `result`, its `LeaseLost` with the reason the server gives for the leases `token` was granted
+    /// on `keys` (one statement, bounded by the call timeout; none when no answer came).
+    async fn explained<T>(
+        &self,
+        result: Result<T, Error>,
+        keys: &[&str],
+        token: Uuid,
+        durable: bool,
+    ) -> Result<T, Error> {
+        let Err(Error::LeaseLost { key, .. }) = result else { return result };
+        let ask = async { lease::ended(&**self.connection().await?, keys, token, durable).await };
+        let ended = tokio::time::timeout(self.call_timeout, ask).await.ok().and_then(Result::ok).flatten();
+        Err(Error::LeaseLost { key, reason: ended.map(Ended::loss) })
+    }
+
+    /// How the server says the lease ended (lease_status); None while it is live.
+    pub(crate) async fn ended(&self, lease: &Lease) -> Result<Option<Ended>, Error> {
+        let keys = [lease.key.as_str()];
+        self.retrying(Duration::ZERO, |conn| async move {
+            lease::ended(&**conn, &keys, lease.token, lease.durable).await
+        })
+        .await
+    }
+
+    /// `lease::await_change`, retried; each try waits `timeout` at most (beyond the call timeout).
+    pub async fn await_change(
+        &self,
+        key: &str,
+        seen: Option<&Leader>,
+        timeout: Duration,
+    ) -> Result<Option<Leader>, Error> {
+        self.retrying(timeout, |conn| async move { lease::await_change(&**conn, key, seen, timeout).await })
+            .await
+    }
+
+    /// The key's leader now (None: nobody leads).
+    pub async fn leader(&self, key: &str) -> Result<Option<Leader>, Error> {
+        self.await_change(key, None, Duration::ZERO).await
+    }
+
+    /// `lease::proclaim`, retried (a proclaim done twice is done once).
+    pub async fn proclaim(&self, lease: &Lease, owner: &str) -> Result<bool, Error> {
+        self.retrying(Duration::ZERO, |conn| async move { lease::proclaim(&**conn, lease, owner).await })
+            .await
+    }
+
+    /// `lease::handoff`, retried: a retry after a hand-off whose answer was lost finds the token
+    /// holding nothing and returns None; `status` then says `released`.
+    pub async fn handoff(&self, lease: &Lease, to_owner: &str) -> Result<Option<Leader>, Error> {
+        self.retrying(Duration::ZERO, |conn| async move { lease::handoff(&**conn, lease, to_owner).await })
+            .await
+    }
+
+    /// `lease::status`, retried.
+    pub async fn status(&self, key: &str, token: Uuid) -> Result<LeaseStatus, Error> {
+        self.retrying(Duration::ZERO, |conn| async move { lease::status(&**conn, key, token).await }).await
     }
 
     pub async fn release_all(&self, set: &LeaseSet) -> Result<u32, Error> {

@@ -1,3 +1,4 @@
+use crate::reason::LossReason;
 use std::error::Error as StdError;
 
 /// A boxed error from a connector or a timer, kept as the source of `Connect` and `OutcomeUnknown`.
@@ -8,8 +9,10 @@ pub type BoxError = Box<dyn StdError + Send + Sync>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// PF001: the token no longer holds the key's live lease (released, revoked, expired, taken over).
-    #[error("lease on {key:?} lost: its token no longer holds the live lease (PF001)")]
-    LeaseLost { key: String },
+    /// `reason`: what the server's lease_status said of it (`FenceClient::renew` and `renew_all` ask;
+    /// the one-statement calls of `lease` do not, and leave it None).
+    #[error("lease on {key:?} lost: its token no longer holds the live lease (PF001{})", reason_of(.reason))]
+    LeaseLost { key: String, reason: Option<LossReason> },
     /// PF002: a fenced write under a fence that is not the key's live one.
     #[error("stale fence {fence}: the write was refused (PF002)")]
     StaleFence { fence: i64 },
@@ -81,6 +84,10 @@ pub(crate) fn classify(err: tokio_postgres::Error) -> Error {
     } else {
         Error::OutcomeUnknown(Box::new(err))
     }
+}
+
+fn reason_of(reason: &Option<LossReason>) -> String {
+    reason.map(|reason| format!(", {reason}")).unwrap_or_default()
 }
 
 /// The SQLSTATE of a server error, to match pg_fence's own codes on.

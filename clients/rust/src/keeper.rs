@@ -5,7 +5,9 @@ use crate::clock::Stamp;
 use crate::connect::Connector;
 use crate::error::Error;
 use crate::lease::{self, AcquireOptions, Lease, LeaseSet};
+use crate::reason::{Ended, LossReason};
 use crate::retry::Backoff;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
@@ -23,14 +25,28 @@ pub enum LeaseState {
         expires_at: SystemTime,
     },
     /// The server said the token no longer holds the lease (PF001, or the holder's release found
-    /// it held nothing): someone else may hold it now.
-    Lost,
+    /// it held nothing): someone else may hold it now. The reason is what the server's lease_status
+    /// said then (`SessionEnded` also for a session-bound lease whose session this client lost).
+    Lost(LossReason),
     /// The local deadline passed without a renewal: the server may still count it as held, but its
-    /// holder cannot know, so it must stop as if lost. Also a lease whose holder's release got no
-    /// answer: it may stay live until its TTL.
+    /// holder cannot know, so it must stop as if lost (its reason `LossReason::Unreachable`). Also a
+    /// lease whose holder's release got no answer: it may stay live until its TTL. A release that
+    /// gets an answer says what became of it: `Released` when it was still live, else `Lost`.
     Unknown,
     /// Ended by its holder (`release`, or the HeldLease dropped): the server said so.
     Released,
+}
+
+impl LeaseState {
+    /// Why the lease was lost: the reason of `Lost`, `Unreachable` for `Unknown`; None while held
+    /// and once released.
+    pub fn reason(&self) -> Option<LossReason> {
+        match self {
+            LeaseState::Lost(reason) => Some(*reason),
+            LeaseState::Unknown => Some(LossReason::Unreachable),
+            LeaseState::Held { .. } | LeaseState::Released => None,
+        }
+    }
 }
 
 pub type OnLost = Arc<dyn Fn(LeaseState) + Send + Sync>;
@@ -91,6 +107,11 @@ struct Shared {
     state: watch::Sender<LeaseState>,
     ended: CancellationToken,
     on_lost: Option<OnLost>,
+    /// Held around each renewal, and by a hand-off or a proclaim (the elector's `Leadership`), which
+    /// must not meet a renewal in flight.
+    renewing: Arc<tokio::sync::Mutex<()>>,
+    /// Set when the keeper is to stop without releasing: the lease was handed off, or left to expire.
+    abandoned: AtomicBool,
 }
 
 impl Shared {
@@ -113,14 +134,16 @@ impl Shared {
     }
 
     /// Takes the outcome of the holder's release: Released only when the server said the release
-    /// ended the lease, Lost when it said the token no longer held it, Unknown when no answer came
-    /// (the lease may stay live until its TTL); a lease already Unknown moves on only on an answer.
-    /// `on_lost` is not called: the holder has stopped using the lease.
-    fn released(&self, answer: &Result<bool, Error>) {
-        let end = match answer {
-            Ok(true) => LeaseState::Released,
-            Ok(false) => LeaseState::Lost,
-            Err(_) => LeaseState::Unknown,
+    /// ended the lease, Lost when it said the token no longer held it (for the reason `ended` gives,
+    /// lease_status's after that answer: Released when an earlier try of this release ended it and
+    /// its answer was lost), Unknown when no answer came (the lease may stay live until its TTL); a
+    /// lease already Unknown moves on only on an answer. `on_lost` is not called: the holder has
+    /// stopped using the lease.
+    fn released(&self, answer: &Result<bool, Error>, ended: Option<Ended>) {
+        let end = match (answer, ended) {
+            (Ok(true), _) | (Ok(false), Some(Ended::Released)) => LeaseState::Released,
+            (Ok(false), _) => LeaseState::Lost(ended.map_or(LossReason::Unknown, Ended::loss)),
+            (Err(_), _) => LeaseState::Unknown,
         };
         self.move_to(end, |state| matches!(state, LeaseState::Held { .. } | LeaseState::Unknown));
     }
@@ -223,6 +246,24 @@ impl<T> Held<T> {
     pub async fn lost(&self) -> LeaseState {
         self.shared.ended.cancelled().await;
         self.state()
+    }
+
+    /// The lock each renewal holds.
+    pub(crate) fn renewing(&self) -> Arc<tokio::sync::Mutex<()>> {
+        self.shared.renewing.clone()
+    }
+
+    /// Stops the keeper without releasing: the lease ended by the holder's own hand-off (Released),
+    /// or is left to expire at its TTL (Unknown). `on_lost` is not called.
+    pub(crate) fn abandon(&self, end: LeaseState) {
+        self.shared.abandoned.store(true, Ordering::SeqCst);
+        self.shared.move_to(end, |state| matches!(state, LeaseState::Held { .. }));
+        self.stop.cancel();
+    }
+
+    /// The server said the lease is not held (for `reason`): Lost, told as the keeper tells it.
+    pub(crate) fn lost_for(&self, reason: LossReason) {
+        self.shared.end(LeaseState::Lost(reason));
     }
 
     /// Stops the keeper and releases the lease, on a new connection if its own broke: true when the
@@ -378,6 +419,14 @@ impl Kept {
             Kept::Set(set) => Ok(client.release_all(set).await? as usize == set.leases.len()),
         }
     }
+
+    /// How the server says it ended (the first of the set's leases that did); None while live.
+    async fn ended(&self, client: &impl GenericClient) -> Result<Option<Ended>, Error> {
+        match self {
+            Kept::One(lease) => lease::ended(client, &[&lease.key], lease.token, lease.durable).await,
+            Kept::Set(set) => lease::ended(client, &set.keys(), set.token, set.leases[0].durable).await,
+        }
+    }
 }
 
 /// See `KeepOptions::margin`.
@@ -416,6 +465,8 @@ impl<C: Connector> Keeper<C> {
             state,
             ended: CancellationToken::new(),
             on_lost: keep.on_lost.clone(),
+            renewing: Arc::new(tokio::sync::Mutex::new(())),
+            abandoned: AtomicBool::new(false),
         });
         Keeper {
             client,
@@ -435,7 +486,7 @@ impl<C: Connector> Keeper<C> {
         };
         if let Some(end) = ended {
             self.shared.end(end);
-            if end == LeaseState::Lost {
+            if matches!(end, LeaseState::Lost(_)) {
                 // A session-bound lease is Lost also when its connection broke on this side only:
                 // its backend may live on, holding the key, until the server notices. A set is Lost
                 // when one of its leases is: the others are held for nothing. Harmless otherwise: a
@@ -448,10 +499,24 @@ impl<C: Connector> Keeper<C> {
             }
             stop.cancelled().await;
         }
+        if self.shared.abandoned.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
         // Unknown or still held: the lease may be live, and releasing it frees the key at once.
         let released = self.release().await;
-        self.shared.released(&released);
+        let ended = match released {
+            Ok(false) => self.ended(self.timeout).await,
+            _ => None,
+        };
+        self.shared.released(&released, ended);
         released
+    }
+
+    /// How the server says the lease ended, asked on a working connection within `limit`; None when
+    /// it is live or no answer came.
+    async fn ended(&self, limit: Duration) -> Option<Ended> {
+        let ask = async { self.kept.ended(&**self.client.connection().await?).await };
+        timeout(limit, ask).await.ok().and_then(Result::ok).flatten()
     }
 
     /// Releases by token on a working connection, bounded by the timeout.
@@ -469,10 +534,14 @@ impl<C: Connector> Keeper<C> {
             // and a renewal answered once the deadline passed by it comes too late.
             let bound = Instant::now() + deadline.left();
             match timeout_at(bound.into(), self.renew_until_answered(deadline)).await {
-                Ok(Some((sent, expires_at))) if !deadline.passed() => {
+                Ok(Ok((sent, expires_at))) if !deadline.passed() => {
                     self.shared.renewed(sent, self.kept.fence(), expires_at)
                 }
-                Ok(None) => return LeaseState::Lost,
+                Ok(Err(otherwise)) => {
+                    // Told one statement later, with the reason.
+                    let ended = self.ended(self.every.min(self.timeout)).await;
+                    return LeaseState::Lost(ended.map_or(otherwise, Ended::loss));
+                }
                 _ => {
                     self.client.forget().await;
                     return LeaseState::Unknown;
@@ -496,25 +565,32 @@ impl<C: Connector> Keeper<C> {
         }
     }
 
-    /// Tries until the server answers: Some((sent, new expiry)), or None when the lease is lost:
-    /// PF001, or a session-bound lease whose connection failed.
-    async fn renew_until_answered(&self, deadline: Stamp) -> Option<(Stamp, SystemTime)> {
+    /// Tries until the server answers: Ok((sent, new expiry)), or Err when the lease is lost: PF001,
+    /// or a session-bound lease whose connection failed (the reason unless the server says more:
+    /// Unknown, or SessionEnded, as the session holding it is gone or out of reach).
+    async fn renew_until_answered(&self, deadline: Stamp) -> Result<(Stamp, SystemTime), LossReason> {
         let mut retry = 0;
         loop {
             let left = deadline.left();
             // A try that hangs is abandoned in time for another on a new connection, but for a
             // session-bound lease, which would end with its connection.
             let limit = if self.bound.is_some() { left } else { self.every.min(left) };
-            match timeout(limit, self.try_renew(limit)).await {
-                Ok(Ok(renewed)) => return Some(renewed),
-                Ok(Err(Error::LeaseLost { .. })) => return None,
+            let renewing = self.shared.renewing.lock().await;
+            let held = matches!(*self.shared.state.borrow(), LeaseState::Held { .. });
+            let tried = if held { Some(timeout(limit, self.try_renew(limit)).await) } else { None };
+            drop(renewing);
+            // Handed off, or declared lost by a proclaim, meanwhile: the stop follows.
+            let Some(tried) = tried else { return std::future::pending().await };
+            match tried {
+                Ok(Ok(renewed)) => return Ok(renewed),
+                Ok(Err(Error::LeaseLost { .. })) => return Err(LossReason::Unknown),
                 // A session-bound lease cannot move to another connection: once its own broke (or
                 // may have), the session holding it is gone or out of reach.
                 Ok(Err(err))
                     if self.bound.is_some() && (err.may_have_taken_effect() || self.bound_closed()) =>
                 {
                     self.client.forget().await;
-                    return None;
+                    return Err(LossReason::SessionEnded);
                 }
                 Ok(Err(_)) => {}
                 Err(_) => self.client.forget().await,
@@ -575,6 +651,8 @@ mod tests {
             state: watch::channel(LeaseState::Held { fence: 1, expires_at: SystemTime::now() }).0,
             ended: CancellationToken::new(),
             on_lost: None,
+            renewing: Default::default(),
+            abandoned: AtomicBool::new(false),
         };
         assert!(matches!(shared.current(), LeaseState::Held { .. }));
         // As after a suspend of a minute: CLOCK_MONOTONIC (and so `at`) did not move, boot time did.

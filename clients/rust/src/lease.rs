@@ -1,6 +1,7 @@
 //! The SQL API, one statement per call, on any client or transaction. These calls do not retry:
 //! `FenceClient` and the keeper do, on top of them.
 use crate::error::{classify, code, Error};
+use crate::reason::{self, Ended};
 use serde_json::Value;
 use std::time::{Duration, SystemTime};
 use tokio_postgres::types::{ToSql, Type};
@@ -72,6 +73,10 @@ pub struct AcquireOptions {
     /// The lease's token. Retrying callers must set it (FenceClient and `hold` do) so that a retry
     /// after a lost reply gets the lease that reply carried instead of finding the key held.
     pub token: Option<Uuid>,
+    /// When this lease ends other than by a release or a hand-off (it expires, is revoked, or its
+    /// session ends), nobody is granted the key until this long after that end (Consul's
+    /// lock-delay; at most an hour). Zero, the default, for none.
+    pub lock_delay: Duration,
 }
 
 impl AcquireOptions {
@@ -85,6 +90,7 @@ impl AcquireOptions {
             shared: false,
             permits: 1,
             token: None,
+            lock_delay: Duration::ZERO,
         }
     }
 
@@ -123,6 +129,11 @@ impl AcquireOptions {
         self
     }
 
+    pub fn lock_delay(mut self, lock_delay: Duration) -> Self {
+        self.lock_delay = lock_delay;
+        self
+    }
+
     /// `Error::Config` for options that cannot work together, before anything is sent: `permits`
     /// of 0, or `shared` with `permits` above 1.
     pub fn check(&self) -> Result<(), Error> {
@@ -141,8 +152,8 @@ impl AcquireOptions {
     /// leases are exclusive.
     pub(crate) fn check_for_set(&self) -> Result<(), Error> {
         self.check()?;
-        if self.token.is_some() || self.shared || self.permits != 1 {
-            return Err(Error::Config("a lease set takes no token, shared or permits".into()));
+        if self.token.is_some() || self.shared || self.permits != 1 || !self.lock_delay.is_zero() {
+            return Err(Error::Config("a lease set takes no token, shared, permits or lock_delay".into()));
         }
         Ok(())
     }
@@ -166,7 +177,8 @@ pub async fn acquire(
     opts.check()?;
     let token = opts.token.unwrap_or_else(Uuid::new_v4);
     let permits = i32::try_from(opts.permits).unwrap_or(i32::MAX);
-    let (ttl, wait) = (opts.ttl.as_secs_f64(), opts.wait.as_secs_f64());
+    let (ttl, wait, lock_delay) =
+        (opts.ttl.as_secs_f64(), opts.wait.as_secs_f64(), opts.lock_delay.as_secs_f64());
     let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
         (&key, Type::TEXT),
         (&ttl, Type::FLOAT8),
@@ -183,6 +195,9 @@ pub async fn acquire(
     if opts.permits != 1 {
         params.push((&permits, Type::INT4));
     }
+    if !opts.lock_delay.is_zero() {
+        params.push((&lock_delay, Type::FLOAT8));
+    }
     let rows = client.query_typed(&acquire_sql(opts), &params).await.map_err(acquire_error)?;
     let Some(row) = rows.first() else { return Ok(None) };
     let Some(mut lease) = lease_of(row, opts)? else { return Ok(None) };
@@ -190,8 +205,8 @@ pub async fn acquire(
     Ok(Some(lease))
 }
 
-/// lease_acquire's statement: `shared` and `permits` are passed by name, and only when asked for,
-/// so that plain leases keep working on servers without them.
+/// lease_acquire's statement: `shared`, `permits` and `lock_delay` are passed by name, and only when
+/// asked for, so that plain leases keep working on servers without them.
 fn acquire_sql(opts: &AcquireOptions) -> String {
     let (mut modes, mut last) = (String::new(), 7);
     if opts.shared {
@@ -201,6 +216,10 @@ fn acquire_sql(opts: &AcquireOptions) -> String {
     if opts.permits != 1 {
         last += 1;
         modes += &format!(", permits => ${last}");
+    }
+    if !opts.lock_delay.is_zero() {
+        last += 1;
+        modes += &format!(", lock_delay => make_interval(secs => ${last})");
     }
     format!(
         "{COLUMNS} fence.lease_acquire($1, make_interval(secs => $2), $3, make_interval(secs => $4), $5, $6, $7{modes})"
@@ -290,7 +309,7 @@ async fn renew_by(
     let params: [(&(dyn ToSql + Sync), Type); 3] =
         [keys, (token, Type::UUID), (&ttl.as_secs_f64(), Type::FLOAT8)];
     let row = client.query_typed_one(sql, &params).await.map_err(|err| match code(&err) {
-        Some("PF001") => Error::LeaseLost { key: label.to_owned() },
+        Some("PF001") => Error::LeaseLost { key: label.to_owned(), reason: None },
         _ => classify(err),
     })?;
     row.try_get(0).map_err(Error::Db)
@@ -332,6 +351,139 @@ pub(crate) async fn bound_here(client: &impl GenericClient, lease: &Lease) -> Re
     let params: [(&(dyn ToSql + Sync), Type); 2] = [(&lease.key, Type::TEXT), (&lease.fence, Type::INT8)];
     let row = client.query_typed(sql, &params).await.map_err(classify)?;
     Ok(row.first().and_then(|row| row.get::<_, Option<bool>>(0)).unwrap_or(false))
+}
+
+/// `fence.lease_status` of a token: whether the lease it was granted on a key is live, and if not,
+/// why it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseStatus {
+    /// `live` or `ended`.
+    pub state: String,
+    /// Why it ended, the server's word: `released`, `expired`, `revoked`, `taken_over`,
+    /// `session_ended` or `unknown` (the row is gone, or the token never held the key); None while
+    /// live. `HeldLease` turns it into a `LossReason` (`unknown` of a fast lease is `Restarted`).
+    pub reason: Option<String>,
+    /// The lease's fence and expiry; None when the server knows nothing of the token.
+    pub fence: Option<i64>,
+    pub expires_at: Option<SystemTime>,
+    /// The key's current fence (`current_fence`).
+    pub current_fence: Option<i64>,
+}
+
+impl LeaseStatus {
+    pub fn is_live(&self) -> bool {
+        self.state == "live"
+    }
+}
+
+/// `fence.lease_status(key, token)`.
+pub async fn status(client: &impl GenericClient, key: &str, token: Uuid) -> Result<LeaseStatus, Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&key, Type::TEXT), (&token, Type::UUID)];
+    let sql = "SELECT state, reason, fence, expires_at, current_fence FROM fence.lease_status($1, $2)";
+    let row = client.query_typed_one(sql, &params).await.map_err(classify)?;
+    let get = |err| Error::Db(err);
+    Ok(LeaseStatus {
+        state: row.try_get(0).map_err(get)?,
+        reason: row.try_get(1).map_err(get)?,
+        fence: row.try_get(2).map_err(get)?,
+        expires_at: row.try_get(3).map_err(get)?,
+        current_fence: row.try_get(4).map_err(get)?,
+    })
+}
+
+/// How the first of the leases `token` was granted on `keys` (in their order) ended, by
+/// lease_status: one statement for a lease or a set; None when every one is live.
+pub(crate) async fn ended(
+    client: &impl GenericClient,
+    keys: &[&str],
+    token: Uuid,
+    durable: bool,
+) -> Result<Option<Ended>, Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&keys, Type::TEXT_ARRAY), (&token, Type::UUID)];
+    let sql = "SELECT s.state, s.reason FROM unnest($1::text[]) WITH ORDINALITY AS k(key, n) \
+               CROSS JOIN LATERAL fence.lease_status(k.key, $2) AS s ORDER BY k.n";
+    let rows = client.query_typed(sql, &params).await.map_err(classify)?;
+    let rows = rows
+        .iter()
+        .map(|row| Ok((row.try_get::<_, &str>(0)?, row.try_get::<_, Option<&str>>(1)?)))
+        .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+        .map_err(Error::Db)?;
+    Ok(reason::ended(rows, durable))
+}
+
+/// A key's leader as observers see it: the fence and owner of its live lease (for shared leases and
+/// semaphores, the live one with the highest fence). Two leaders are equal when their fence and
+/// owner are.
+#[derive(Debug, Clone, Eq)]
+pub struct Leader {
+    pub fence: i64,
+    /// The leader's value: the owner it was granted with, or last proclaimed.
+    pub owner: String,
+    pub acquired_at: SystemTime,
+    pub expires_at: SystemTime,
+}
+
+impl PartialEq for Leader {
+    fn eq(&self, other: &Leader) -> bool {
+        (self.fence, &self.owner) == (other.fence, &other.owner)
+    }
+}
+
+/// The leader of a row (fence, owner, .., acquired_at, expires_at); None for the row of NULLs.
+fn leader_of(row: &Row) -> Result<Option<Leader>, Error> {
+    let Some(fence) = row.try_get::<_, Option<i64>>("fence").map_err(Error::Db)? else {
+        return Ok(None);
+    };
+    Ok(Some(Leader {
+        fence,
+        owner: row.try_get::<_, Option<String>>("owner").map_err(Error::Db)?.unwrap_or_default(),
+        acquired_at: row.try_get("acquired_at").map_err(Error::Db)?,
+        expires_at: row.try_get("expires_at").map_err(Error::Db)?,
+    }))
+}
+
+/// `fence.await_change`: the key's leader (None: nobody leads) as soon as it differs from `seen`,
+/// or when `timeout` runs out, unchanged. `seen` None with a timeout waits for a leader; a zero
+/// timeout answers at once.
+pub async fn await_change(
+    client: &impl GenericClient,
+    key: &str,
+    seen: Option<&Leader>,
+    timeout: Duration,
+) -> Result<Option<Leader>, Error> {
+    let (fence, owner) = (seen.map(|leader| leader.fence), seen.map(|leader| leader.owner.as_str()));
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (&key, Type::TEXT),
+        (&fence, Type::INT8),
+        (&owner, Type::TEXT),
+        (&timeout.as_secs_f64(), Type::FLOAT8),
+    ];
+    let sql = "SELECT fence, owner, live, acquired_at, expires_at \
+               FROM fence.await_change($1, $2, $3, make_interval(secs => $4))";
+    leader_of(&client.query_typed_one(sql, &params).await.map_err(classify)?)
+}
+
+/// `fence.lease_proclaim`: changes the owner (the leader's value) of the live lease, keeping its
+/// fence; false when the token no longer holds it.
+pub async fn proclaim(client: &impl GenericClient, lease: &Lease, owner: &str) -> Result<bool, Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 3] =
+        [(&lease.key, Type::TEXT), (&lease.token, Type::UUID), (&owner, Type::TEXT)];
+    let row = client.query_typed_one("SELECT fence.lease_proclaim($1, $2, $3)", &params).await;
+    row.map_err(classify)?.try_get(0).map_err(Error::Db)
+}
+
+/// `fence.lease_handoff`: ends the lease and grants the key, with a higher fence, to a session
+/// waiting for it whose owner is `to_owner`, ahead of the queue: that new leader. None, changing
+/// nothing, when no such acquirer waits (or the token no longer holds the lease).
+pub async fn handoff(
+    client: &impl GenericClient,
+    lease: &Lease,
+    to_owner: &str,
+) -> Result<Option<Leader>, Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 3] =
+        [(&lease.key, Type::TEXT), (&lease.token, Type::UUID), (&to_owner, Type::TEXT)];
+    let sql = "SELECT fence, owner, acquired_at, expires_at FROM fence.lease_handoff($1, $2, $3)";
+    leader_of(&client.query_typed_one(sql, &params).await.map_err(classify)?)
 }
 
 /// The last fence granted for `key`; None if it was never granted (or its row was swept).
@@ -416,6 +568,12 @@ mod tests {
         );
         assert!(acquire_sql(&opts.clone().shared(true)).ends_with("$7, shared => $8)"));
         assert!(acquire_sql(&opts.clone().permits(4)).ends_with("$7, permits => $8)"));
+        let delayed = acquire_sql(&opts.clone().permits(2).lock_delay(Duration::from_secs(2)));
+        assert!(
+            delayed.ends_with("$7, permits => $8, lock_delay => make_interval(secs => $9))"),
+            "{delayed}"
+        );
+        assert!(!plain.contains("lock_delay"));
     }
 
     #[test]

@@ -6,20 +6,28 @@
 //! - [`hold`]: acquire and keep a lease renewed in the background, with a local deadline that says
 //!   when to stop even if the server cannot be reached; a shared lease or a semaphore's permit
 //!   ([`AcquireOptions::shared`], [`AcquireOptions::permits`]) the same way; [`hold_all`] a lease set.
+//!   A lost lease is told with its [`LossReason`].
+//! - [`Elector`]: leader election on a key: campaign with a value, resign, proclaim, observe the
+//!   leaders as a stream, hand off to a named candidate, callbacks on started and stopped leading and
+//!   on a new leader.
 //!
 //! Whatever the client believes, only the fence protects the data: guard every write with
 //! [`lease::fence_guard`] or [`lease::fenced_update`] in the writing transaction.
 mod client;
 mod clock;
 mod connect;
+mod elector;
 mod error;
 mod keeper;
 pub mod lease;
+mod reason;
 mod retry;
 
 pub use client::FenceClient;
 pub use connect::{Connector, PgConnection, APPLICATION_NAME};
+pub use elector::{ElectOptions, Elector, Leadership, Observer, StopReason};
 pub use error::{BoxError, Error};
 pub use keeper::{hold, hold_all, Held, HeldLease, HeldLeaseSet, KeepOptions, LeaseState, OnLost};
-pub use lease::{AcquireOptions, Lease, LeaseSet};
+pub use lease::{AcquireOptions, Leader, Lease, LeaseSet, LeaseStatus};
+pub use reason::LossReason;
 pub use retry::Backoff;

@@ -29,7 +29,7 @@ fn acquire_renew_release_round_trip() {
         assert!(lease::release(&*conn, &lease).await.unwrap());
         assert!(!lease::release(&*conn, &lease).await.unwrap(), "a second release finds nothing");
         let lost = lease::renew(&*conn, &lease, Duration::from_secs(60)).await.unwrap_err();
-        assert!(matches!(&lost, Error::LeaseLost { key } if key == "invoice:42"), "{lost:?}");
+        assert!(matches!(&lost, Error::LeaseLost { key, .. } if key == "invoice:42"), "{lost:?}");
         assert_eq!(lost.sqlstate(), Some("PF001"));
 
         // The next holder gets a higher fence; the old one is stale.

@@ -43,7 +43,9 @@ fn resource_workers() {
 
 #[test]
 fn leader_election() {
-    run_example("leader_election", 27562);
+    let out = run_example("leader_election", 27562);
+    // Each term's leader, and the vacancy a terminated session leaves, at the least.
+    assert!(count(&out, "leader changes observed") >= 2, "the observer saw no change of leader");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! `hold`: renewals, and the three ways a held lease ends (takeover, unreachable server, release).
 mod common;
 use common::{cluster, config, eventually, held_and_renewed, plain, run, server_lease, Frozen};
-use pg_fence_client::{hold, lease, AcquireOptions, Error, KeepOptions, LeaseState};
+use pg_fence_client::{hold, lease, AcquireOptions, Error, KeepOptions, LeaseState, LossReason};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,12 +64,16 @@ fn a_revoked_and_taken_over_lease_is_lost_and_its_fence_stale() {
         let revoke_to_told = revoked_at.elapsed();
         assert!(in_time.is_ok(), "never told");
         println!("takeover: revoke to told {revoke_to_told:?} (renewing every {:?})", TTL / 3);
-        assert_eq!(held.state(), LeaseState::Lost);
+        assert_eq!(held.state(), LeaseState::Lost(LossReason::Revoked));
         assert!(!held.is_held());
         // The callback runs just after `lost` wakes, on the keeper's thread.
         let heard = eventually(Duration::from_secs(2), || async { told.lock().unwrap().is_some() }).await;
         assert!(heard, "the callback was never called");
-        assert_eq!(*told.lock().unwrap(), Some(LeaseState::Lost), "the callback heard it");
+        assert_eq!(
+            *told.lock().unwrap(),
+            Some(LeaseState::Lost(LossReason::Revoked)),
+            "the callback heard it"
+        );
 
         // Stale writes are refused, in a transaction and through fenced_update; the new fence writes.
         let tx = admin.transaction().await.unwrap();
@@ -176,7 +180,11 @@ fn release_drop_and_a_held_key() {
         admin.execute("SELECT fence.lease_revoke('k')", &[]).await.unwrap();
         let watch = held.watch();
         assert!(!held.release().await.unwrap());
-        assert_eq!(*watch.borrow(), LeaseState::Lost, "the server said the token held nothing");
+        assert_eq!(
+            *watch.borrow(),
+            LeaseState::Lost(LossReason::Revoked),
+            "the server said the token held nothing"
+        );
     });
 }
 
@@ -197,6 +205,6 @@ fn a_session_bound_lease_is_told_lost_the_moment_its_session_ends() {
         // The next renewal is 10 s away: being told within 5 s means the closed session told it.
         let told = tokio::time::timeout(Duration::from_secs(5), held.lost()).await;
         println!("session ended: told {:?} after pg_terminate_backend", ended.elapsed());
-        assert_eq!(told.expect("told before the next renewal"), LeaseState::Lost);
+        assert_eq!(told.expect("told before the next renewal"), LeaseState::Lost(LossReason::SessionEnded));
     });
 }

@@ -2,7 +2,7 @@
 //! refused, kept, renewed and lost as plain ones are.
 mod common;
 use common::{cluster, config, eventually, plain, run};
-use pg_fence_client::{hold, lease, AcquireOptions, Error, FenceClient, KeepOptions, LeaseState};
+use pg_fence_client::{hold, lease, AcquireOptions, Error, FenceClient, KeepOptions, LeaseState, LossReason};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_postgres::Client;
@@ -134,10 +134,12 @@ fn a_kept_permit_is_lost_when_its_key_is_revoked() {
         let revoked: bool = admin.query_one("SELECT fence.lease_revoke('pool')", &[]).await.unwrap().get(0);
         assert!(revoked);
         let told_in_time = tokio::time::timeout(TTL + Duration::from_secs(5), held.lost()).await;
-        assert_eq!(told_in_time, Ok(LeaseState::Lost));
+        assert_eq!(told_in_time, Ok(LeaseState::Lost(LossReason::Revoked)));
         assert!(
-            eventually(Duration::from_secs(2), || async { *told.lock().unwrap() == [LeaseState::Lost] })
-                .await
+            eventually(Duration::from_secs(2), || async {
+                *told.lock().unwrap() == [LeaseState::Lost(LossReason::Revoked)]
+            })
+            .await
         );
         let err = lease::fence_guard(&admin, "pool", held.fence()).await.unwrap_err();
         assert!(matches!(err, Error::StaleFence { .. }), "{err:?}");

@@ -5,7 +5,7 @@
 mod common;
 use common::proxy::{Cut, Proxy};
 use common::{backends, cluster, config, eventually, plain, run, server_lease, session_pid};
-use pg_fence_client::{hold, lease, AcquireOptions, HeldLease, KeepOptions, LeaseState};
+use pg_fence_client::{hold, lease, AcquireOptions, HeldLease, KeepOptions, LeaseState, LossReason};
 use std::time::Duration;
 use tokio_postgres::Client;
 use uuid::Uuid;
@@ -75,7 +75,7 @@ fn a_session_bound_lease_whose_connection_broke_on_this_side_only_is_lost_and_re
         // Told at once (the connection closed), not at the next renewal, 1 s away, nor ever: a
         // renewal on a new connection would succeed, for a lease bound to the orphan.
         let told = tokio::time::timeout(Duration::from_millis(900), held.lost()).await;
-        assert_eq!(told, Ok(LeaseState::Lost));
+        assert_eq!(told, Ok(LeaseState::Lost(LossReason::SessionEnded)));
         // Released by its token on a new connection, though the orphan still holds the session lock.
         let released = || async { server_lease(&admin, "leader").await.is_some_and(|(live, _)| !live) };
         assert!(eventually(Duration::from_secs(5), released).await, "released while the orphan lives");

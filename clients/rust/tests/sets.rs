@@ -5,7 +5,7 @@ mod common;
 use common::proxy::{Cut, Proxy};
 use common::{cluster, config, eventually, plain, run};
 use pg_fence_client::{
-    hold_all, lease, AcquireOptions, Backoff, Error, FenceClient, KeepOptions, LeaseState,
+    hold_all, lease, AcquireOptions, Backoff, Error, FenceClient, KeepOptions, LeaseState, LossReason,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -63,7 +63,7 @@ fn acquire_all_grants_every_key_or_none() {
         assert_eq!(client.release_all(&set).await.unwrap(), 3);
         assert_eq!(client.release_all(&set).await.unwrap(), 0, "a retried release finds nothing");
         let err = client.renew_all(&set, Duration::from_secs(30)).await.unwrap_err();
-        assert!(matches!(&err, Error::LeaseLost { key } if *key == set.label()), "{err:?}");
+        assert!(matches!(&err, Error::LeaseLost { key, .. } if *key == set.label()), "{err:?}");
 
         for bad in [&["x", "x"][..], &[][..], &["x", ""][..]] {
             let err = lease::acquire_all(&admin, bad, &opts).await.unwrap_err();
@@ -130,11 +130,17 @@ fn a_held_set_is_lost_as_a_whole_when_one_key_is_revoked() {
             admin.query_one("SELECT fence.lease_revoke('account:2')", &[]).await.unwrap().get(0);
         assert!(revoked);
         let told_in_time = tokio::time::timeout(Duration::from_secs(5), held.lost()).await;
-        assert_eq!(told_in_time, Ok(LeaseState::Lost), "one lease of the set revoked: the set is lost");
+        assert_eq!(
+            told_in_time,
+            Ok(LeaseState::Lost(LossReason::Revoked)),
+            "one lease of the set revoked: the set is lost"
+        );
         assert!(!held.is_held());
         assert!(
-            eventually(Duration::from_secs(2), || async { *told.lock().unwrap() == [LeaseState::Lost] })
-                .await
+            eventually(Duration::from_secs(2), || async {
+                *told.lock().unwrap() == [LeaseState::Lost(LossReason::Revoked)]
+            })
+            .await
         );
         let freed =
             eventually(Duration::from_secs(5), || async { live(&admin, &KEYS).await.is_empty() }).await;
@@ -189,7 +195,7 @@ fn a_session_bound_set_is_lost_the_moment_its_session_ends() {
         admin.execute(terminate, &[]).await.unwrap();
         // The next renewal is 10 s away: told within 5 s means the closed session told it.
         let told = tokio::time::timeout(Duration::from_secs(5), held.lost()).await;
-        assert_eq!(told.expect("told before the next renewal"), LeaseState::Lost);
+        assert_eq!(told.expect("told before the next renewal"), LeaseState::Lost(LossReason::SessionEnded));
         assert!(eventually(Duration::from_secs(5), || async { live(&admin, &KEYS).await.is_empty() }).await);
     });
 }

@@ -12,11 +12,13 @@ from .calls import (
     release_all,
     renew,
     renew_all,
+    status,
 )
 from .client import Client
 from .errors import ConnectFailed, LeaseLost, OutcomeUnknown, PgFenceError, StaleFence, WaitCancelled, WaitTimedOut
 from .keeper import KeptLease, KeptLeaseSet
-from .lease import Lease, LeaseSet
+from .lease import Lease, LeaseSet, LeaseStatus
+from .reasons import LossReason
 from .retry import Retry
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "KeptLeaseSet",
     "Lease",
     "LeaseSet",
+    "LeaseStatus",
+    "LossReason",
     "Retry",
     "PgFenceError",
     "LeaseLost",
@@ -40,6 +44,7 @@ __all__ = [
     "renew_all",
     "release_all",
     "current_fence",
+    "status",
     "fence_guard",
     "fenced_update",
     "fenced_write",

@@ -13,10 +13,13 @@ from typing import Any, Awaitable, Callable, Iterable, List, Mapping, Optional, 
 import psycopg
 
 from . import lease as q
-from .connections import APPLICATION_NAME, connect_kwargs
-from .errors import CallTimedOut, OutcomeUnknown, connecting, outcome_unknown, retryable, translate
+from .connections import APPLICATION_NAME, CANCEL_TIMEOUT, Source
+from .election import ElectorOptions
+from .errors import CallTimedOut, LeaseLost, OutcomeUnknown, connecting, outcome_unknown, retryable, translate
 from .holding import Holding, KeepPlan, clock
 from .lease import Held, Lease, LeaseSet, Seconds, interval, new_token
+from .reasons import UNKNOWN as NO_REASON
+from .reasons import loss_reason
 from .retry import Retry, Tries
 
 T = TypeVar("T")
@@ -49,8 +52,9 @@ async def acquire(
     token: Optional[uuid.UUID] = None,
     shared: bool = False,
     permits: int = 1,
+    lock_delay: Seconds = 0,
 ) -> Optional[Lease]:
-    request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+    request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
     return await acquire_with(conn, request, token or new_token())
 
 
@@ -94,6 +98,12 @@ async def ended(conn: psycopg.AsyncConnection, held: Held) -> bool:
     return held.ended(await one(conn, held.release_query(), held.label))
 
 
+async def status(conn: psycopg.AsyncConnection, key: str, token: uuid.UUID) -> q.LeaseStatus:
+    row = await one(conn, q.status_query(key, token), key)
+    assert row is not None, "lease_status returns one row"
+    return q.LeaseStatus(*row)
+
+
 async def current_fence(conn: psycopg.AsyncConnection, key: str) -> Optional[int]:
     row = await one(conn, q.current_fence_query(key), key)
     return row[0] if row else None
@@ -115,15 +125,13 @@ async def fenced_update(
     return int(row[0]) if row else 0
 
 
-class AsyncConnections:
+class AsyncConnections(Source):
     """As connections.Connections, for asyncio: a call past its limit is cancelled, and its
     connection, in an unknown state then, is closed (or given back to the pool) and replaced."""
 
-    def __init__(self, conninfo: str, pool: Any, *, pinned: bool, application_name: str, connect_timeout: float):
-        self.conninfo, self.pool, self.pinned = conninfo, pool, pinned
-        self.kwargs = connect_kwargs(application_name, connect_timeout)
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         self._conn: Optional[psycopg.AsyncConnection] = None
-        self._autocommit: dict = {}
 
     async def checkout(self) -> psycopg.AsyncConnection:
         if self.pool is not None and not self.pinned:
@@ -184,10 +192,18 @@ async def bounded(
         await connections.checkin(conn, err)
         raise CallTimedOut(f"no answer from the server within {limit:.1f} s") from err
     except BaseException as err:
+        # A cancelled task's statement psycopg cancels on the server itself.
         await connections.checkin(conn, err)
         raise
     await connections.checkin(conn, None)
     return result
+
+
+async def cancel(conn: Optional[psycopg.AsyncConnection]) -> None:
+    """As connections.cancel."""
+    if conn is not None and not conn.closed:
+        with contextlib.suppress(Exception):
+            await conn.cancel_safe(timeout=CANCEL_TIMEOUT)
 
 
 async def retrying(
@@ -236,6 +252,13 @@ class AsyncClient:
     def _limit(self, wait: Seconds = 0) -> Optional[float]:
         return None if self.call_timeout is None else self.call_timeout + interval(wait).total_seconds()
 
+    async def _call(self, call: Callable[[psycopg.AsyncConnection], Awaitable[T]]) -> T:
+        return await retrying(self._connections, self.retry, call, self._limit())
+
+    def elector(self, key: str, ttl: Seconds, **options: Any) -> "AsyncElector":
+        """As Client.elector; call it in a coroutine."""
+        return AsyncElector(self, ElectorOptions(key, ttl, **options))
+
     async def acquire(
         self,
         key: str,
@@ -248,8 +271,9 @@ class AsyncClient:
         token: Optional[uuid.UUID] = None,
         shared: bool = False,
         permits: int = 1,
+        lock_delay: Seconds = 0,
     ) -> Optional[Lease]:
-        request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+        request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
         token = token or new_token()
         return await retrying(
             self._connections, self.retry, lambda conn: acquire_with(conn, request, token), self._limit(wait)
@@ -271,21 +295,35 @@ class AsyncClient:
         return await retrying(self._connections, self.retry, call, self._limit(wait), resend=False)
 
     async def renew(self, lease: Lease, ttl: Seconds) -> Lease:
-        return await retrying(self._connections, self.retry, lambda conn: renew(conn, lease, ttl), self._limit())
+        """As Client.renew."""
+        return await self._renewing(lease, lambda conn: renew(conn, lease, ttl))
 
     async def renew_all(self, lease_set: LeaseSet, ttl: Seconds) -> LeaseSet:
-        return await retrying(
-            self._connections, self.retry, lambda conn: renew_all(conn, lease_set, ttl), self._limit()
-        )
+        return await self._renewing(lease_set, lambda conn: renew_all(conn, lease_set, ttl))
+
+    async def _renewing(self, held: H, call: Callable[[psycopg.AsyncConnection], Awaitable[H]]) -> H:
+        try:
+            return await self._call(call)
+        except LeaseLost as lost:
+            with contextlib.suppress(Exception):
+                found = await bounded(
+                    self._connections, lambda conn: rows(conn, held.status_query(), ""), self._limit()
+                )
+                lost.reason = loss_reason(found, held.durable, NO_REASON)
+            raise
+
+    async def status(self, key: str, token: uuid.UUID) -> q.LeaseStatus:
+        """As Client.status."""
+        return await self._call(lambda conn: status(conn, key, token))
 
     async def release(self, lease: Lease) -> bool:
-        return await retrying(self._connections, self.retry, lambda conn: release(conn, lease), self._limit())
+        return await self._call(lambda conn: release(conn, lease))
 
     async def release_all(self, lease_set: LeaseSet) -> int:
-        return await retrying(self._connections, self.retry, lambda conn: release_all(conn, lease_set), self._limit())
+        return await self._call(lambda conn: release_all(conn, lease_set))
 
     async def current_fence(self, key: str) -> Optional[int]:
-        return await retrying(self._connections, self.retry, lambda conn: current_fence(conn, key), self._limit())
+        return await self._call(lambda conn: current_fence(conn, key))
 
     async def lease(
         self,
@@ -298,13 +336,14 @@ class AsyncClient:
         durable: bool = True,
         shared: bool = False,
         permits: int = 1,
+        lock_delay: Seconds = 0,
         renew_every: Optional[Seconds] = None,
         margin: Seconds = 0,
         on_lost: Optional[Callable[[Any], Any]] = None,
         release_timeout: Seconds = 5,
     ) -> "AsyncKeptLease":
         """`async with await client.lease(...) as lease:`; as Client.lease."""
-        request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+        request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
         return await self._keep(AsyncKeptLease, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
 
     async def lease_set(
@@ -325,8 +364,15 @@ class AsyncClient:
         request = q.acquire_all_request(keys, ttl, owner, wait, session_bound, durable)
         return await self._keep(AsyncKeptLeaseSet, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
 
-    async def _keep(self, kept: Any, plan: KeepPlan, on_lost: Optional[Callable[[Any], Any]]) -> Any:
-        connections = self.connections(pinned=True)
+    async def _keep(
+        self,
+        kept: Any,
+        plan: KeepPlan,
+        on_lost: Optional[Callable[[Any], Any]],
+        connections: Optional[AsyncConnections] = None,
+    ) -> Any:
+        """As Client._keep."""
+        connections = connections or self.connections(pinned=True)
         try:
             holding = plan.holding(*await self._acquire_to_keep(connections, plan.request))
             if holding.anchored_long_ago():
@@ -347,7 +393,12 @@ class AsyncClient:
             try:
                 call = functools.partial(acquire_with, request=request, token=token)
                 return await bounded(connections, call, self._limit(request.wait)), anchor
-            except Exception as err:
+            except BaseException as err:
+                if isinstance(err, asyncio.CancelledError):
+                    # Cancelled (psycopg cancelled the statement on the server): give up what its
+                    # token may have been granted.
+                    await self._give_up(connections, q.release_query(request.key, token))
+                    raise
                 try:
                     pause = tries.pause_or_raise(err)
                 except OutcomeUnknown as unknown:
@@ -383,4 +434,5 @@ class AsyncClient:
         await self.close()
 
 
+from .aio_elector import AsyncElector  # noqa: E402
 from .aio_keeper import AsyncKeptLease, AsyncKeptLeaseSet  # noqa: E402 (it builds on the calls above)

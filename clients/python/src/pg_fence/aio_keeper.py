@@ -6,14 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, List, Optional, TypeVar
 
 import psycopg
 
-from .aio import AsyncConnections, bounded, ended, fence_guard, fenced_update, renew, retrying
+from .aio import AsyncConnections, bounded, ended, fence_guard, fenced_update, renew, retrying, rows
+from .errors import LeaseLost, StaleFence
 from .holding import HELD, LOST, UNKNOWN, Holding, clock
 from .kept import Kept, SetView
+from .reasons import SESSION_ENDED, ended_reason
+from .reasons import UNKNOWN as NO_REASON
 from .retry import Retry
+
+T = TypeVar("T")
 
 
 class AsyncKeptLease(Kept):
@@ -30,16 +35,35 @@ class AsyncKeptLease(Kept):
         self._holding, self._connections, self._retry = holding, connections, retry
         self._on_lost, self._release_timeout = on_lost, release_timeout
         self.lost = asyncio.Event()
+        # As KeptLease._renewing.
+        self._renewing = asyncio.Lock()
         self._renewer = asyncio.create_task(self._renew_loop())
         self._watchdog = asyncio.create_task(self._watch())
 
     async def guard(self, conn: psycopg.AsyncConnection) -> None:
-        with self._fenced():
-            await fence_guard(conn, self.key, self.fence)
+        await self._fenced(lambda: fence_guard(conn, self.key, self.fence))
 
     async def fenced_update(self, conn: psycopg.AsyncConnection, table: str, changes: dict, filter: dict) -> int:
-        with self._fenced():
-            return await fenced_update(conn, self.key, self.fence, table, changes, filter)
+        return await self._fenced(lambda: fenced_update(conn, self.key, self.fence, table, changes, filter))
+
+    async def _fenced(self, call: Callable[[], Awaitable[T]]) -> T:
+        """As KeptLease._fenced."""
+        self.check()
+        try:
+            return await call()
+        except StaleFence:
+            asking = self._connections.sibling()
+            try:
+                self._declare(LOST, self._reason_of(await self._status(asking, self._release_timeout)))
+            finally:
+                await asking.close()
+            raise
+
+    async def _status(self, connections: AsyncConnections, limit: float) -> Optional[List[tuple]]:
+        """As KeptLease._status."""
+        with contextlib.suppress(Exception):
+            return await bounded(connections, lambda conn: rows(conn, self._status_query(), ""), limit)
+        return None
 
     async def release(self) -> bool:
         """As KeptLease.release."""
@@ -53,7 +77,8 @@ class AsyncKeptLease(Kept):
         if wanted:
             with contextlib.suppress(Exception):
                 answer = await retrying(self._connections, self._retry, self._release, None, end)
-            self._released_as(answer)
+            status = await self._status(self._connections, self._release_timeout) if answer is False else None
+            self._released_as(answer, ended_reason(status or (), self.lease.durable))
         await self._connections.close()
         return bool(answer)
 
@@ -81,10 +106,16 @@ class AsyncKeptLease(Kept):
             await self._pause(holding)
             sent = clock()
             try:
-                renewed = await bounded(self._connections, self._renew, holding.attempt_limit())
+                async with self._renewing:
+                    if holding.state != HELD:
+                        return  # handed off meanwhile
+                    renewed = await bounded(self._connections, self._renew, holding.attempt_limit())
             except Exception as err:
                 if holding.renewal_failed(err, self._retry.pause):
-                    self._declare(LOST)
+                    # As in KeptLease.
+                    otherwise = NO_REASON if isinstance(err, LeaseLost) else SESSION_ENDED
+                    status = await self._status(self._connections, min(self._release_timeout, holding.renew_every))
+                    self._declare(LOST, self._reason_of(status, otherwise))
                     if holding.give_up_after(err):
                         # As in KeptLease (Holding.give_up_after).
                         with contextlib.suppress(Exception):
@@ -123,12 +154,10 @@ class AsyncKeptLeaseSet(SetView, AsyncKeptLease):
 
     async def guard(self, conn: psycopg.AsyncConnection, key: str) -> None:  # type: ignore[override]
         fence = self.fence_of(key)
-        with self._fenced():
-            await fence_guard(conn, key, fence)
+        await self._fenced(lambda: fence_guard(conn, key, fence))
 
     async def fenced_update(  # type: ignore[override]
         self, conn: psycopg.AsyncConnection, key: str, table: str, changes: dict, filter: dict
     ) -> int:
         fence = self.fence_of(key)
-        with self._fenced():
-            return await fenced_update(conn, key, fence, table, changes, filter)
+        return await self._fenced(lambda: fenced_update(conn, key, fence, table, changes, filter))

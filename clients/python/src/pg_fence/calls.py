@@ -14,7 +14,7 @@ import psycopg
 
 from . import lease as q
 from .errors import translate
-from .lease import Held, Lease, LeaseSet, Seconds
+from .lease import Held, Lease, LeaseSet, LeaseStatus, Seconds
 
 H = TypeVar("H", Lease, LeaseSet)
 
@@ -45,11 +45,12 @@ def acquire(
     token: Optional[uuid.UUID] = None,
     shared: bool = False,
     permits: int = 1,
+    lock_delay: Seconds = 0,
 ) -> Optional[Lease]:
     """The lease on `key`, or None when the key cannot be granted now (held, or all its permits
     taken) and `wait` ran out. `shared=True` for a lease any number may hold at once (never beside
     an exclusive one), `permits=N` for one of at most N."""
-    request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+    request = q.Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
     return acquire_with(conn, request, token or q.new_token())
 
 
@@ -98,6 +99,13 @@ def release_all(conn: psycopg.Connection, lease_set: LeaseSet) -> int:
 def ended(conn: psycopg.Connection, held: Held) -> bool:
     """Releases a lease or a set: True when this call ended it (for a set, every one of its leases)."""
     return held.ended(one(conn, held.release_query(), held.label))
+
+
+def status(conn: psycopg.Connection, key: str, token: uuid.UUID) -> LeaseStatus:
+    """fence.lease_status: whether the lease `token` was granted on `key` is live, and if not, why it ended."""
+    row = one(conn, q.status_query(key, token), key)
+    assert row is not None, "lease_status returns one row"
+    return LeaseStatus(*row)
 
 
 def current_fence(conn: psycopg.Connection, key: str) -> Optional[int]:

@@ -9,15 +9,32 @@ import uuid
 from typing import Any, Callable, Iterable, Optional, Tuple, Type, TypeVar
 
 from . import calls
-from .connections import APPLICATION_NAME, Connections, bounded, retrying
-from .errors import OutcomeUnknown, outcome_unknown
+from .connections import APPLICATION_NAME, Connections, bounded, cancel, retrying
+from .election import ElectorOptions
+from .errors import LeaseLost, OutcomeUnknown, outcome_unknown
 from .holding import Holding, KeepPlan, clock
 from .keeper import KeptLease, KeptLeaseSet
-from .lease import Acquire, AcquireAll, Held, Lease, LeaseSet, Query, Seconds, acquire_all_request, interval, new_token
+from .lease import (
+    Acquire,
+    AcquireAll,
+    Held,
+    Lease,
+    LeaseSet,
+    LeaseStatus,
+    Query,
+    Seconds,
+    acquire_all_request,
+    interval,
+    new_token,
+)
 from .lease import release_query as release_token_query
+from .reasons import UNKNOWN as NO_REASON
+from .reasons import loss_reason
 from .retry import Retry, Tries
 
 K = TypeVar("K", bound=KeptLease)
+T = TypeVar("T")
+H = TypeVar("H", Lease, LeaseSet)
 
 
 class Client:
@@ -56,6 +73,10 @@ class Client:
     def _limit(self, wait: Seconds = 0) -> Optional[float]:
         return None if self.call_timeout is None else self.call_timeout + interval(wait).total_seconds()
 
+    def _call(self, call: Callable[[Any], T], wait: Seconds = 0) -> T:
+        """`call` on the client's connection, retried."""
+        return retrying(self._connections, self.retry, call, self._limit(wait))
+
     def acquire(
         self,
         key: str,
@@ -68,11 +89,12 @@ class Client:
         token: Optional[uuid.UUID] = None,
         shared: bool = False,
         permits: int = 1,
+        lock_delay: Seconds = 0,
     ) -> Optional[Lease]:
         """The lease on `key`, or None when it cannot be granted now (and `wait` ran out). A
         session-bound lease is bound to the session of the try that got it, which may not be this
         client's connection after a retry: keep session-bound leases with lease()."""
-        request = Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+        request = Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
         token = token or new_token()
         return retrying(
             self._connections, self.retry, lambda conn: calls.acquire_with(conn, request, token), self._limit(wait)
@@ -96,21 +118,34 @@ class Client:
         return retrying(self._connections, self.retry, call, self._limit(wait), resend=False)
 
     def renew(self, lease: Lease, ttl: Seconds) -> Lease:
-        return retrying(self._connections, self.retry, lambda conn: calls.renew(conn, lease, ttl), self._limit())
+        """The lease with its new expiry; LeaseLost, with its `reason` (pg_fence.reasons), when its
+        token no longer holds it."""
+        return self._renewing(lease, lambda conn: calls.renew(conn, lease, ttl))
 
     def renew_all(self, lease_set: LeaseSet, ttl: Seconds) -> LeaseSet:
-        return retrying(
-            self._connections, self.retry, lambda conn: calls.renew_all(conn, lease_set, ttl), self._limit()
-        )
+        return self._renewing(lease_set, lambda conn: calls.renew_all(conn, lease_set, ttl))
+
+    def _renewing(self, held: H, call: Callable[[Any], H]) -> H:
+        try:
+            return self._call(call)
+        except LeaseLost as lost:
+            with contextlib.suppress(Exception):
+                rows = bounded(self._connections, lambda conn: calls.rows(conn, held.status_query(), ""), self._limit())
+                lost.reason = loss_reason(rows, held.durable, NO_REASON)
+            raise
+
+    def status(self, key: str, token: uuid.UUID) -> LeaseStatus:
+        """fence.lease_status: whether the lease `token` was granted on `key` is live, or why it ended."""
+        return self._call(lambda conn: calls.status(conn, key, token))
 
     def release(self, lease: Lease) -> bool:
-        return retrying(self._connections, self.retry, lambda conn: calls.release(conn, lease), self._limit())
+        return self._call(lambda conn: calls.release(conn, lease))
 
     def release_all(self, lease_set: LeaseSet) -> int:
-        return retrying(self._connections, self.retry, lambda conn: calls.release_all(conn, lease_set), self._limit())
+        return self._call(lambda conn: calls.release_all(conn, lease_set))
 
     def current_fence(self, key: str) -> Optional[int]:
-        return retrying(self._connections, self.retry, lambda conn: calls.current_fence(conn, key), self._limit())
+        return self._call(lambda conn: calls.current_fence(conn, key))
 
     def lease(
         self,
@@ -123,6 +158,7 @@ class Client:
         durable: bool = True,
         shared: bool = False,
         permits: int = 1,
+        lock_delay: Seconds = 0,
         renew_every: Optional[Seconds] = None,
         margin: Seconds = 0,
         on_lost: Optional[Callable[[KeptLease], None]] = None,
@@ -131,7 +167,7 @@ class Client:
         """Acquires `key` and keeps it renewed in the background on a connection of its own;
         WaitTimedOut when it is not granted within `wait`. Use it as a context manager, which
         releases on exit; watch `lease.lost` (or pass `on_lost`) to learn that it was lost."""
-        request = Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits)
+        request = Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
         return self._keep(KeptLease, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
 
     def lease_set(
@@ -154,8 +190,23 @@ class Client:
         request = acquire_all_request(keys, ttl, owner, wait, session_bound, durable)
         return self._keep(KeptLeaseSet, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
 
-    def _keep(self, kept: Type[K], plan: KeepPlan, on_lost: Optional[Callable[[Any], None]]) -> K:
-        connections = self.connections(pinned=True)
+    def elector(self, key: str, ttl: Seconds, **options: Any) -> "Elector":
+        """Leader election on `key` (README, Leader election; the options are ElectorOptions'):
+        campaign(value) waits until elected and keeps the leadership as lease() keeps a lease
+        (renewed, lost with its reason); observe() yields every change of leader; callbacks
+        on_started_leading(leadership), on_stopped_leading(reason) and on_new_leader(leader or
+        None), the last from a thread of its own that observes while the elector is open."""
+        return Elector(self, ElectorOptions(key, ttl, **options))
+
+    def _keep(
+        self,
+        kept: Type[K],
+        plan: KeepPlan,
+        on_lost: Optional[Callable[[Any], None]],
+        connections: Optional[Connections] = None,
+    ) -> K:
+        """Acquires as `plan` asks, on `connections` (pinned; new ones by default), and keeps it."""
+        connections = connections or self.connections(pinned=True)
         try:
             holding = plan.holding(*self._acquire_to_keep(connections, plan.request))
             if holding.anchored_long_ago():
@@ -178,7 +229,13 @@ class Client:
             try:
                 call = functools.partial(calls.acquire_with, request=request, token=token)
                 return bounded(connections, call, self._limit(request.wait)), anchor
-            except Exception as err:
+            except BaseException as err:
+                if not isinstance(err, Exception):
+                    # Interrupted (KeyboardInterrupt): end the wait on the server, and give up
+                    # what its token may have been granted.
+                    cancel(connections.current())
+                    self._give_up(connections, release_token_query(request.key, token))
+                    raise
                 try:
                     pause = tries.pause_or_raise(err)
                 except OutcomeUnknown as unknown:
@@ -216,3 +273,6 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+from .elector import Elector  # noqa: E402 (it builds on the client)

@@ -24,6 +24,7 @@ from .errors import READ_ONLY, CallTimedOut, connecting, sqlstate
 from .retry import Retry, Tries
 
 T = TypeVar("T")
+S = TypeVar("S", bound="Source")
 
 APPLICATION_NAME = "pg_fence_client"
 
@@ -41,7 +42,10 @@ def connect_kwargs(application_name: str, connect_timeout: float) -> dict:
     }
 
 
-class Connections:
+class Source:
+    """Where connections come from (a conninfo, or a pool), and their settings; shared by the sync
+    and the asyncio Connections."""
+
     def __init__(
         self,
         conninfo: str = "",
@@ -54,9 +58,25 @@ class Connections:
         self.conninfo = conninfo
         self.pool = pool
         self.pinned = pinned
+        self.application_name, self.connect_timeout = application_name, connect_timeout
         self.kwargs = connect_kwargs(application_name, connect_timeout)
-        self._conn: Optional[psycopg.Connection] = None
         self._autocommit: dict = {}
+
+    def sibling(self: S, pinned: bool = False) -> S:
+        """Connections of their own from the same source, with the same settings."""
+        return type(self)(
+            self.conninfo,
+            self.pool,
+            pinned=pinned,
+            application_name=self.application_name,
+            connect_timeout=self.connect_timeout,
+        )
+
+
+class Connections(Source):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._conn: Optional[psycopg.Connection] = None
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -143,6 +163,18 @@ class Connections:
         self._autocommit[id(conn)] = conn.autocommit
         conn.autocommit = True
         return conn
+
+
+#: How long a cancel request may take: a stopped server answers nothing.
+CANCEL_TIMEOUT = 2.0
+
+
+def cancel(conn: Optional[psycopg.Connection]) -> None:
+    """Asks the server to cancel the statement running on `conn` (a waiting acquire ends with
+    57014, granting nothing), waiting CANCEL_TIMEOUT at most; from any thread."""
+    if conn is not None and not conn.closed:
+        with contextlib.suppress(Exception):
+            conn.cancel_safe(timeout=CANCEL_TIMEOUT)
 
 
 def in_transaction(conn: psycopg.Connection, call: Callable[[psycopg.Connection], T]) -> T:

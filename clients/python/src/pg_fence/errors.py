@@ -25,11 +25,14 @@ class PgFenceError(Exception):
 class LeaseLost(PgFenceError):
     """The lease is no longer held: the server said so (PF001), or it was declared lost locally."""
 
-    def __init__(self, key: str, message: str = "", *, state: str = "lost"):
+    def __init__(self, key: str, message: str = "", *, state: str = "lost", reason: Optional[str] = None):
         super().__init__(message or f"lease on {key!r} lost")
         self.key = key
         #: "lost" when the server said so, "unknown" when its deadline passed unconfirmed.
         self.state = state
+        #: Why (pg_fence.reasons): from a kept lease, its reason; from Client.renew, what the
+        #: server's lease_status said; None from the plain calls, which send one statement each.
+        self.reason = reason
 
 
 class StaleFence(PgFenceError):

@@ -6,7 +6,8 @@ than the expiry the server sets (which starts when the server runs it), as long 
 run at the same rate; `margin` allows for them not to. Deadlines are kept on CLOCK_BOOTTIME,
 which, as the server's clock, runs on while the machine is suspended. At the deadline, with no renewal confirmed,
 the lease is declared lost with state "unknown": the server may still hold it, but only for a
-moment, and nobody can tell which. PF001 from the server makes it "lost"."""
+moment, and nobody can tell which (its reason `unreachable`). PF001 from the server makes it "lost",
+with the reason the server's lease_status gives (reasons.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from typing import Callable, Optional
 
 from .errors import LeaseLost, WaitTimedOut, outcome_unknown
 from .lease import Acquire, Held, LeaseSet, Query, Seconds, interval
+from .reasons import RELEASED as ENDED_BY_RELEASE
+from .reasons import UNKNOWN as NO_REASON
+from .reasons import UNREACHABLE, LossReason
 
 HELD, LOST, UNKNOWN, RELEASED = "held", "lost", "unknown", "released"
 
@@ -76,6 +80,8 @@ class Holding:
         self.next_renewal = sent_at + self.renew_every
         self.state = HELD
         self.lost_at: Optional[float] = None
+        #: Why it was lost (reasons.py): set with the state "lost" or "unknown".
+        self.reason: Optional[LossReason] = None
         self.last_error: Optional[BaseException] = None
         self.failures = 0
         self._lock = threading.Lock()
@@ -91,14 +97,16 @@ class Holding:
             self.failures = 0
             return True
 
-    def declare(self, state: str) -> bool:
-        """Moves a held lease to `state`; True for the one call that did, which tells the work."""
+    def declare(self, state: str, reason: Optional[LossReason] = None) -> bool:
+        """Moves a held lease to `state`, lost for `reason` (by default `unreachable` for "unknown"
+        and `unknown` for "lost"); True for the one call that did, which tells the work."""
         with self._lock:
             if self.state != HELD:
                 return False
             self.state = state
             if state != RELEASED:
                 self.lost_at = clock()
+                self.reason = reason or (UNREACHABLE if state == UNKNOWN else NO_REASON)
             return True
 
     def anchored_long_ago(self) -> bool:
@@ -118,14 +126,22 @@ class Holding:
         one lease was lost (PF001) still holds the others, for nothing."""
         return not isinstance(err, LeaseLost) or isinstance(self.lease, LeaseSet)
 
-    def released(self, answer: Optional[bool]) -> None:
+    def released(self, answer: Optional[bool], reason: Optional[str] = None) -> None:
         """Takes the outcome of the holder's release: "released" only when the server said that it
-        ended the lease; "lost" when it said the token no longer held it; "unknown" when no answer
-        came, as the lease may then stay live until its TTL."""
+        ended the lease; "lost" when it said the token no longer held it, for `reason` (what its
+        lease_status said, reasons.ended_reason: "released" when an earlier try of this release
+        ended it, whose answer was lost); "unknown" when no answer came, as the lease may then stay
+        live until its TTL. A lease declared unknown at its deadline learns here what became of it."""
+        if answer is False and reason == ENDED_BY_RELEASE:
+            answer, reason = True, None
         with self._lock:
             if self.state not in (HELD, UNKNOWN) or (answer is None and self.state == UNKNOWN):
                 return
             self.state = UNKNOWN if answer is None else RELEASED if answer else LOST
+            if answer:
+                self.reason = None
+            else:
+                self.reason = UNREACHABLE if answer is None else reason or NO_REASON  # type: ignore[assignment]
             if self.state != RELEASED and self.lost_at is None:
                 self.lost_at = clock()
 

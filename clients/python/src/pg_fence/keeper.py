@@ -13,14 +13,19 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional, TypeVar
 
 from . import calls
 from .connections import Connections, bounded, retrying
-from .holding import LOST, UNKNOWN, Holding, clock
+from .errors import LeaseLost, StaleFence
+from .holding import HELD, LOST, UNKNOWN, Holding, clock
 from .kept import Kept, SetView
 from .lease import Held
+from .reasons import SESSION_ENDED, ended_reason
+from .reasons import UNKNOWN as NO_REASON
 from .retry import Retry
+
+T = TypeVar("T")
 
 
 class KeptLease(Kept):
@@ -43,6 +48,9 @@ class KeptLease(Kept):
         self._release_wanted = False
         self._released: Optional[bool] = None
         self._release_lock = threading.Lock()
+        # Held around each renewal, and by a hand-off or a proclaim (Leadership), which must not
+        # meet a renewal in flight.
+        self._renewing = threading.RLock()
         label = holding.lease.label
         self._threads = [
             threading.Thread(target=self._renew_loop, name=f"pg_fence renew {label}", daemon=True),
@@ -53,13 +61,32 @@ class KeptLease(Kept):
 
     def guard(self, conn: Any) -> None:
         """fence_guard in your transaction on `conn`, after a local check."""
-        with self._fenced():
-            calls.fence_guard(conn, self.key, self.fence)
+        self._fenced(lambda: calls.fence_guard(conn, self.key, self.fence))
 
     def fenced_update(self, conn: Any, table: str, changes: dict, filter: dict) -> int:
         """fenced_update in your transaction on `conn`, after a local check."""
-        with self._fenced():
-            return calls.fenced_update(conn, self.key, self.fence, table, changes, filter)
+        return self._fenced(lambda: calls.fenced_update(conn, self.key, self.fence, table, changes, filter))
+
+    def _fenced(self, call: Callable[[], T]) -> T:
+        """A fenced call under this lease: a local check first; the server's StaleFence means the
+        lease is lost, whatever the keeper has heard yet, and lease_status says why (asked on a
+        connection of its own: the keeper's may be renewing)."""
+        self.check()
+        try:
+            return call()
+        except StaleFence:
+            asking = self._connections.sibling()
+            try:
+                self._declare(LOST, self._reason_of(self._status(asking, self._release_timeout)))
+            finally:
+                asking.close()
+            raise
+
+    def _status(self, connections: Connections, limit: float) -> Optional[List[tuple]]:
+        """lease_status's (state, reason) rows of the lease; None when no answer came within `limit`."""
+        with contextlib.suppress(Exception):
+            return bounded(connections, lambda conn: calls.rows(conn, self._status_query(), ""), limit)
+        return None
 
     def release(self) -> bool:
         """Stops renewing and releases (also a lease whose state is unknown: it may be live),
@@ -97,8 +124,9 @@ class KeptLease(Kept):
                 answer = None
                 with contextlib.suppress(Exception):
                     answer = retrying(self._connections, self._retry, self._release, None, end)
+                status = self._status(self._connections, self._release_timeout) if answer is False else None
                 self._released = bool(answer)
-                self._released_as(answer)
+                self._released_as(answer, ended_reason(status or (), self.lease.durable))
             self._connections.close()
 
     def _stop_renewing(self) -> None:
@@ -123,10 +151,17 @@ class KeptLease(Kept):
         while not self._pause(holding):
             sent = clock()
             try:
-                renewed = bounded(self._connections, self._renew, holding.attempt_limit())
+                with self._renewing:
+                    if holding.state != HELD:
+                        return  # handed off meanwhile
+                    renewed = bounded(self._connections, self._renew, holding.attempt_limit())
             except Exception as err:
                 if holding.renewal_failed(err, self._retry.pause):
-                    self._declare(LOST)
+                    # PF001, or a session-bound lease whose session we lost (it may live on in it,
+                    # out of our reach: session_ended all the same, unless the server says more).
+                    otherwise = NO_REASON if isinstance(err, LeaseLost) else SESSION_ENDED
+                    rows = self._status(self._connections, min(self._release_timeout, holding.renew_every))
+                    self._declare(LOST, self._reason_of(rows, otherwise))
                     if holding.give_up_after(err):
                         # A session-bound lease whose session may live on, or the rest of a lost
                         # set (Holding.give_up_after): give it up by its token.
@@ -168,14 +203,12 @@ class KeptLeaseSet(SetView, KeptLease):
     def guard(self, conn: Any, key: str) -> None:  # type: ignore[override]
         """fence_guard of the set's lease on `key` in your transaction on `conn`, after a local check."""
         fence = self.fence_of(key)
-        with self._fenced():
-            calls.fence_guard(conn, key, fence)
+        self._fenced(lambda: calls.fence_guard(conn, key, fence))
 
     def fenced_update(self, conn: Any, key: str, table: str, changes: dict, filter: dict) -> int:  # type: ignore[override]
         """fenced_update under the set's lease on `key`, in your transaction on `conn`."""
         fence = self.fence_of(key)
-        with self._fenced():
-            return calls.fenced_update(conn, key, fence, table, changes, filter)
+        return self._fenced(lambda: calls.fenced_update(conn, key, fence, table, changes, filter))
 
 
 class _Stop:

@@ -5,12 +5,13 @@ deadline, and telling the work once when it is lost. Each subclass sets `_holdin
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
-from .errors import LeaseLost, StaleFence
+from .errors import LeaseLost
 from .holding import HELD, LOST, RELEASED, UNKNOWN, Holding
-from .lease import Lease, LeaseSet
+from .lease import Lease, LeaseSet, Query
+from .reasons import UNKNOWN as NO_REASON
+from .reasons import LossReason, loss_reason
 
 log = logging.getLogger("pg_fence")
 
@@ -59,6 +60,15 @@ class Kept:
         return self._holding.lost_at
 
     @property
+    def reason(self) -> Optional[LossReason]:
+        """Why the lease was lost, with the state "lost" or "unknown" (pg_fence.reasons): `expired`,
+        `revoked`, `taken_over`, `session_ended`, `restarted` (a fast lease lost in a crash or a
+        failover), `unknown` (the server knows no more), or `unreachable` (its local deadline passed
+        with no answer). A lease declared unknown learns at its release what became of it: its state
+        is then "lost" with the server's reason, or "released" (reason None) when it was still live."""
+        return self._holding.reason if self.state != HELD else None
+
+    @property
     def last_error(self) -> Optional[BaseException]:
         """The last failure of a renewal, for logs."""
         return self._holding.last_error
@@ -70,37 +80,36 @@ class Kept:
         """Raises LeaseLost unless the lease is still held by its local deadline."""
         state = self.state
         if state != HELD:
-            label = self._holding.lease.label
-            raise LeaseLost(label, f"lease on {label!r} is {state}", state=state)
-
-    @contextmanager
-    def _fenced(self) -> Iterator[None]:
-        """Around a fenced call under this lease: a local check first; the server's StaleFence
-        means the lease is lost, whatever the keeper has heard yet."""
-        self.check()
-        try:
-            yield
-        except StaleFence:
-            self._declare(LOST)
-            raise
+            label, reason = self._holding.lease.label, self._holding.reason
+            raise LeaseLost(label, f"lease on {label!r} is {state} ({reason})", state=state, reason=reason)
 
     def _stop_renewing(self) -> None:
         raise NotImplementedError
 
-    def _released_as(self, answer: Optional[bool]) -> None:
-        """Takes the outcome of the holder's release (Holding.released). A lease it leaves lost or
-        unknown sets `lost`, but on_lost is not called: the holder has stopped using it."""
-        self._holding.released(answer)
+    def _status_query(self) -> Query:
+        return self._holding.lease.status_query()
+
+    def _reason_of(self, rows: Optional[Iterable[tuple]], otherwise: LossReason = NO_REASON) -> LossReason:
+        """The loss reason lease_status's `rows` give (None: no answer came): `otherwise` when it
+        gave none."""
+        return otherwise if rows is None else loss_reason(rows, self._holding.lease.durable, otherwise)
+
+    def _released_as(self, answer: Optional[bool], ended: Optional[str] = None) -> None:
+        """Takes the outcome of the holder's release (Holding.released; `ended`, lease_status's
+        reason after an answer of False). A lease it leaves lost or unknown sets `lost`, but on_lost
+        is not called: the holder has stopped using it."""
+        self._holding.released(answer, ended)
         if self._holding.state != RELEASED:
             self.lost.set()
 
-    def _declare(self, state: str) -> None:
-        if not self._holding.declare(state):
+    def _declare(self, state: str, reason: Optional[LossReason] = None) -> None:
+        if not self._holding.declare(state, reason):
             return
         self.lost.set()
         self._stop_renewing()
         label = self._holding.lease.label
-        log.warning("pg_fence: lease on %r %s", label, "lost" if state == LOST else "state unknown")
+        told = "lost" if state == LOST else "state unknown"
+        log.warning("pg_fence: lease on %r %s (%s)", label, told, self._holding.reason)
         if self._on_lost is not None:
             try:
                 self._on_lost(self)

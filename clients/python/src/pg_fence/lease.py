@@ -45,6 +45,10 @@ class Lease:
     def release_query(self) -> "Query":
         return release_query(self.key, self.token)
 
+    def status_query(self) -> "Query":
+        """lease_status of this lease: (state, reason, ...)."""
+        return status_query(self.key, self.token)
+
     @staticmethod
     def ended(row: Optional[tuple]) -> bool:
         """Whether the release whose result is `row` ended the lease."""
@@ -93,6 +97,14 @@ class LeaseSet:
     def release_query(self) -> "Query":
         return ("SELECT fence.lease_release_all(%s, %s)", (list(self.keys), self.token))
 
+    def status_query(self) -> "Query":
+        """lease_status's (state, reason) of each lease of the set, in key order."""
+        return (
+            "SELECT s.state, s.reason FROM unnest(%s::text[]) WITH ORDINALITY AS k(key, n)"
+            " CROSS JOIN LATERAL fence.lease_status(k.key, %s) AS s ORDER BY k.n",
+            (list(self.keys), self.token),
+        )
+
     def ended(self, row: Optional[tuple]) -> bool:
         """Whether the release whose result is `row` ended every lease of the set (a set of which
         some lease had ended already was lost)."""
@@ -123,15 +135,18 @@ def acquire_query(
     token: uuid.UUID,
     shared: bool = False,
     permits: int = 1,
+    lock_delay: Seconds = 0,
 ) -> Query:
     # Named columns, not `*`: a refused acquire returns NULL, which `SELECT *` turns into one
-    # row of NULLs; Acquire.parse tells it by its NULL fence. `shared` and `permits` are passed by
-    # name and only when asked for, so that plain leases work on servers without them.
+    # row of NULLs; Acquire.parse tells it by its NULL fence. `shared`, `permits` and `lock_delay`
+    # are passed by name and only when asked for, so that plain leases work on servers without them.
     modes, params = "", (key, interval(ttl), owner, interval(wait), session_bound, durable, token)
     if shared:
         modes, params = ", shared => %s", (*params, True)
     if permits != 1:
         modes, params = f"{modes}, permits => %s", (*params, Int4(permits))
+    if interval(lock_delay):
+        modes, params = f"{modes}, lock_delay => %s", (*params, interval(lock_delay))
     return (
         "SELECT key, owner, fence, token, acquired_at, expires_at"
         f" FROM fence.lease_acquire(%s, %s, %s, %s, %s, %s, %s{modes})",
@@ -163,9 +178,11 @@ class Acquire:
     durable: bool = True
     shared: bool = False
     permits: int = 1
+    lock_delay: Seconds = 0
 
     def __post_init__(self) -> None:
         check_mode(self.shared, self.permits)
+        interval(self.lock_delay)  # TypeError for what is not a duration
 
     @property
     def label(self) -> str:
@@ -182,6 +199,7 @@ class Acquire:
             token,
             self.shared,
             self.permits,
+            self.lock_delay,
         )
 
     def seconds(self) -> Tuple[float, float]:
@@ -229,6 +247,27 @@ def acquire_all_request(
 
 def release_query(key: str, token: uuid.UUID) -> Query:
     return ("SELECT fence.lease_release(%s, %s)", (key, token))
+
+
+@dataclass(frozen=True)
+class LeaseStatus:
+    """fence.lease_status of a token: `state` "live" or "ended"; `reason` why it ended (the server's:
+    released, expired, revoked, taken_over, session_ended, unknown), None while live; its `fence`
+    and `expires_at` (None when the server knows nothing of the token), and the key's current fence."""
+
+    state: str
+    reason: Optional[str]
+    fence: Optional[int]
+    expires_at: Optional[datetime]
+    current_fence: Optional[int]
+
+    @property
+    def live(self) -> bool:
+        return self.state == "live"
+
+
+def status_query(key: str, token: uuid.UUID) -> Query:
+    return ("SELECT state, reason, fence, expires_at, current_fence FROM fence.lease_status(%s, %s)", (key, token))
 
 
 def current_fence_query(key: str) -> Query:

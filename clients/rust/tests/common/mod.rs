@@ -2,9 +2,10 @@
 //! (tests/src/lib.rs); the tests talk to them through this crate and tokio-postgres.
 #![allow(dead_code)]
 pub mod proxy;
-use pg_fence_client::{hold, AcquireOptions, Connector, HeldLease, KeepOptions, PgConnection};
+use pg_fence_client::{hold, AcquireOptions, Connector, HeldLease, KeepOptions, LeaseState, PgConnection};
 use pg_fence_integration::{signal, Cluster};
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_postgres::{Client, Config, NoTls};
 
@@ -47,6 +48,15 @@ pub async fn held_and_renewed(port: u16, key: &str, ttl: Duration) -> HeldLease 
     let held = hold(config(port, "rc_keeper"), key, &opts, KeepOptions::default()).await.unwrap();
     held.watch().changed().await.unwrap();
     held
+}
+
+/// Keep options renewing every `every` whose `on_lost` records what it was told.
+pub fn recording_losses(every: Duration) -> (KeepOptions, Arc<Mutex<Vec<LeaseState>>>) {
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let heard = told.clone();
+    let keep =
+        KeepOptions::default().renew_every(every).on_lost(move |state| heard.lock().unwrap().push(state));
+    (keep, told)
 }
 
 /// The pids of the backends whose application_name is `name`.
