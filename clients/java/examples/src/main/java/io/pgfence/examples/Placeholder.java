@@ -1,0 +1,5 @@
+package io.pgfence.examples;
+
+final class Placeholder {
+  private Placeholder() {}
+}

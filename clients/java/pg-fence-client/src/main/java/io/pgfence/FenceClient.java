@@ -1,0 +1,421 @@
+package io.pgfence;
+
+import java.sql.Connection;
+import java.sql.SQLException;
+import java.sql.SQLTransientConnectionException;
+import java.time.Duration;
+import java.time.Instant;
+import java.util.Collection;
+import java.util.List;
+import java.util.Map;
+import java.util.Objects;
+import java.util.Optional;
+import java.util.OptionalLong;
+import java.util.UUID;
+import java.util.concurrent.Executor;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
+import javax.sql.DataSource;
+
+/**
+ * The lease calls over a {@link DataSource} (a pool such as HikariCP, or the driver's own), each in
+ * a transaction of its own on a connection it takes and gives back, retried with backoff (full
+ * jitter) when the connection breaks: safe for each of them. An acquire carries the token drawn
+ * once before its first try, so a retry after a lost reply gets the lease that reply granted; renew
+ * and release are idempotent. When the retries run out after a try that may have taken effect, the
+ * call ends in {@link OutcomeUnknownException}, which carries an acquire's token. Fenced writes are
+ * not retried: only the caller knows whether a write may happen twice.
+ *
+ * <p>{@link #hold} keeps a lease renewed in the background: see {@link KeptLease}.
+ */
+public final class FenceClient implements AutoCloseable {
+  /** Runs the driver's network-timeout work on the caller's thread (the driver needs none). */
+  static final Executor DIRECT = Runnable::run;
+
+  private final DataSource dataSource;
+  private final Backoff backoff;
+  private final Duration callTimeout;
+  private final ScheduledThreadPoolExecutor timers;
+
+  /** A client with {@link Backoff#defaults()} and a 30 s bound on each try. */
+  public FenceClient(DataSource dataSource) {
+    this(dataSource, Backoff.defaults(), Duration.ofSeconds(30));
+  }
+
+  /**
+   * @param dataSource where connections come from
+   * @param backoff how failed tries are retried
+   * @param callTimeout bounds each try (beyond an acquire's wait): a server that hangs (stopped, or
+   *     a dead route) must not hang the caller
+   */
+  public FenceClient(DataSource dataSource, Backoff backoff, Duration callTimeout) {
+    this.dataSource = Objects.requireNonNull(dataSource);
+    this.backoff = Objects.requireNonNull(backoff);
+    this.callTimeout = Objects.requireNonNull(callTimeout);
+    this.timers =
+        new ScheduledThreadPoolExecutor(
+            1,
+            runnable -> {
+              Thread thread = new Thread(runnable, "pg-fence-deadlines");
+              thread.setDaemon(true);
+              return thread;
+            });
+    this.timers.setRemoveOnCancelPolicy(true);
+  }
+
+  public DataSource dataSource() {
+    return dataSource;
+  }
+
+  ScheduledThreadPoolExecutor timers() {
+    return timers;
+  }
+
+  /** One try of a call, on a connection in autocommit. */
+  @FunctionalInterface
+  interface Call<T> {
+    T run(Connection conn) throws SQLException;
+  }
+
+  /** How a call is retried. */
+  record Retry(Backoff backoff, Duration timeout, boolean resend, UUID token, boolean keep) {}
+
+  /** Retried within {@code bound} in all, each try bounded by it too. */
+  private Retry bounded(Duration bound) {
+    Backoff within = new Backoff(backoff.base(), backoff.cap(), backoff.maxAttempts(), bound);
+    return new Retry(within, bound, true, null, false);
+  }
+
+  private Retry plain(Duration extra) {
+    return new Retry(backoff, callTimeout.plus(extra), true, null, false);
+  }
+
+  /**
+   * Runs {@code call} until it succeeds, fails on the server's word, or the retries run out. With
+   * {@code keep}, the connection of the try that succeeded is not given back (the call keeps it).
+   */
+  <T> T retrying(Retry retry, Call<T> call) throws SQLException {
+    long started = System.nanoTime();
+    int tries = 0;
+    boolean connected = false;
+    // Once one try may have taken effect, running out of retries leaves the outcome unknown.
+    boolean maybeDone = false;
+    while (true) {
+      SQLException error;
+      Connection conn = null;
+      try {
+        conn = dataSource.getConnection();
+        connected = true;
+        prepare(conn, retry.timeout());
+        T result = call.run(conn);
+        if (!retry.keep()) {
+          giveBack(conn);
+        }
+        return result;
+      } catch (SQLException e) {
+        if (conn != null && !Sql.retryable(e)) {
+          giveBack(conn);
+          throw e;
+        }
+        error = e;
+        if (conn != null) {
+          maybeDone |= Sql.mayHaveTakenEffect(e);
+          abort(conn);
+        }
+      } catch (RuntimeException e) {
+        if (conn != null) {
+          abort(conn);
+        }
+        throw e;
+      }
+      tries++;
+      Duration delay = maybeDone && !retry.resend() ? null : retry.backoff().next(tries, started);
+      if (delay != null) {
+        try {
+          Thread.sleep(delay.toMillis(), delay.toNanosPart() % 1_000_000);
+          continue;
+        } catch (InterruptedException interrupted) {
+          Thread.currentThread().interrupt();
+        }
+      }
+      if (maybeDone) {
+        throw new OutcomeUnknownException(
+            "outcome unknown: the connection failed mid-call and retries ran out",
+            retry.token(),
+            error);
+      }
+      throw connected ? error : new NoConnectionException(error);
+    }
+  }
+
+  /** Autocommit (each call is its own transaction) and a bound on every read. */
+  static void prepare(Connection conn, Duration timeout) throws SQLException {
+    if (!conn.getAutoCommit()) {
+      conn.setAutoCommit(true);
+    }
+    conn.setNetworkTimeout(DIRECT, (int) Math.min(Integer.MAX_VALUE, timeout.toMillis() + 1));
+  }
+
+  /** Gives a connection back to the DataSource, with no network timeout. */
+  static void giveBack(Connection conn) {
+    try {
+      conn.setNetworkTimeout(DIRECT, 0);
+    } catch (SQLException ignored) {
+      // It is closed either way.
+    }
+    closeQuietly(conn);
+  }
+
+  /** Ends a connection that broke or hung: the pool must not hand it out again. */
+  static void abort(Connection conn) {
+    try {
+      conn.abort(DIRECT);
+    } catch (SQLException | RuntimeException ignored) {
+      closeQuietly(conn);
+    }
+  }
+
+  static void closeQuietly(Connection conn) {
+    try {
+      conn.close();
+    } catch (SQLException ignored) {
+      // Nothing more to do.
+    }
+  }
+
+  /**
+   * {@link PgFence#acquire}, retried: the lease, or empty when the key is held (or the wait ran
+   * out). The token (the options' own, or one drawn now) is the same on every try; {@link
+   * OutcomeUnknownException#token()} carries it.
+   */
+  public Optional<Lease> acquire(String key, AcquireOptions opts) throws SQLException {
+    opts.check();
+    AcquireOptions tokened = opts.withToken();
+    return acquire(key, tokened, callTimeout);
+  }
+
+  Optional<Lease> acquire(String key, AcquireOptions opts, Duration timeout) throws SQLException {
+    Retry retry =
+        new Retry(backoff, timeout.plus(opts.waitTime()), true, opts.token().get(), false);
+    return retrying(retry, conn -> PgFence.acquire(conn, key, opts));
+  }
+
+  /** A session-bound lease and the connection it is bound to (kept open, for the keeper). */
+  record Bound(Lease lease, Connection conn) {}
+
+  /**
+   * {@link PgFence#acquire} of a session-bound lease, retried, with the connection it is bound to.
+   * A session-bound lease lives with the backend that took it: after a try whose outcome is unknown
+   * (its connection broke on this side only while its backend lives on), a retry with that token
+   * would get a lease bound to the orphaned backend. So each retry first releases the previous
+   * try's token, then asks with a fresh one, and the grant is checked to be bound to the session it
+   * came on.
+   */
+  Optional<Bound> acquireSessionBound(String key, AcquireOptions opts, Duration timeout)
+      throws SQLException {
+    UUID[] tokens = {opts.token().orElse(null), null}; // the caller's; an unsure try's
+    Retry retry =
+        new Retry(backoff, timeout.plus(opts.waitTime()), true, opts.token().orElse(null), true);
+    return retrying(
+        retry,
+        conn -> {
+          if (tokens[1] != null) {
+            PgFence.release(conn, key, tokens[1]);
+          }
+          UUID token = tokens[0] != null ? tokens[0] : UUID.randomUUID();
+          tokens[0] = null;
+          tokens[1] = token;
+          Optional<Lease> granted = PgFence.acquire(conn, key, opts.token(token));
+          if (granted.isPresent() && !PgFence.boundHere(conn, key, granted.get().fence())) {
+            // The token was already another session's: left unsure, released by the next try.
+            throw new SQLTransientConnectionException("granted to another session", "08000");
+          }
+          tokens[1] = null;
+          if (granted.isEmpty()) {
+            giveBack(conn);
+            return Optional.empty();
+          }
+          return Optional.of(new Bound(granted.get(), conn));
+        });
+  }
+
+  /**
+   * {@link PgFence#renew}, retried; {@link LeaseLostException} with the reason {@code lease_status}
+   * gives.
+   */
+  public Instant renew(Lease lease, Duration ttl) throws SQLException {
+    try {
+      return retrying(plain(Duration.ZERO), conn -> PgFence.renew(conn, lease, ttl));
+    } catch (LeaseLostException lost) {
+      throw explained(lost, List.of(lease.key()), lease.token(), lease.durable());
+    }
+  }
+
+  /** {@code lost} with the reason the server gives (one more statement, bounded). */
+  private LeaseLostException explained(
+      LeaseLostException lost, List<String> keys, UUID token, boolean durable) {
+    LossReason reason = lossReason(keys, token, durable, callTimeout);
+    return new LeaseLostException(lost.key(), reason, lost.getCause());
+  }
+
+  /**
+   * Why the leases {@code token} was granted on {@code keys} ended, by lease_status; {@link
+   * LossReason#UNKNOWN} for a lease released by someone with its token; null while live or with no
+   * answer within {@code bound}.
+   */
+  LossReason lossReason(List<String> keys, UUID token, boolean durable, Duration bound) {
+    try {
+      String ended = endedBy(keys, token, bound);
+      if (ended == null) {
+        return null;
+      }
+      LossReason reason = LossReason.ofStatus(ended, durable);
+      return reason == null ? LossReason.UNKNOWN : reason;
+    } catch (SQLException e) {
+      return null;
+    }
+  }
+
+  /**
+   * The server's word on the first of the leases {@code token} was granted on {@code keys} that
+   * ended (null: all live), retried within {@code bound}.
+   */
+  String endedBy(List<String> keys, UUID token, Duration bound) throws SQLException {
+    return retrying(bounded(bound), conn -> PgFence.firstEnded(conn, keys, token));
+  }
+
+  /** {@link PgFence#release}, retried: true when this call ended the lease. */
+  public boolean release(Lease lease) throws SQLException {
+    return releaseToken(lease.key(), lease.token());
+  }
+
+  /**
+   * Releases by the token alone: for a lease whose grant may have happened but was never seen (the
+   * token of an {@link OutcomeUnknownException}).
+   */
+  public boolean releaseToken(String key, UUID token) throws SQLException {
+    return retrying(plain(Duration.ZERO), conn -> PgFence.release(conn, key, token));
+  }
+
+  /** {@link #releaseToken}, bounded by {@code bound} in all. */
+  boolean releaseToken(String key, UUID token, Duration bound) throws SQLException {
+    return retrying(bounded(bound), conn -> PgFence.release(conn, key, token));
+  }
+
+  /**
+   * {@link PgFence#acquireAll}, retried only while no try can have been granted: it takes no token,
+   * so a try whose reply was lost cannot be asked again for the set it may have granted. Such a try
+   * ends it with {@link OutcomeUnknownException}; the set, if granted, ends at its TTL.
+   */
+  public Optional<LeaseSet> acquireAll(Collection<String> keys, AcquireOptions opts)
+      throws SQLException {
+    opts.checkForSet();
+    Retry retry = new Retry(backoff, callTimeout.plus(opts.waitTime()), false, null, false);
+    return retrying(retry, conn -> PgFence.acquireAll(conn, keys, opts));
+  }
+
+  /** {@link PgFence#renewAll}, retried; {@link LeaseLostException} with its reason. */
+  public Instant renewAll(LeaseSet set, Duration ttl) throws SQLException {
+    try {
+      return retrying(plain(Duration.ZERO), conn -> PgFence.renewAll(conn, set, ttl));
+    } catch (LeaseLostException lost) {
+      throw explained(lost, set.keys(), set.token(), set.leases().get(0).durable());
+    }
+  }
+
+  /** {@link PgFence#releaseAll}, retried. */
+  public int releaseAll(LeaseSet set) throws SQLException {
+    return retrying(plain(Duration.ZERO), conn -> PgFence.releaseAll(conn, set));
+  }
+
+  /** {@link PgFence#status}, retried. */
+  public LeaseStatus status(String key, UUID token) throws SQLException {
+    return retrying(plain(Duration.ZERO), conn -> PgFence.status(conn, key, token));
+  }
+
+  /** {@link PgFence#currentFence}, retried. */
+  public OptionalLong currentFence(String key) throws SQLException {
+    return retrying(plain(Duration.ZERO), conn -> PgFence.currentFence(conn, key));
+  }
+
+  /** {@link PgFence#awaitChange}, retried; each try waits {@code timeout} at most. */
+  public Optional<Leader> awaitChange(String key, Leader seen, Duration timeout)
+      throws SQLException {
+    return retrying(plain(timeout), conn -> PgFence.awaitChange(conn, key, seen, timeout));
+  }
+
+  /** The key's leader now (empty: nobody leads). */
+  public Optional<Leader> leader(String key) throws SQLException {
+    return awaitChange(key, null, Duration.ZERO);
+  }
+
+  /**
+   * {@link PgFence#fencedUpdate} in a transaction of its own, not retried: after a broken
+   * connection its outcome is unknown, and only the caller can tell whether doing it twice is
+   * harmless.
+   */
+  public long fencedUpdate(
+      String key, long fence, String table, Map<String, ?> changes, Map<String, ?> filter)
+      throws SQLException {
+    Retry once =
+        new Retry(
+            new Backoff(Duration.ZERO, Duration.ZERO, 1, callTimeout),
+            callTimeout,
+            false,
+            null,
+            false);
+    return retrying(once, conn -> PgFence.fencedUpdate(conn, key, fence, table, changes, filter));
+  }
+
+  /** {@link #hold(String, AcquireOptions, KeepOptions)} with {@link KeepOptions#defaults()}. */
+  public KeptLease hold(String key, AcquireOptions opts) throws SQLException {
+    return hold(key, opts, KeepOptions.defaults());
+  }
+
+  /**
+   * Acquires {@code key} (waiting up to the options' wait; {@link WaitTimedOutException} when not
+   * granted) and keeps it: a thread renews it every {@code renewEvery} (ttl/3) on a connection of
+   * its own, retrying failed renewals with backoff, and the lease is declared lost the moment the
+   * server says so, or {@code unknown} ({@link LossReason#UNREACHABLE}) when the local deadline
+   * passes without a renewal, even while a renewal hangs.
+   */
+  public KeptLease hold(String key, AcquireOptions opts, KeepOptions keep) throws SQLException {
+    opts.check();
+    AcquireOptions tokened = opts.withToken();
+    Duration span = opts.ttl().minus(keep.marginFor(opts.ttl()));
+    Duration every = keep.renewEveryFor(opts.ttl());
+    if (every.isZero() || every.isNegative() || every.compareTo(span) >= 0) {
+      throw new IllegalArgumentException(
+          "renewEvery " + every + " must be above zero and below ttl less the margin, " + span);
+    }
+    // Taken before the first try: whichever try granted the lease was sent after it.
+    long sent = System.nanoTime();
+    Lease lease;
+    Connection bound = null;
+    if (opts.isSessionBound()) {
+      Optional<Bound> granted = acquireSessionBound(key, tokened, keep.timeout());
+      if (granted.isEmpty()) {
+        throw new WaitTimedOutException(key);
+      }
+      lease = granted.get().lease();
+      bound = granted.get().conn();
+    } else {
+      lease =
+          acquire(key, tokened, keep.timeout()).orElseThrow(() -> new WaitTimedOutException(key));
+    }
+    KeptLease kept = new KeptLease(this, lease, keep, opts.ttl(), span, every, sent, bound);
+    kept.start();
+    return kept;
+  }
+
+  /** Stops the deadline timers of the kept leases (it does not release them: close those). */
+  @Override
+  public void close() {
+    timers.shutdownNow();
+    try {
+      timers.awaitTermination(1, TimeUnit.SECONDS);
+    } catch (InterruptedException interrupted) {
+      Thread.currentThread().interrupt();
+    }
+  }
+}

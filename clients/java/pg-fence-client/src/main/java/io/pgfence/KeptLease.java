@@ -1,0 +1,533 @@
+package io.pgfence;
+
+import java.sql.Connection;
+import java.sql.SQLException;
+import java.sql.Statement;
+import java.time.Duration;
+import java.time.Instant;
+import java.util.List;
+import java.util.Map;
+import java.util.Optional;
+import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.TimeUnit;
+import org.postgresql.PGConnection;
+
+/**
+ * A lease kept alive by {@link FenceClient#hold}: a thread renews it every {@code renewEvery}
+ * (ttl/3) on a connection of its own, and tells its holder the moment it is no longer held, through
+ * {@link #lost()} (a future completed with the {@link LossReason}) and the {@link LeaseListener} of
+ * its {@link KeepOptions}.
+ *
+ * <p><b>The local deadline.</b> The keeper takes {@link System#nanoTime()} just before sending each
+ * acquire or renew; when one succeeds, the deadline is that time plus the ttl, less a margin. The
+ * server started its TTL later than that, so it cannot have expired the lease before the deadline
+ * (with clocks whose rates differ by less than the margin). When the deadline passes without a
+ * renewal confirmed, the lease is declared {@link State#UNKNOWN} ({@link LossReason#UNREACHABLE})
+ * by a timer that a hung renewal does not hold up, and {@link #isHeld()} is false from that instant
+ * whether or not any thread has run.
+ *
+ * <p>Check {@link #isHeld()} before each step of the work (or stop when {@link #lost()} completes),
+ * and fence every write: {@link #guard(Connection)} in the writing transaction, or {@link
+ * #fencedUpdate}. {@link #close()} releases the lease, bounded by {@link
+ * KeepOptions#timeout(Duration)}.
+ */
+public final class KeptLease implements AutoCloseable {
+
+  /** Where a kept lease stands. Once it leaves {@code HELD} it never comes back. */
+  public enum State {
+    /** Renewed in time: the server holds it for us until at least the local deadline. */
+    HELD,
+    /**
+     * The server said the token no longer holds it (PF001, a stale guard, a release that found
+     * nothing), for the reason {@link #reason()} gives.
+     */
+    LOST,
+    /**
+     * The local deadline passed without a renewal ({@link LossReason#UNREACHABLE}): the server may
+     * still count it held, but its holder cannot know, so it must stop as if lost. Also a lease
+     * whose release got no answer.
+     */
+    UNKNOWN,
+    /** Ended by its holder ({@link #close()}): the server said so. */
+    RELEASED
+  }
+
+  private final FenceClient client;
+  private final Lease lease;
+  private final KeepOptions keep;
+  private final Duration ttl;
+  private final long spanNanos;
+  private final long everyNanos;
+  private final boolean sessionBound;
+  private final Object monitor = new Object();
+  private final CompletableFuture<LossReason> lost = new CompletableFuture<>();
+  private final Thread keeper;
+
+  /** Used by the keeper thread only (and by start, before it runs). */
+  private Connection conn;
+
+  private volatile long deadline;
+  private volatile Instant expiresAt;
+  private volatile long toldAtNanos;
+  private ScheduledFuture<?> timer; // guarded by monitor
+  private State state = State.HELD; // guarded by monitor
+  private LossReason reason; // guarded by monitor
+  private boolean closing; // guarded by monitor
+
+  KeptLease(
+      FenceClient client,
+      Lease lease,
+      KeepOptions keep,
+      Duration ttl,
+      Duration span,
+      Duration every,
+      long sentNanos,
+      Connection bound) {
+    this.client = client;
+    this.lease = lease;
+    this.keep = keep;
+    this.ttl = ttl;
+    this.spanNanos = span.toNanos();
+    this.everyNanos = every.toNanos();
+    this.sessionBound = bound != null;
+    this.conn = bound;
+    this.deadline = sentNanos + spanNanos;
+    this.expiresAt = lease.expiresAt();
+    this.keeper = new Thread(this::keep, "pg-fence-keeper " + lease.key());
+    this.keeper.setDaemon(true);
+  }
+
+  /**
+   * Renews at once when the acquire took longer than a renewal period (a long wait, retries): the
+   * deadline then counts from that renewal. On failure the lease is released and the error thrown.
+   */
+  void start() throws SQLException {
+    if (System.nanoTime() - (deadline - spanNanos) >= everyNanos) {
+      try {
+        long sent = System.nanoTime();
+        Instant expiry = renewOnce(keep.timeout().toNanos());
+        deadline = sent + spanNanos;
+        expiresAt = expiry;
+      } catch (SQLException e) {
+        dropConnection();
+        try {
+          client.releaseToken(lease.key(), lease.token(), keep.timeout());
+        } catch (SQLException ignored) {
+          // The lease ends at its TTL.
+        }
+        throw e;
+      }
+    }
+    synchronized (monitor) {
+      scheduleTimer();
+    }
+    keeper.start();
+  }
+
+  public Lease lease() {
+    return lease.withExpiresAt(expiresAt);
+  }
+
+  public String key() {
+    return lease.key();
+  }
+
+  /** The fence to guard every write with. */
+  public long fence() {
+    return lease.fence();
+  }
+
+  public UUID token() {
+    return lease.token();
+  }
+
+  /** The server's expiry after the last renewal. */
+  public Instant expiresAt() {
+    return expiresAt;
+  }
+
+  /**
+   * True until the local deadline passes without a renewal, or the lease is lost or released;
+   * judged from {@link System#nanoTime()} at each call, whether or not the keeper has run.
+   */
+  public boolean isHeld() {
+    return state() == State.HELD;
+  }
+
+  /** Where the lease stands now, the deadline included. */
+  public State state() {
+    if (System.nanoTime() - deadline >= 0) {
+      declare(State.UNKNOWN, LossReason.UNREACHABLE);
+    }
+    synchronized (monitor) {
+      return state;
+    }
+  }
+
+  /**
+   * Why the lease was lost: with {@code LOST} and {@code UNKNOWN}; empty while held and once
+   * released.
+   */
+  public Optional<LossReason> reason() {
+    state();
+    synchronized (monitor) {
+      return Optional.ofNullable(reason);
+    }
+  }
+
+  /** The time left before the local deadline; zero once it has passed. */
+  public Duration timeLeft() {
+    return Duration.ofNanos(Math.max(0, deadline - System.nanoTime()));
+  }
+
+  /**
+   * Completed with the reason the moment the lease is lost while held; cancelled when the holder
+   * closes it first. A copy: completing or cancelling it changes nothing here.
+   */
+  public CompletableFuture<LossReason> lost() {
+    return lost.copy();
+  }
+
+  /** {@link System#nanoTime()} when the loss was told; 0 while held. For measurements. */
+  public long toldAtNanos() {
+    return toldAtNanos;
+  }
+
+  /** {@link LeaseLostException} (with the reason) unless held. */
+  public void check() throws LeaseLostException {
+    if (!isHeld()) {
+      throw new LeaseLostException(lease.key(), reason().orElse(null), null);
+    }
+  }
+
+  /**
+   * {@link #check()}, then the server's guard in the caller's transaction on {@code conn} ({@link
+   * PgFence#fenceGuard}: not in autocommit). A {@link StaleFenceException} from the server also
+   * ends the kept lease, with the reason the server gives.
+   */
+  public void guard(Connection conn) throws SQLException {
+    check();
+    try {
+      PgFence.fenceGuard(conn, lease.key(), lease.fence());
+    } catch (StaleFenceException stale) {
+      lostByServer();
+      throw stale;
+    }
+  }
+
+  /**
+   * {@link #check()}, then {@link PgFence#fencedUpdate} on {@code conn} under this lease's fence; a
+   * {@link StaleFenceException} ends the kept lease as {@link #guard} does.
+   */
+  public long fencedUpdate(
+      Connection conn, String table, Map<String, ?> changes, Map<String, ?> filter)
+      throws SQLException {
+    check();
+    try {
+      return PgFence.fencedUpdate(conn, lease.key(), lease.fence(), table, changes, filter);
+    } catch (StaleFenceException stale) {
+      lostByServer();
+      throw stale;
+    }
+  }
+
+  /** The server refused the fence: lost, for the reason lease_status gives. */
+  private void lostByServer() {
+    LossReason why =
+        client.lossReason(List.of(lease.key()), lease.token(), lease.durable(), keep.timeout());
+    declare(State.LOST, why == null ? LossReason.UNKNOWN : why);
+  }
+
+  /**
+   * Moves a held lease to LOST or UNKNOWN and tells it: the future, then the listener. Not while
+   * closing: the holder's own release says what became of it.
+   */
+  private void declare(State end, LossReason why) {
+    synchronized (monitor) {
+      if (state != State.HELD || closing) {
+        return;
+      }
+      state = end;
+      reason = why;
+      toldAtNanos = System.nanoTime();
+      if (timer != null) {
+        timer.cancel(false);
+      }
+      monitor.notifyAll();
+    }
+    lost.complete(why);
+    LeaseListener listener = keep.listener();
+    if (listener != null) {
+      try {
+        listener.onLost(this, why);
+      } catch (RuntimeException ignored) {
+        // A listener's failure is its own.
+      }
+    }
+  }
+
+  /** Arms the deadline's timer for the current deadline. Holds the monitor. */
+  private void scheduleTimer() {
+    if (timer != null) {
+      timer.cancel(false);
+    }
+    long left = deadline - System.nanoTime();
+    timer =
+        client
+            .timers()
+            .schedule(
+                () -> {
+                  if (System.nanoTime() - deadline >= 0) {
+                    declare(State.UNKNOWN, LossReason.UNREACHABLE);
+                  }
+                },
+                Math.max(0, left),
+                TimeUnit.NANOSECONDS);
+  }
+
+  private boolean keeping() {
+    synchronized (monitor) {
+      return !closing && state == State.HELD;
+    }
+  }
+
+  /** The keeper thread: pause, renew, until the lease ends or is closed. */
+  private void keep() {
+    try {
+      while (pauseUntil(deadline - spanNanos + everyNanos) && renewUntilAnswered()) {
+        // Renewed: pause again.
+      }
+    } finally {
+      dropConnection();
+    }
+  }
+
+  /**
+   * Sleeps until {@code due}; false when the lease ended or is closing meanwhile. A session-bound
+   * lease's connection is watched meanwhile (the server writes to an idle session only to end it):
+   * when it closes, the renewal that follows at once finds the session gone.
+   */
+  private boolean pauseUntil(long due) {
+    while (keeping()) {
+      long left = due - System.nanoTime();
+      if (left <= 0) {
+        return true;
+      }
+      long millis = Math.max(1, Math.min(TimeUnit.NANOSECONDS.toMillis(left), 250));
+      if (sessionBound) {
+        try {
+          conn.unwrap(PGConnection.class).getNotifications((int) millis);
+        } catch (SQLException closed) {
+          return keeping();
+        }
+      } else {
+        synchronized (monitor) {
+          if (!closing && state == State.HELD) {
+            try {
+              monitor.wait(millis);
+            } catch (InterruptedException interrupted) {
+              return false;
+            }
+          }
+        }
+      }
+    }
+    return false;
+  }
+
+  /**
+   * Tries until the server answers: true when renewed in time; false when the lease ended (lost,
+   * unknown) or is closing.
+   */
+  private boolean renewUntilAnswered() {
+    int retry = 0;
+    while (keeping()) {
+      long left = deadline - System.nanoTime();
+      if (left <= 0) {
+        declare(State.UNKNOWN, LossReason.UNREACHABLE);
+        return false;
+      }
+      // A try that hangs is abandoned in time for another on a new connection, but for a
+      // session-bound lease, which would end with its connection.
+      long limit = sessionBound ? left : Math.min(everyNanos, left);
+      try {
+        long sent = System.nanoTime();
+        Instant expiry = renewOnce(limit);
+        if (System.nanoTime() - deadline >= 0) {
+          declare(State.UNKNOWN, LossReason.UNREACHABLE);
+          return false;
+        }
+        synchronized (monitor) {
+          deadline = sent + spanNanos;
+          expiresAt = expiry;
+          if (state == State.HELD) {
+            scheduleTimer();
+          }
+        }
+        return true;
+      } catch (LeaseLostException e) {
+        ended(LossReason.UNKNOWN);
+        return false;
+      } catch (SQLException e) {
+        boolean closed = isClosed(conn);
+        if (sessionBound && (Sql.mayHaveTakenEffect(e) || closed)) {
+          // A session-bound lease cannot move to another connection: once its own broke (or may
+          // have), the session holding it is gone or out of reach.
+          dropConnection();
+          ended(LossReason.SESSION_ENDED);
+          return false;
+        }
+        if (!sessionBound) {
+          dropConnection();
+        }
+      }
+      long sleep = Math.min(keep.retry().delay(retry++).toNanos(), deadline - System.nanoTime());
+      if (sleep > 0) {
+        synchronized (monitor) {
+          try {
+            TimeUnit.NANOSECONDS.timedWait(monitor, sleep);
+          } catch (InterruptedException interrupted) {
+            return false;
+          }
+        }
+      }
+    }
+    return false;
+  }
+
+  /**
+   * The server said the lease is not held (or a session-bound lease's session is gone): lost, told
+   * one statement later with the reason lease_status gives ({@code otherwise} when it has none). A
+   * session-bound lease is then released by its token on another connection: its backend may live
+   * on, cut off from us, holding the key until the server notices.
+   */
+  private void ended(LossReason otherwise) {
+    if (!keeping()) {
+      return;
+    }
+    // Bounded short: the holder is told at once, with the reason if the server gives it in time.
+    long second = TimeUnit.SECONDS.toNanos(1);
+    Duration bound =
+        Duration.ofNanos(Math.min(everyNanos, Math.min(keep.timeout().toNanos(), second)));
+    LossReason why = client.lossReason(List.of(lease.key()), lease.token(), lease.durable(), bound);
+    declare(State.LOST, why == null ? otherwise : why);
+    if (sessionBound) {
+      try {
+        client.releaseToken(lease.key(), lease.token(), keep.timeout());
+      } catch (SQLException ignored) {
+        // It ends with its session, or at its TTL.
+      }
+    }
+  }
+
+  /**
+   * One renewal on the keeper's connection, every read bounded by {@code limitNanos}. A plain
+   * lease's connection carries a {@code statement_timeout} of the renewal period, so that a stuck
+   * renewal does not keep the key's lock on the server; it is reset before the connection is given
+   * back.
+   */
+  private Instant renewOnce(long limitNanos) throws SQLException {
+    if (conn == null) {
+      conn = client.dataSource().getConnection();
+      FenceClient.prepare(conn, Duration.ofNanos(limitNanos));
+      try (Statement statement = conn.createStatement()) {
+        statement.execute(
+            "SET statement_timeout = " + Math.max(1, TimeUnit.NANOSECONDS.toMillis(everyNanos)));
+      }
+    }
+    int millis = (int) Math.max(1, Math.min(Integer.MAX_VALUE, limitNanos / 1_000_000 + 1));
+    conn.setNetworkTimeout(FenceClient.DIRECT, millis);
+    return PgFence.renew(conn, lease, ttl);
+  }
+
+  private static boolean isClosed(Connection conn) {
+    try {
+      return conn == null || conn.isClosed();
+    } catch (SQLException e) {
+      return true;
+    }
+  }
+
+  /** Gives the keeper's connection back (a broken one is aborted). */
+  private void dropConnection() {
+    Connection current = conn;
+    conn = null;
+    if (current == null) {
+      return;
+    }
+    if (isClosed(current)) {
+      FenceClient.abort(current);
+      return;
+    }
+    try (Statement statement = current.createStatement()) {
+      current.setNetworkTimeout(FenceClient.DIRECT, 1000);
+      statement.execute("RESET statement_timeout");
+      FenceClient.giveBack(current);
+    } catch (SQLException e) {
+      FenceClient.abort(current);
+    }
+  }
+
+  /**
+   * Stops renewing and releases the lease by its token on a connection of its own (a renewal in
+   * flight on the keeper's connection cannot bring it back: a renewal extends only a live lease),
+   * retried within {@link KeepOptions#timeout(Duration)}. True when the server said this release
+   * ended the lease. The state then says what became of it: {@code RELEASED} when the server said
+   * so, {@code LOST} (with the reason) when the token no longer held it, {@code UNKNOWN} with no
+   * answer (it ends at its TTL). A lease already lost is not released again.
+   */
+  public boolean release() {
+    State was;
+    synchronized (monitor) {
+      if (closing) {
+        return false;
+      }
+      closing = true;
+      was = state;
+      if (timer != null) {
+        timer.cancel(false);
+      }
+      monitor.notifyAll();
+    }
+    lost.cancel(false);
+    if (was == State.LOST || was == State.RELEASED) {
+      return false;
+    }
+    State end;
+    LossReason why = null;
+    boolean released = false;
+    try {
+      released = client.releaseToken(lease.key(), lease.token(), keep.timeout());
+      if (released) {
+        end = State.RELEASED;
+      } else {
+        String ended = client.endedBy(List.of(lease.key()), lease.token(), keep.timeout());
+        why = LossReason.ofStatus(ended, lease.durable());
+        end = why == null ? State.RELEASED : State.LOST;
+      }
+    } catch (SQLException e) {
+      end = State.UNKNOWN;
+      why = LossReason.UNREACHABLE;
+    }
+    synchronized (monitor) {
+      if (state == State.HELD || end != State.UNKNOWN) {
+        state = end;
+        reason = why;
+      }
+    }
+    return released;
+  }
+
+  /** {@link #release()}. */
+  @Override
+  public void close() {
+    release();
+  }
+
+  @Override
+  public String toString() {
+    return "KeptLease[" + lease.key() + ", fence " + lease.fence() + ", " + state() + "]";
+  }
+}

@@ -1,0 +1,45 @@
+package io.pgfence;
+
+import java.time.Instant;
+import java.util.Comparator;
+import java.util.List;
+import java.util.OptionalLong;
+import java.util.UUID;
+import java.util.stream.Collectors;
+
+/**
+ * What {@code lease_acquire_all} granted: one lease per key, in key order, each with its own fence,
+ * all sharing one token; renewed and released together.
+ *
+ * @param leases the leases, in key order
+ * @param token the token they share
+ */
+public record LeaseSet(List<Lease> leases, UUID token) {
+
+  public LeaseSet {
+    leases = List.copyOf(leases);
+  }
+
+  /** The keys, in key order. */
+  public List<String> keys() {
+    return leases.stream().map(Lease::key).collect(Collectors.toList());
+  }
+
+  /** The fence of the set's lease on {@code key}; empty for a key outside the set. */
+  public OptionalLong fence(String key) {
+    return leases.stream()
+        .filter(lease -> lease.key().equals(key))
+        .mapToLong(Lease::fence)
+        .findFirst();
+  }
+
+  /** The earliest expiry of the set's leases. */
+  public Instant expiresAt() {
+    return leases.stream().map(Lease::expiresAt).min(Comparator.naturalOrder()).orElseThrow();
+  }
+
+  /** The keys, comma-separated, as exceptions name a set. */
+  public String label() {
+    return String.join(", ", keys());
+  }
+}

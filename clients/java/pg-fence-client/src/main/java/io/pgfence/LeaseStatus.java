@@ -1,0 +1,31 @@
+package io.pgfence;
+
+import java.time.Instant;
+import java.util.Optional;
+
+/**
+ * {@code fence.lease_status(key, token)}: whether the lease a token was granted on a key is live,
+ * and if not, why it ended.
+ *
+ * @param state {@code live} or {@code ended}
+ * @param reason the server's word for why it ended ({@code released}, {@code expired}, {@code
+ *     revoked}, {@code taken_over}, {@code session_ended}, {@code unknown}); null while live
+ * @param fence the lease's fence; null when the server knows nothing of the token
+ * @param expiresAt its expiry, or when it ended; null when unknown
+ * @param currentFence the key's last fence, as {@code current_fence}
+ */
+public record LeaseStatus(
+    String state, String reason, Long fence, Instant expiresAt, Long currentFence) {
+
+  public boolean isLive() {
+    return "live".equals(state);
+  }
+
+  /**
+   * Why the lease was lost, as a {@link LossReason}; empty while live and when its holder released
+   * it. {@code unknown} of a fast lease ({@code durable} false) is {@link LossReason#RESTARTED}.
+   */
+  public Optional<LossReason> lossReason(boolean durable) {
+    return isLive() ? Optional.empty() : Optional.ofNullable(LossReason.ofStatus(reason, durable));
+  }
+}

@@ -1,0 +1,5 @@
+package io.pgfence.shedlock;
+
+final class Placeholder {
+  private Placeholder() {}
+}

@@ -1,0 +1,5 @@
+package io.pgfence.spring;
+
+final class Placeholder {
+  private Placeholder() {}
+}

@@ -1,0 +1,130 @@
+package io.pgfence.testing;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.OutputStream;
+import java.net.InetAddress;
+import java.net.ServerSocket;
+import java.net.Socket;
+import java.nio.charset.StandardCharsets;
+import java.util.concurrent.atomic.AtomicInteger;
+
+/**
+ * A TCP proxy in front of a server that can lose a reply: once armed with {@link
+ * #dropReplyAfter(String)}, the first server reply to arrive after a client message containing
+ * those bytes is not forwarded, and both connections are closed, as when a network fails after the
+ * server committed. With {@link #dropEveryReply(boolean)} every reply to such a message is lost.
+ */
+public final class Proxy implements AutoCloseable {
+  private final int serverPort;
+  private final ServerSocket listener;
+  private volatile byte[] dropAfter;
+  private volatile boolean every;
+  private final AtomicInteger dropped = new AtomicInteger();
+
+  public Proxy(int serverPort) throws IOException {
+    this.serverPort = serverPort;
+    this.listener = new ServerSocket(0, 50, InetAddress.getLoopbackAddress());
+    Thread accept = new Thread(this::accept, "proxy-accept");
+    accept.setDaemon(true);
+    accept.start();
+  }
+
+  public int port() {
+    return listener.getLocalPort();
+  }
+
+  /** Loses the reply to the next client message that contains {@code marker}. */
+  public void dropReplyAfter(String marker) {
+    this.dropAfter = marker.getBytes(StandardCharsets.UTF_8);
+  }
+
+  /** Keeps losing the replies to messages with the marker, not only the next one. */
+  public void dropEveryReply(boolean every) {
+    this.every = every;
+  }
+
+  /** How many replies were lost. */
+  public int dropped() {
+    return dropped.get();
+  }
+
+  private void accept() {
+    while (!listener.isClosed()) {
+      try {
+        Socket client = listener.accept();
+        Socket server = new Socket(InetAddress.getLoopbackAddress(), serverPort);
+        boolean[] armed = {false};
+        pump(client, server, armed, true);
+        pump(server, client, armed, false);
+      } catch (IOException e) {
+        return;
+      }
+    }
+  }
+
+  private void pump(Socket from, Socket to, boolean[] armed, boolean upstream) {
+    Thread thread =
+        new Thread(
+            () -> {
+              byte[] buffer = new byte[65536];
+              try (InputStream in = from.getInputStream();
+                  OutputStream out = to.getOutputStream()) {
+                int read;
+                while ((read = in.read(buffer)) > 0) {
+                  byte[] marker = dropAfter;
+                  if (upstream && marker != null && contains(buffer, read, marker)) {
+                    if (!every) {
+                      dropAfter = null;
+                    }
+                    synchronized (armed) {
+                      armed[0] = true;
+                    }
+                  } else if (!upstream) {
+                    synchronized (armed) {
+                      if (armed[0]) {
+                        dropped.incrementAndGet();
+                        break;
+                      }
+                    }
+                  }
+                  out.write(buffer, 0, read);
+                  out.flush();
+                }
+              } catch (IOException ignored) {
+                // The other side closed.
+              }
+              closeQuietly(from);
+              closeQuietly(to);
+            },
+            upstream ? "proxy-up" : "proxy-down");
+    thread.setDaemon(true);
+    thread.start();
+  }
+
+  private static boolean contains(byte[] buffer, int length, byte[] marker) {
+    outer:
+    for (int i = 0; i + marker.length <= length; i++) {
+      for (int j = 0; j < marker.length; j++) {
+        if (buffer[i + j] != marker[j]) {
+          continue outer;
+        }
+      }
+      return true;
+    }
+    return false;
+  }
+
+  private static void closeQuietly(Socket socket) {
+    try {
+      socket.close();
+    } catch (IOException ignored) {
+      // Closed already.
+    }
+  }
+
+  @Override
+  public void close() throws IOException {
+    listener.close();
+  }
+}
