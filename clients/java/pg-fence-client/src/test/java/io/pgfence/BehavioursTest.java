@@ -73,6 +73,8 @@ class BehavioursTest {
     final List<Thread> resumes = new ArrayList<>();
     long previousStart;
     long stepStart;
+    String previousVerb = "";
+    String verb = "";
 
     Run(Map<String, Object> scenario) {
       this.scenario = scenario;
@@ -84,7 +86,9 @@ class BehavioursTest {
         for (Object item : JsonData.asList(scenario.get("steps"))) {
           Map<String, Object> step = JsonData.asMap(item);
           previousStart = stepStart;
+          previousVerb = verb;
           stepStart = System.nanoTime();
+          verb = step.keySet().iterator().next();
           step(step);
         }
       } finally {
@@ -207,8 +211,8 @@ class BehavioursTest {
       assertEquals(step.get("state"), holder.lease.state().name().toLowerCase(Locale.ROOT));
       double took = (holder.lease.toldAtNanos() - previousStart) / 1e9;
       System.out.printf(
-          "[behaviour] %s: told %s %.1f ms after the fault (limit %.0f ms)%n",
-          scenario.get("name"), reason, took * 1000, within * 1000);
+          "[behaviour] %s: told %s %.1f ms after the %s began (limit %.0f ms)%n",
+          scenario.get("name"), reason, took * 1000, previousVerb, within * 1000);
       assertTrue(took <= within, "told after " + took + " s, more than " + within);
       assertFalse(holder.lease.isHeld());
     }
