@@ -1,5 +1,0 @@
-package io.pgfence.shedlock;
-
-final class Placeholder {
-  private Placeholder() {}
-}
