@@ -1,5 +1,0 @@
-package io.pgfence.spring;
-
-final class Placeholder {
-  private Placeholder() {}
-}
