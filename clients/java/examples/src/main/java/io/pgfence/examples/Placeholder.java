@@ -1,5 +1,0 @@
-package io.pgfence.examples;
-
-final class Placeholder {
-  private Placeholder() {}
-}
