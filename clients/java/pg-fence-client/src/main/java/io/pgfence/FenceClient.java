@@ -264,8 +264,18 @@ public final class FenceClient implements AutoCloseable {
    * answer within {@code bound}.
    */
   LossReason lossReason(List<String> keys, UUID token, boolean durable, Duration bound) {
+    return lossReason(keys, token, durable, bounded(bound));
+  }
+
+  /** {@link #lossReason(List, UUID, boolean, Duration)} in one try, bounded by {@code bound}. */
+  LossReason lossReasonOnce(List<String> keys, UUID token, boolean durable, Duration bound) {
+    Retry once = new Retry(new Backoff(bound, bound, 1, bound), bound, false, null, false);
+    return lossReason(keys, token, durable, once);
+  }
+
+  private LossReason lossReason(List<String> keys, UUID token, boolean durable, Retry retry) {
     try {
-      String ended = endedBy(keys, token, bound);
+      String ended = retrying(retry, conn -> PgFence.firstEnded(conn, keys, token));
       if (ended == null) {
         return null;
       }

@@ -407,11 +407,13 @@ public final class KeptLease implements AutoCloseable {
     if (!keeping()) {
       return;
     }
-    // Bounded short: the holder is told at once, with the reason if the server gives it in time.
+    // One try, bounded short: the holder is told at once, with the reason if the server gives it
+    // in time (a server that crashed gives none: the reason is then `otherwise`).
     long second = TimeUnit.SECONDS.toNanos(1);
     Duration bound =
         Duration.ofNanos(Math.min(everyNanos, Math.min(keep.timeout().toNanos(), second)));
-    LossReason why = client.lossReason(List.of(lease.key()), lease.token(), lease.durable(), bound);
+    LossReason why =
+        client.lossReasonOnce(List.of(lease.key()), lease.token(), lease.durable(), bound);
     declare(State.LOST, why == null ? otherwise : why);
     if (sessionBound) {
       try {

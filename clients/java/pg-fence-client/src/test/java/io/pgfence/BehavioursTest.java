@@ -9,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.fail;
 
 import io.pgfence.testing.Cluster;
 import io.pgfence.testing.JsonData;
+import io.pgfence.testing.Proxy;
 import java.sql.Connection;
 import java.sql.SQLException;
 import java.time.Duration;
@@ -58,11 +59,13 @@ class BehavioursTest {
     final FenceClient client;
     final KeptLease lease;
     final List<LossReason> told;
+    final Proxy proxy;
 
-    Holder(FenceClient client, KeptLease lease, List<LossReason> told) {
+    Holder(FenceClient client, KeptLease lease, List<LossReason> told, Proxy proxy) {
       this.client = client;
       this.lease = lease;
       this.told = told;
+      this.proxy = proxy;
     }
   }
 
@@ -98,6 +101,9 @@ class BehavioursTest {
         for (Holder holder : holders.values()) {
           holder.lease.close();
           holder.client.close();
+          if (holder.proxy != null) {
+            holder.proxy.close();
+          }
         }
       }
     }
@@ -144,6 +150,7 @@ class BehavioursTest {
           resume.start();
           resumes.add(resume);
         }
+        case "hang_connections" -> holder(step, verb).proxy.hangExisting();
         case "crash_server" -> {
           cluster.crash();
           cluster.start();
@@ -168,7 +175,7 @@ class BehavioursTest {
       }
     }
 
-    void hold(Map<String, Object> step) throws SQLException {
+    void hold(Map<String, Object> step) throws SQLException, java.io.IOException {
       String name = (String) step.get("hold");
       AcquireOptions opts =
           AcquireOptions.ttl(seconds(step.getOrDefault("ttl", scenario.get("ttl"))))
@@ -180,9 +187,12 @@ class BehavioursTest {
       if (step.containsKey("renew_every")) {
         keep = keep.renewEvery(seconds(step.get("renew_every")));
       }
-      FenceClient client = new FenceClient(cluster.dataSource("beh_" + name));
+      Proxy proxy =
+          (Boolean) step.getOrDefault("via_proxy", false) ? new Proxy(cluster.port()) : null;
+      int port = proxy == null ? cluster.port() : proxy.port();
+      FenceClient client = new FenceClient(Cluster.dataSource("beh_" + name, port));
       KeptLease lease = client.hold(key, opts, keep);
-      holders.put(name, new Holder(client, lease, told));
+      holders.put(name, new Holder(client, lease, told, proxy));
       assertTrue(lease.isHeld());
     }
 

@@ -21,6 +21,8 @@ public final class Proxy implements AutoCloseable {
   private volatile byte[] dropAfter;
   private volatile boolean every;
   private final AtomicInteger dropped = new AtomicInteger();
+  private final AtomicInteger generation = new AtomicInteger();
+  private volatile int hungUpTo = -1;
 
   public Proxy(int serverPort) throws IOException {
     this.serverPort = serverPort;
@@ -44,6 +46,14 @@ public final class Proxy implements AutoCloseable {
     this.every = every;
   }
 
+  /**
+   * The connections open now stop carrying data either way, as across a dead route (no reset, no
+   * answer); connections made later work.
+   */
+  public void hangExisting() {
+    hungUpTo = generation.get() - 1;
+  }
+
   /** How many replies were lost. */
   public int dropped() {
     return dropped.get();
@@ -55,15 +65,16 @@ public final class Proxy implements AutoCloseable {
         Socket client = listener.accept();
         Socket server = new Socket(InetAddress.getLoopbackAddress(), serverPort);
         boolean[] armed = {false};
-        pump(client, server, armed, true);
-        pump(server, client, armed, false);
+        int made = generation.getAndIncrement();
+        pump(client, server, armed, true, made);
+        pump(server, client, armed, false, made);
       } catch (IOException e) {
         return;
       }
     }
   }
 
-  private void pump(Socket from, Socket to, boolean[] armed, boolean upstream) {
+  private void pump(Socket from, Socket to, boolean[] armed, boolean upstream, int made) {
     Thread thread =
         new Thread(
             () -> {
@@ -72,6 +83,9 @@ public final class Proxy implements AutoCloseable {
                   OutputStream out = to.getOutputStream()) {
                 int read;
                 while ((read = in.read(buffer)) > 0) {
+                  if (made <= hungUpTo) {
+                    continue; // swallowed: the route is dead
+                  }
                   byte[] marker = dropAfter;
                   if (upstream && marker != null && contains(buffer, read, marker)) {
                     if (!every) {
