@@ -15,6 +15,7 @@ import java.util.UUID;
 import java.util.concurrent.Executor;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Consumer;
 import javax.sql.DataSource;
 
 /**
@@ -78,7 +79,22 @@ public final class FenceClient implements AutoCloseable {
   }
 
   /** How a call is retried. */
-  record Retry(Backoff backoff, Duration timeout, boolean resend, UUID token, boolean keep) {}
+  record Retry(
+      Backoff backoff,
+      Duration timeout,
+      boolean resend,
+      UUID token,
+      boolean keep,
+      Consumer<Connection> using) {
+    Retry(Backoff backoff, Duration timeout, boolean resend, UUID token, boolean keep) {
+      this(backoff, timeout, resend, token, keep, null);
+    }
+
+    /** This retry, telling {@code using} of each try's connection (and null after it). */
+    Retry using(Consumer<Connection> using) {
+      return new Retry(backoff, timeout, resend, token, keep, using);
+    }
+  }
 
   /** Retried within {@code bound} in all, each try bounded by it too. */
   private Retry bounded(Duration bound) {
@@ -106,14 +122,23 @@ public final class FenceClient implements AutoCloseable {
       try {
         conn = dataSource.getConnection();
         connected = true;
+        if (retry.using() != null) {
+          retry.using().accept(conn);
+        }
         prepare(conn, retry.timeout());
         T result = call.run(conn);
+        if (retry.using() != null) {
+          retry.using().accept(null);
+        }
         if (!retry.keep()) {
           giveBack(conn);
         }
         return result;
       } catch (SQLException e) {
         if (conn != null && !Sql.retryable(e)) {
+          if (retry.using() != null) {
+            retry.using().accept(null);
+          }
           giveBack(conn);
           throw e;
         }
@@ -127,6 +152,9 @@ public final class FenceClient implements AutoCloseable {
           abort(conn);
         }
         throw e;
+      }
+      if (retry.using() != null) {
+        retry.using().accept(null);
       }
       tries++;
       Duration delay = maybeDone && !retry.resend() ? null : retry.backoff().next(tries, started);
@@ -195,8 +223,15 @@ public final class FenceClient implements AutoCloseable {
   }
 
   Optional<Lease> acquire(String key, AcquireOptions opts, Duration timeout) throws SQLException {
+    return acquire(key, opts, timeout, null);
+  }
+
+  Optional<Lease> acquire(
+      String key, AcquireOptions opts, Duration timeout, Consumer<Connection> using)
+      throws SQLException {
     Retry retry =
-        new Retry(backoff, timeout.plus(opts.waitTime()), true, opts.token().get(), false);
+        new Retry(backoff, timeout.plus(opts.waitTime()), true, opts.token().get(), false)
+            .using(using);
     return retrying(retry, conn -> PgFence.acquire(conn, key, opts));
   }
 
@@ -211,11 +246,13 @@ public final class FenceClient implements AutoCloseable {
    * try's token, then asks with a fresh one, and the grant is checked to be bound to the session it
    * came on.
    */
-  Optional<Bound> acquireSessionBound(String key, AcquireOptions opts, Duration timeout)
+  Optional<Bound> acquireSessionBound(
+      String key, AcquireOptions opts, Duration timeout, Consumer<Connection> using)
       throws SQLException {
     UUID[] tokens = {opts.token().orElse(null), null}; // the caller's; an unsure try's
     Retry retry =
-        new Retry(backoff, timeout.plus(opts.waitTime()), true, opts.token().orElse(null), true);
+        new Retry(backoff, timeout.plus(opts.waitTime()), true, opts.token().orElse(null), true)
+            .using(using);
     return retrying(
         retry,
         conn -> {
@@ -354,6 +391,25 @@ public final class FenceClient implements AutoCloseable {
     return retrying(plain(timeout), conn -> PgFence.awaitChange(conn, key, seen, timeout));
   }
 
+  Optional<Leader> awaitChange(
+      String key, Leader seen, Duration timeout, Consumer<Connection> using) throws SQLException {
+    return retrying(
+        plain(timeout).using(using), conn -> PgFence.awaitChange(conn, key, seen, timeout));
+  }
+
+  /** {@link PgFence#proclaim}, retried (a proclaim done twice is done once). */
+  public boolean proclaim(Lease lease, String owner) throws SQLException {
+    return retrying(plain(Duration.ZERO), conn -> PgFence.proclaim(conn, lease, owner));
+  }
+
+  /**
+   * {@link PgFence#handoff}, retried: a retry after a hand-off whose answer was lost finds the
+   * token holding nothing and returns empty; {@link #status} then says {@code released}.
+   */
+  public Optional<Leader> handoff(Lease lease, String toOwner) throws SQLException {
+    return retrying(plain(Duration.ZERO), conn -> PgFence.handoff(conn, lease, toOwner));
+  }
+
   /** The key's leader now (empty: nobody leads). */
   public Optional<Leader> leader(String key) throws SQLException {
     return awaitChange(key, null, Duration.ZERO);
@@ -390,6 +446,15 @@ public final class FenceClient implements AutoCloseable {
    * passes without a renewal, even while a renewal hangs.
    */
   public KeptLease hold(String key, AcquireOptions opts, KeepOptions keep) throws SQLException {
+    return hold(key, opts, keep, null);
+  }
+
+  /**
+   * {@link #hold(String, AcquireOptions, KeepOptions)}, telling {@code using} of each try's
+   * connection.
+   */
+  KeptLease hold(String key, AcquireOptions opts, KeepOptions keep, Consumer<Connection> using)
+      throws SQLException {
     opts.check();
     AcquireOptions tokened = opts.withToken();
     Duration span = opts.ttl().minus(keep.marginFor(opts.ttl()));
@@ -403,7 +468,7 @@ public final class FenceClient implements AutoCloseable {
     Lease lease;
     Connection bound = null;
     if (opts.isSessionBound()) {
-      Optional<Bound> granted = acquireSessionBound(key, tokened, keep.timeout());
+      Optional<Bound> granted = acquireSessionBound(key, tokened, keep.timeout(), using);
       if (granted.isEmpty()) {
         throw new WaitTimedOutException(key);
       }
@@ -411,7 +476,8 @@ public final class FenceClient implements AutoCloseable {
       bound = granted.get().conn();
     } else {
       lease =
-          acquire(key, tokened, keep.timeout()).orElseThrow(() -> new WaitTimedOutException(key));
+          acquire(key, tokened, keep.timeout(), using)
+              .orElseThrow(() -> new WaitTimedOutException(key));
     }
     KeptLease kept = new KeptLease(this, lease, keep, opts.ttl(), span, every, sent, bound);
     kept.start();

@@ -65,6 +65,13 @@ public final class KeptLease implements AutoCloseable {
   private final CompletableFuture<LossReason> lost = new CompletableFuture<>();
   private final Thread keeper;
 
+  /**
+   * Held around each renewal, and by an elector's proclaim and hand-off, which must not meet a
+   * renewal in flight.
+   */
+  private final java.util.concurrent.locks.ReentrantLock renewing =
+      new java.util.concurrent.locks.ReentrantLock();
+
   /** Used by the keeper thread only (and by start, before it runs). */
   private Connection conn;
 
@@ -233,8 +240,43 @@ public final class KeptLease implements AutoCloseable {
     }
   }
 
-  /** The server refused the fence: lost, for the reason lease_status gives. */
-  private void lostByServer() {
+  /** The bound on the release (and the questions after it). */
+  Duration timeout() {
+    return keep.timeout();
+  }
+
+  /** The lock each renewal holds. */
+  java.util.concurrent.locks.ReentrantLock renewing() {
+    return renewing;
+  }
+
+  /**
+   * Stops renewing without releasing: the lease ended by its holder's own hand-off ({@code
+   * RELEASED}), or left to expire at its TTL ({@code UNKNOWN}). The listener is not told; {@link
+   * #lost()} is cancelled.
+   */
+  void abandon(State end) {
+    synchronized (monitor) {
+      if (closing) {
+        return;
+      }
+      closing = true;
+      if (state == State.HELD) {
+        state = end;
+        reason = end == State.UNKNOWN ? LossReason.UNKNOWN : null;
+      }
+      if (timer != null) {
+        timer.cancel(false);
+      }
+      monitor.notifyAll();
+    }
+    lost.cancel(false);
+  }
+
+  /**
+   * The server said the token no longer holds the lease: lost, for the reason lease_status gives.
+   */
+  void lostByServer() {
     LossReason why =
         client.lossReason(List.of(lease.key()), lease.token(), lease.durable(), keep.timeout());
     declare(State.LOST, why == null ? LossReason.UNKNOWN : why);
@@ -353,8 +395,18 @@ public final class KeptLease implements AutoCloseable {
       // session-bound lease, which would end with its connection.
       long limit = sessionBound ? left : Math.min(everyNanos, left);
       try {
-        long sent = System.nanoTime();
-        Instant expiry = renewOnce(limit);
+        long sent;
+        Instant expiry;
+        renewing.lock();
+        try {
+          if (!keeping()) {
+            return false;
+          }
+          sent = System.nanoTime();
+          expiry = renewOnce(limit);
+        } finally {
+          renewing.unlock();
+        }
         if (System.nanoTime() - deadline >= 0) {
           declare(State.UNKNOWN, LossReason.UNREACHABLE);
           return false;

@@ -10,6 +10,7 @@ import static org.junit.jupiter.api.Assertions.fail;
 import io.pgfence.testing.Cluster;
 import io.pgfence.testing.JsonData;
 import io.pgfence.testing.Proxy;
+import io.pgfence.testing.Scenarios;
 import java.sql.Connection;
 import java.sql.SQLException;
 import java.time.Duration;
@@ -45,33 +46,18 @@ class BehavioursTest {
 
   @TestFactory
   Stream<DynamicTest> keeperBehaviours() {
-    List<Object> scenarios = JsonData.asList(JsonData.behaviours("keeper.json").get("scenarios"));
-    return scenarios.stream()
-        .map(JsonData::asMap)
+    return Scenarios.of("keeper.json").stream()
         .map(
             scenario ->
-                DynamicTest.dynamicTest((String) scenario.get("name"), () -> run(scenario)));
-  }
-
-  /**
-   * A scenario that crashes the server gets a cluster of its own: after a crash that reset the fast
-   * leases, the first grant waits for the clock to pass their reservation (up to 10 s), which would
-   * hold up the next scenario.
-   */
-  private static void run(Map<String, Object> scenario) throws Exception {
-    boolean crashes =
-        JsonData.asList(scenario.get("steps")).stream()
-            .anyMatch(step -> JsonData.asMap(step).containsKey("crash_server"));
-    if (!crashes) {
-      new Run(cluster, scenario).run();
-      return;
-    }
-    Cluster own = new Cluster("behaviours_crash", 27806).create();
-    try {
-      new Run(own, scenario).run();
-    } finally {
-      own.destroy();
-    }
+                DynamicTest.dynamicTest(
+                    (String) scenario.get("name"),
+                    () ->
+                        Scenarios.run(
+                            scenario,
+                            cluster,
+                            "behaviours_crash",
+                            27806,
+                            own -> new Run(own, scenario).run())));
   }
 
   /** A holder: its own client, its kept lease, and what it was told. */

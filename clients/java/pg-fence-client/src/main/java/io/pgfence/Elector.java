@@ -1,0 +1,264 @@
+package io.pgfence;
+
+import java.sql.Connection;
+import java.sql.SQLException;
+import java.time.Duration;
+import java.util.List;
+import java.util.Objects;
+import java.util.Optional;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.atomic.AtomicReference;
+import java.util.function.Consumer;
+import org.postgresql.PGConnection;
+
+/**
+ * Leader election on a key, after etcd's {@code concurrency.Election} and client-go's leader
+ * election: the leader is the holder of the key's lease, its value the lease's owner, and its fence
+ * fences its writes. {@link #campaign} waits until elected; {@link #observe()} follows the key's
+ * leaders; {@link #leader()} tells who leads now. Closing the elector cancels a campaign in
+ * progress (on the server: nothing is left granted), stops the observers and ends its leaderships
+ * (released, or left to expire with {@code releaseOnCancel(false)}). Thread-safe.
+ *
+ * <pre>{@code
+ * try (Elector elector = new Elector(client, "scheduler", ElectorOptions.ttl(Duration.ofSeconds(10))
+ *         .onStoppedLeading(reason -> log.info("stopped leading: {}", reason)));
+ *     Leadership leadership = elector.campaign("node-1 at 10.0.0.1:8080")) {
+ *   while (leadership.isLeader()) {
+ *     conn.setAutoCommit(false);
+ *     leadership.guard(conn);          // refused once deposed
+ *     ...
+ *     conn.commit();
+ *   }
+ * }
+ * }</pre>
+ */
+public final class Elector implements AutoCloseable {
+  /** How long one wait of a campaign lasts before it is asked again (it stays in the queue). */
+  static final Duration CAMPAIGN_WAIT = Duration.ofSeconds(60);
+
+  private final FenceClient client;
+  private final String key;
+  private final ElectorOptions options;
+  private volatile boolean closed;
+  private final Set<Connection> busy = ConcurrentHashMap.newKeySet();
+  private final List<Leadership> leaderships = new CopyOnWriteArrayList<>();
+  private final Thread watcher;
+
+  public Elector(FenceClient client, String key, ElectorOptions options) {
+    this.client = Objects.requireNonNull(client);
+    this.key = Objects.requireNonNull(key);
+    this.options = Objects.requireNonNull(options);
+    if (options.onNewLeader() != null) {
+      watcher = new Thread(this::watch, "pg-fence-elector " + key);
+      watcher.setDaemon(true);
+      watcher.start();
+    } else {
+      watcher = null;
+    }
+  }
+
+  public String key() {
+    return key;
+  }
+
+  /** {@link #campaign(String, Duration)} with no end: waits until elected. */
+  public Leadership campaign(String value) throws SQLException {
+    return campaign(value, null);
+  }
+
+  /**
+   * Waits until elected with {@code value} (the lease's owner, which observers see), at most {@code
+   * wait} (null: until elected; {@link WaitTimedOutException} when it runs out), in waits of 60 s
+   * at most, each asked again at once; returns the leadership, kept renewed, after telling {@code
+   * onStartedLeading}. {@link WaitCancelledException} when the elector is closed meanwhile (the
+   * wait is cancelled on the server: nothing is left granted).
+   */
+  public Leadership campaign(String value, Duration wait) throws SQLException {
+    long end = wait == null ? Long.MAX_VALUE : System.nanoTime() + wait.toNanos();
+    while (true) {
+      checkOpen();
+      long left = end == Long.MAX_VALUE ? Long.MAX_VALUE : Math.max(0, end - System.nanoTime());
+      Duration chunk = Duration.ofNanos(Math.min(CAMPAIGN_WAIT.toNanos(), left));
+      AtomicReference<Leadership> elected = new AtomicReference<>();
+      LeaseListener user = options.keep().listener();
+      KeepOptions keep =
+          options
+              .keep()
+              .onLost(
+                  (lease, reason) -> {
+                    Leadership leadership = elected.get();
+                    if (leadership != null) {
+                      leadership.stopped(StopReason.lost(reason));
+                    }
+                    if (user != null) {
+                      user.onLost(lease, reason);
+                    }
+                  });
+      AcquireOptions opts = options.lease().owner(value).waitFor(chunk);
+      KeptLease kept;
+      Connection[] using = {null};
+      try {
+        kept = client.hold(key, opts, keep, tracked(using));
+      } catch (WaitTimedOutException timedOut) {
+        checkOpen();
+        if (System.nanoTime() - end >= 0) {
+          throw timedOut;
+        }
+        continue;
+      } catch (SQLException e) {
+        checkOpen();
+        throw e;
+      }
+      Leadership leadership = new Leadership(client, options, kept, value);
+      elected.set(leadership);
+      leaderships.add(leadership);
+      if (closed) {
+        leadership.cancelled();
+        throw new WaitCancelledException(key, new SQLException("the elector was closed", "57014"));
+      }
+      leadership.started();
+      return leadership;
+    }
+  }
+
+  /** A consumer that tracks each try's connection in {@code busy}, for close() to cancel. */
+  private Consumer<Connection> tracked(Connection[] current) {
+    return conn -> {
+      if (current[0] != null) {
+        busy.remove(current[0]);
+      }
+      current[0] = conn;
+      if (conn != null) {
+        busy.add(conn);
+        if (closed) {
+          cancel(conn);
+        }
+      }
+    };
+  }
+
+  private void checkOpen() throws WaitCancelledException {
+    if (closed) {
+      throw new WaitCancelledException(key, new SQLException("the elector was closed", "57014"));
+    }
+  }
+
+  /** The key's leader now; empty when nobody leads. */
+  public Optional<Leader> leader() throws SQLException {
+    return client.leader(key);
+  }
+
+  /** The key's leaders as they change; close the observer (or the elector) to stop it. */
+  public Observer observe() {
+    return new Observer();
+  }
+
+  /**
+   * The key's leaders as they change ({@code fence.await_change} in a loop): the first leader (at
+   * once, or when one is elected), then every change: a new leader (a higher fence), a new value
+   * proclaimed (the same fence), empty when nobody leads (a resign, a revoke, an expiry, a
+   * session's end, a fast lease lost in a crash).
+   */
+  public final class Observer implements AutoCloseable {
+    private Leader seen;
+    private boolean seenAny;
+    private volatile boolean stopped;
+    private final Connection[] using = {null};
+
+    private Observer() {}
+
+    /**
+     * Blocks until the next change and returns it; {@link WaitCancelledException} once the observer
+     * or the elector is closed; what the retries could not get past otherwise.
+     */
+    public Optional<Leader> next() throws SQLException {
+      while (true) {
+        if (stopped || closed) {
+          throw new WaitCancelledException(key, new SQLException("observer closed", "57014"));
+        }
+        Optional<Leader> now;
+        try {
+          now = client.awaitChange(key, seen, options.observeTimeout(), tracked(using));
+        } catch (SQLException e) {
+          if (stopped || closed) {
+            throw new WaitCancelledException(key, e);
+          }
+          throw e;
+        }
+        Leader leader = now.orElse(null);
+        if ((!seenAny && leader == null) || (seenAny && Objects.equals(leader, seen))) {
+          continue; // no news: a vacancy before any leader, or the timeout ran out
+        }
+        seenAny = true;
+        seen = leader;
+        return now;
+      }
+    }
+
+    @Override
+    public void close() {
+      stopped = true;
+      Connection conn = using[0];
+      if (conn != null) {
+        cancel(conn);
+      }
+    }
+  }
+
+  /** onNewLeader's thread: observes until closed, again a second after a failure. */
+  private void watch() {
+    while (!closed) {
+      try {
+        Observer observer = observe();
+        while (!closed) {
+          Optional<Leader> leader = observer.next();
+          try {
+            options.onNewLeader().accept(leader);
+          } catch (RuntimeException ignored) {
+            // A callback's failure is its own.
+          }
+        }
+      } catch (SQLException e) {
+        try {
+          Thread.sleep(1000);
+        } catch (InterruptedException interrupted) {
+          return;
+        }
+      }
+    }
+  }
+
+  private static void cancel(Connection conn) {
+    try {
+      conn.unwrap(PGConnection.class).cancelQuery();
+    } catch (SQLException ignored) {
+      // Not running anything, or gone.
+    }
+  }
+
+  /**
+   * Cancels a campaign in progress and the observers, ends the leaderships (released, or left to
+   * expire with {@code releaseOnCancel(false)}: {@code cancelled}).
+   */
+  @Override
+  public void close() {
+    closed = true;
+    for (Connection conn : busy) {
+      cancel(conn);
+    }
+    for (Leadership leadership : leaderships) {
+      if (leadership.isLeader()) {
+        leadership.cancelled();
+      }
+    }
+    if (watcher != null && watcher != Thread.currentThread()) {
+      try {
+        watcher.join(5000);
+      } catch (InterruptedException interrupted) {
+        Thread.currentThread().interrupt();
+      }
+    }
+  }
+}
