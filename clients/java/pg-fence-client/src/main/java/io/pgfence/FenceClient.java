@@ -375,6 +375,10 @@ public final class FenceClient implements AutoCloseable {
     return retrying(plain(Duration.ZERO), conn -> PgFence.releaseAll(conn, set));
   }
 
+  int releaseAll(LeaseSet set, Duration bound) throws SQLException {
+    return retrying(bounded(bound), conn -> PgFence.releaseAll(conn, set));
+  }
+
   /** {@link PgFence#status}, retried. */
   public LeaseStatus status(String key, UUID token) throws SQLException {
     return retrying(plain(Duration.ZERO), conn -> PgFence.status(conn, key, token));
@@ -479,7 +483,46 @@ public final class FenceClient implements AutoCloseable {
           acquire(key, tokened, keep.timeout(), using)
               .orElseThrow(() -> new WaitTimedOutException(key));
     }
-    KeptLease kept = new KeptLease(this, lease, keep, opts.ttl(), span, every, sent, bound);
+    KeptLease kept = new KeptLease(this, lease, keep, opts.ttl(), span, every, sent, bound, null);
+    kept.start();
+    return kept;
+  }
+
+  /**
+   * As {@link #hold}, for every key of {@code keys} or none ({@link PgFence#acquireAll}): one lease
+   * per key, kept as a set, renewed with {@code lease_renew_all} in one call per renewal, released
+   * with {@code lease_release_all}, and lost as a whole when one of its leases is (the keeper then
+   * releases the others at once). {@link WaitTimedOutException} (named by the keys) when the set is
+   * not granted within the wait. The acquire takes no token, so it is not sent again after a try
+   * that may have been granted: {@link OutcomeUnknownException} then.
+   */
+  public KeptLease holdAll(Collection<String> keys, AcquireOptions opts, KeepOptions keep)
+      throws SQLException {
+    opts.checkForSet();
+    Duration span = opts.ttl().minus(keep.marginFor(opts.ttl()));
+    Duration every = keep.renewEveryFor(opts.ttl());
+    if (every.isZero() || every.isNegative() || every.compareTo(span) >= 0) {
+      throw new IllegalArgumentException(
+          "renewEvery " + every + " must be above zero and below ttl less the margin, " + span);
+    }
+    long sent = System.nanoTime();
+    boolean bound = opts.isSessionBound();
+    Retry retry = new Retry(backoff, keep.timeout().plus(opts.waitTime()), false, null, bound);
+    record Granted(LeaseSet set, Connection conn) {}
+    Optional<Granted> granted =
+        retrying(
+            retry,
+            conn -> {
+              Optional<LeaseSet> set = PgFence.acquireAll(conn, keys, opts);
+              if (bound && set.isEmpty()) {
+                giveBack(conn);
+              }
+              return set.map(leases -> new Granted(leases, bound ? conn : null));
+            });
+    Granted set = granted.orElseThrow(() -> new WaitTimedOutException(String.join(", ", keys)));
+    Lease first = set.set().leases().get(0);
+    KeptLease kept =
+        new KeptLease(this, first, keep, opts.ttl(), span, every, sent, set.conn(), set.set());
     kept.start();
     return kept;
   }

@@ -56,6 +56,10 @@ public final class KeptLease implements AutoCloseable {
 
   private final FenceClient client;
   private final Lease lease;
+
+  /** A set's leases (lease is then its first); null for a single lease. */
+  private final LeaseSet set;
+
   private final KeepOptions keep;
   private final Duration ttl;
   private final long spanNanos;
@@ -91,9 +95,11 @@ public final class KeptLease implements AutoCloseable {
       Duration span,
       Duration every,
       long sentNanos,
-      Connection bound) {
+      Connection bound,
+      LeaseSet set) {
     this.client = client;
     this.lease = lease;
+    this.set = set;
     this.keep = keep;
     this.ttl = ttl;
     this.spanNanos = span.toNanos();
@@ -102,7 +108,7 @@ public final class KeptLease implements AutoCloseable {
     this.conn = bound;
     this.deadline = sentNanos + spanNanos;
     this.expiresAt = lease.expiresAt();
-    this.keeper = new Thread(this::keep, "pg-fence-keeper " + lease.key());
+    this.keeper = new Thread(this::keep, "pg-fence-keeper " + key());
     this.keeper.setDaemon(true);
   }
 
@@ -120,7 +126,7 @@ public final class KeptLease implements AutoCloseable {
       } catch (SQLException e) {
         dropConnection();
         try {
-          client.releaseToken(lease.key(), lease.token(), keep.timeout());
+          releaseBounded();
         } catch (SQLException ignored) {
           // The lease ends at its TTL.
         }
@@ -137,11 +143,33 @@ public final class KeptLease implements AutoCloseable {
     return lease.withExpiresAt(expiresAt);
   }
 
+  /** The key; a set's keys, comma-separated. */
   public String key() {
-    return lease.key();
+    return set == null ? lease.key() : set.label();
   }
 
-  /** The fence to guard every write with. */
+  /** The keys: the lease's, or the set's in key order. */
+  public List<String> keys() {
+    return set == null ? List.of(lease.key()) : set.keys();
+  }
+
+  /** The set this keeps ({@link FenceClient#holdAll}); empty for a single lease. */
+  public Optional<LeaseSet> leaseSet() {
+    return Optional.ofNullable(set);
+  }
+
+  /**
+   * The fence of {@code key}'s lease (of the set, or the lease's own key); empty for another key.
+   */
+  public java.util.OptionalLong fence(String key) {
+    return set == null
+        ? (lease.key().equals(key)
+            ? java.util.OptionalLong.of(lease.fence())
+            : java.util.OptionalLong.empty())
+        : set.fence(key);
+  }
+
+  /** The fence to guard every write with (a set's: its first key's; see {@link #fence(String)}). */
   public long fence() {
     return lease.fence();
   }
@@ -205,7 +233,7 @@ public final class KeptLease implements AutoCloseable {
   /** {@link LeaseLostException} (with the reason) unless held. */
   public void check() throws LeaseLostException {
     if (!isHeld()) {
-      throw new LeaseLostException(lease.key(), reason().orElse(null), null);
+      throw new LeaseLostException(key(), reason().orElse(null), null);
     }
   }
 
@@ -215,9 +243,19 @@ public final class KeptLease implements AutoCloseable {
    * ends the kept lease, with the reason the server gives.
    */
   public void guard(Connection conn) throws SQLException {
+    guard(conn, lease.key());
+  }
+
+  /**
+   * {@link #guard(Connection)} of one key of a set, under its own fence (for a single lease, its
+   * key). {@link IllegalArgumentException} for a key it does not keep.
+   */
+  public void guard(Connection conn, String key) throws SQLException {
+    long keyFence =
+        fence(key).orElseThrow(() -> new IllegalArgumentException("not kept here: " + key));
     check();
     try {
-      PgFence.fenceGuard(conn, lease.key(), lease.fence());
+      PgFence.fenceGuard(conn, key, keyFence);
     } catch (StaleFenceException stale) {
       lostByServer();
       throw stale;
@@ -277,8 +315,7 @@ public final class KeptLease implements AutoCloseable {
    * The server said the token no longer holds the lease: lost, for the reason lease_status gives.
    */
   void lostByServer() {
-    LossReason why =
-        client.lossReason(List.of(lease.key()), lease.token(), lease.durable(), keep.timeout());
+    LossReason why = client.lossReason(keys(), lease.token(), lease.durable(), keep.timeout());
     declare(State.LOST, why == null ? LossReason.UNKNOWN : why);
   }
 
@@ -464,12 +501,12 @@ public final class KeptLease implements AutoCloseable {
     long second = TimeUnit.SECONDS.toNanos(1);
     Duration bound =
         Duration.ofNanos(Math.min(everyNanos, Math.min(keep.timeout().toNanos(), second)));
-    LossReason why =
-        client.lossReasonOnce(List.of(lease.key()), lease.token(), lease.durable(), bound);
+    LossReason why = client.lossReasonOnce(keys(), lease.token(), lease.durable(), bound);
     declare(State.LOST, why == null ? otherwise : why);
-    if (sessionBound) {
+    // A set is lost whole when one of its leases is: the others would be held for nothing.
+    if (sessionBound || set != null) {
       try {
-        client.releaseToken(lease.key(), lease.token(), keep.timeout());
+        releaseBounded();
       } catch (SQLException ignored) {
         // It ends with its session, or at its TTL.
       }
@@ -493,7 +530,7 @@ public final class KeptLease implements AutoCloseable {
     }
     int millis = (int) Math.max(1, Math.min(Integer.MAX_VALUE, limitNanos / 1_000_000 + 1));
     conn.setNetworkTimeout(FenceClient.DIRECT, millis);
-    return PgFence.renew(conn, lease, ttl);
+    return set == null ? PgFence.renew(conn, lease, ttl) : PgFence.renewAll(conn, set, ttl);
   }
 
   private static boolean isClosed(Connection conn) {
@@ -553,11 +590,11 @@ public final class KeptLease implements AutoCloseable {
     LossReason why = null;
     boolean released = false;
     try {
-      released = client.releaseToken(lease.key(), lease.token(), keep.timeout());
+      released = releaseBounded();
       if (released) {
         end = State.RELEASED;
       } else {
-        String ended = client.endedBy(List.of(lease.key()), lease.token(), keep.timeout());
+        String ended = client.endedBy(keys(), lease.token(), keep.timeout());
         why = LossReason.ofStatus(ended, lease.durable());
         end = why == null ? State.RELEASED : State.LOST;
       }
@@ -574,6 +611,17 @@ public final class KeptLease implements AutoCloseable {
     return released;
   }
 
+  /**
+   * Releases by the token, retried within the timeout: whether it ended the lease (every lease of a
+   * set).
+   */
+  private boolean releaseBounded() throws SQLException {
+    if (set == null) {
+      return client.releaseToken(lease.key(), lease.token(), keep.timeout());
+    }
+    return client.releaseAll(set, keep.timeout()) == set.leases().size();
+  }
+
   /** {@link #release()}. */
   @Override
   public void close() {
@@ -582,6 +630,6 @@ public final class KeptLease implements AutoCloseable {
 
   @Override
   public String toString() {
-    return "KeptLease[" + lease.key() + ", fence " + lease.fence() + ", " + state() + "]";
+    return "KeptLease[" + key() + ", fence " + lease.fence() + ", " + state() + "]";
   }
 }
