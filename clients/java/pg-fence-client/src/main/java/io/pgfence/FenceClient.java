@@ -461,12 +461,7 @@ public final class FenceClient implements AutoCloseable {
       throws SQLException {
     opts.check();
     AcquireOptions tokened = opts.withToken();
-    Duration span = opts.ttl().minus(keep.marginFor(opts.ttl()));
-    Duration every = keep.renewEveryFor(opts.ttl());
-    if (every.isZero() || every.isNegative() || every.compareTo(span) >= 0) {
-      throw new IllegalArgumentException(
-          "renewEvery " + every + " must be above zero and below ttl less the margin, " + span);
-    }
+    Timing timing = Timing.of(opts, keep);
     // Taken before the first try: whichever try granted the lease was sent after it.
     long sent = System.nanoTime();
     Lease lease;
@@ -483,7 +478,9 @@ public final class FenceClient implements AutoCloseable {
           acquire(key, tokened, keep.timeout(), using)
               .orElseThrow(() -> new WaitTimedOutException(key));
     }
-    KeptLease kept = new KeptLease(this, lease, keep, opts.ttl(), span, every, sent, bound, null);
+    KeptLease kept =
+        new KeptLease(
+            this, lease, keep, opts.ttl(), timing.span(), timing.every(), sent, bound, null);
     kept.start();
     return kept;
   }
@@ -499,12 +496,7 @@ public final class FenceClient implements AutoCloseable {
   public KeptLease holdAll(Collection<String> keys, AcquireOptions opts, KeepOptions keep)
       throws SQLException {
     opts.checkForSet();
-    Duration span = opts.ttl().minus(keep.marginFor(opts.ttl()));
-    Duration every = keep.renewEveryFor(opts.ttl());
-    if (every.isZero() || every.isNegative() || every.compareTo(span) >= 0) {
-      throw new IllegalArgumentException(
-          "renewEvery " + every + " must be above zero and below ttl less the margin, " + span);
-    }
+    Timing timing = Timing.of(opts, keep);
     long sent = System.nanoTime();
     boolean bound = opts.isSessionBound();
     Retry retry = new Retry(backoff, keep.timeout().plus(opts.waitTime()), false, null, bound);
@@ -522,9 +514,32 @@ public final class FenceClient implements AutoCloseable {
     Granted set = granted.orElseThrow(() -> new WaitTimedOutException(String.join(", ", keys)));
     Lease first = set.set().leases().get(0);
     KeptLease kept =
-        new KeptLease(this, first, keep, opts.ttl(), span, every, sent, set.conn(), set.set());
+        new KeptLease(
+            this,
+            first,
+            keep,
+            opts.ttl(),
+            timing.span(),
+            timing.every(),
+            sent,
+            set.conn(),
+            set.set());
     kept.start();
     return kept;
+  }
+
+  /** How often a kept lease renews, and its deadline's span (ttl less the margin). */
+  private record Timing(Duration span, Duration every) {
+    /** {@link IllegalArgumentException} for a renewal period that leaves no time to renew. */
+    static Timing of(AcquireOptions opts, KeepOptions keep) {
+      Duration span = opts.ttl().minus(keep.marginFor(opts.ttl()));
+      Duration every = keep.renewEveryFor(opts.ttl());
+      if (every.isZero() || every.isNegative() || every.compareTo(span) >= 0) {
+        throw new IllegalArgumentException(
+            "renewEvery " + every + " must be above zero and below ttl less the margin, " + span);
+      }
+      return new Timing(span, every);
+    }
   }
 
   /** Stops the deadline timers of the kept leases (it does not release them: close those). */

@@ -129,6 +129,33 @@ class UnitTest {
   }
 
   @Test
+  void aRenewalPeriodThatLeavesNoTimeIsRefusedBeforeSending() {
+    // A DataSource that must not be asked: nothing is sent for options that cannot work.
+    javax.sql.DataSource none =
+        new org.postgresql.ds.PGSimpleDataSource() {
+          private static final long serialVersionUID = 1L;
+
+          @Override
+          public java.sql.Connection getConnection() {
+            throw new AssertionError("nothing must be sent");
+          }
+        };
+    try (FenceClient client = new FenceClient(none)) {
+      AcquireOptions opts = AcquireOptions.ttl(Duration.ofSeconds(3));
+      for (Duration every :
+          List.of(Duration.ZERO, Duration.ofSeconds(3), Duration.ofMillis(2950))) {
+        assertThrows(
+            IllegalArgumentException.class,
+            () -> client.hold("k", opts, KeepOptions.defaults().renewEvery(every)),
+            every.toString());
+      }
+      assertThrows(
+          IllegalArgumentException.class,
+          () -> client.holdAll(List.of("a"), opts.shared(true), KeepOptions.defaults()));
+    }
+  }
+
+  @Test
   void theDefaultMarginIs100msOrAThousandthOfLongTtls() {
     KeepOptions keep = KeepOptions.defaults();
     assertEquals(Duration.ofMillis(20), keep.marginFor(Duration.ofSeconds(1)));
