@@ -142,7 +142,7 @@ class BehavioursTest {
         case "revoke" -> cluster.revoke(key);
         case "terminate" ->
             assertTrue(cluster.terminate("beh_" + step.get(verb)) > 0, "no session ended");
-        case "freeze_server" -> {
+        case "stop_server_for" -> {
           cluster.signal("STOP");
           long resumeIn = seconds(step.get(verb)).toMillis();
           Thread resume =
