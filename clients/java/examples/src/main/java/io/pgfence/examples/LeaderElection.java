@@ -72,7 +72,11 @@ public final class LeaderElection {
       String deposed = leader.get();
       long start = System.nanoTime();
       Db.execute(url, "SELECT fence.lease_revoke('election:" + role + "')");
+      long end = System.nanoTime() + Duration.ofSeconds(30).toNanos();
       while (leader.get() == null || leader.get().equals(deposed)) {
+        if (System.nanoTime() > end) {
+          throw new IllegalStateException("no new leader within 30 s");
+        }
         Thread.sleep(5);
       }
       elections++;
