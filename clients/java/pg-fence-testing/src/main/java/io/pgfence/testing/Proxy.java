@@ -23,6 +23,8 @@ public final class Proxy implements AutoCloseable {
   private final AtomicInteger dropped = new AtomicInteger();
   private final AtomicInteger generation = new AtomicInteger();
   private volatile int hungUpTo = -1;
+  private volatile boolean orphan;
+  private final java.util.List<Socket> orphans = new java.util.concurrent.CopyOnWriteArrayList<>();
 
   public Proxy(int serverPort) throws IOException {
     this.serverPort = serverPort;
@@ -54,6 +56,19 @@ public final class Proxy implements AutoCloseable {
     hungUpTo = generation.get() - 1;
   }
 
+  /**
+   * With a lost reply, close the client's side only: the server's session lives on, as across a
+   * partition, until {@link #closeOrphans()}.
+   */
+  public void orphan(boolean orphan) {
+    this.orphan = orphan;
+  }
+
+  /** Closes the server sides left open by {@link #orphan(boolean)}. */
+  public void closeOrphans() {
+    orphans.forEach(Proxy::closeQuietly);
+  }
+
   /** How many replies were lost. */
   public int dropped() {
     return dropped.get();
@@ -79,8 +94,11 @@ public final class Proxy implements AutoCloseable {
         new Thread(
             () -> {
               byte[] buffer = new byte[65536];
-              try (InputStream in = from.getInputStream();
-                  OutputStream out = to.getOutputStream()) {
+              // Not closed by a try-with-resources: closing a socket's stream closes the socket,
+              // and an orphan's server side must stay open.
+              try {
+                InputStream in = from.getInputStream();
+                OutputStream out = to.getOutputStream();
                 int read;
                 while ((read = in.read(buffer)) > 0) {
                   if (made <= hungUpTo) {
@@ -108,8 +126,18 @@ public final class Proxy implements AutoCloseable {
               } catch (IOException ignored) {
                 // The other side closed.
               }
-              closeQuietly(from);
-              closeQuietly(to);
+              boolean dropped;
+              synchronized (armed) {
+                dropped = armed[0];
+              }
+              Socket server = upstream ? to : from;
+              Socket client = upstream ? from : to;
+              closeQuietly(client);
+              if (orphan && dropped) {
+                orphans.add(server);
+              } else {
+                closeQuietly(server);
+              }
             },
             upstream ? "proxy-up" : "proxy-down");
     thread.setDaemon(true);
