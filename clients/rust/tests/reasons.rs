@@ -3,7 +3,7 @@
 //! told by `FenceClient::renew` (`Error::LeaseLost`'s reason), the held lease (`LeaseState::Lost`,
 //! `on_lost`) and `lease::status`.
 mod common;
-use common::{cluster, config, recording_losses, run, Frozen};
+use common::{cluster, config, eventually, recording_losses, run, Frozen};
 use pg_fence_client::{hold, lease, AcquireOptions, Error, FenceClient, Lease, LeaseState, LossReason};
 use std::time::Duration;
 use uuid::Uuid;
@@ -73,6 +73,9 @@ fn a_held_fast_lease_lost_in_a_crash_is_restarted() {
         });
         let lost = tokio::time::timeout(Duration::from_secs(10), held.lost()).await;
         assert_eq!(lost, Ok(LeaseState::Lost(LossReason::Restarted)));
+        // on_lost is called just after the state moves, from the keeper's task.
+        let heard = eventually(Duration::from_secs(2), || async { !told.lock().unwrap().is_empty() }).await;
+        assert!(heard, "on_lost was never called");
         assert_eq!(*told.lock().unwrap(), [LeaseState::Lost(LossReason::Restarted)]);
     });
 }
