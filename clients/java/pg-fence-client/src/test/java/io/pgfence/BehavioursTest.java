@@ -10,7 +10,6 @@ import static org.junit.jupiter.api.Assertions.fail;
 import io.pgfence.testing.Cluster;
 import io.pgfence.testing.JsonData;
 import io.pgfence.testing.Proxy;
-import io.pgfence.testing.Scenarios;
 import java.sql.Connection;
 import java.sql.SQLException;
 import java.time.Duration;
@@ -46,18 +45,12 @@ class BehavioursTest {
 
   @TestFactory
   Stream<DynamicTest> keeperBehaviours() {
-    return Scenarios.of("keeper.json").stream()
-        .map(
-            scenario ->
-                DynamicTest.dynamicTest(
-                    (String) scenario.get("name"),
-                    () ->
-                        Scenarios.run(
-                            scenario,
-                            cluster,
-                            "behaviours_crash",
-                            27806,
-                            own -> new Run(own, scenario).run())));
+    return ScenarioTests.of(
+        "keeper.json",
+        cluster,
+        "behaviours_crash",
+        27806,
+        (own, scenario) -> new Run(own, scenario).run());
   }
 
   /** A holder: its own client, its kept lease, and what it was told. */

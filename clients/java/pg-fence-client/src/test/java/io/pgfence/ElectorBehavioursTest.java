@@ -9,7 +9,6 @@ import static org.junit.jupiter.api.Assertions.fail;
 
 import io.pgfence.testing.Cluster;
 import io.pgfence.testing.JsonData;
-import io.pgfence.testing.Scenarios;
 import java.time.Duration;
 import java.util.HashMap;
 import java.util.List;
@@ -44,18 +43,12 @@ class ElectorBehavioursTest {
 
   @TestFactory
   Stream<DynamicTest> electorBehaviours() {
-    return Scenarios.of("elector.json").stream()
-        .map(
-            scenario ->
-                DynamicTest.dynamicTest(
-                    (String) scenario.get("name"),
-                    () ->
-                        Scenarios.run(
-                            scenario,
-                            cluster,
-                            "elector_crash",
-                            27808,
-                            own -> new Run(own, scenario).run())));
+    return ScenarioTests.of(
+        "elector.json",
+        cluster,
+        "elector_crash",
+        27808,
+        (own, scenario) -> new Run(own, scenario).run());
   }
 
   private static Duration seconds(Object value) {
