@@ -112,6 +112,11 @@ struct Shared {
     renewing: Arc<tokio::sync::Mutex<()>>,
     /// Set when the keeper is to stop without releasing: the lease was handed off, or left to expire.
     abandoned: AtomicBool,
+    /// Wakes the keeper to renew now: a guard found the fence stale, so the lease is lost whatever
+    /// the last renewal said, and the renewal that fails tells why.
+    check_now: tokio::sync::Notify,
+    /// `KeepOptions::timeout`.
+    timeout: Duration,
 }
 
 impl Shared {
@@ -197,6 +202,24 @@ impl Held<Lease> {
 
     pub fn fence(&self) -> i64 {
         self.lease.fence
+    }
+
+    /// `lease::fence_guard` under this lease's fence, in the caller's transaction on `client`. Once
+    /// the lease is not held, `Error::LeaseLost` (with the reason) and nothing is sent. When the
+    /// server refuses the fence (`Error::StaleFence`) the lease is not held, whatever the last
+    /// renewal said: the keeper asks at once, and by the time this returns the lease is Lost with
+    /// its reason and `on_lost` told (unless the server cannot say within `KeepOptions::timeout`).
+    pub async fn guard(&self, client: &impl GenericClient) -> Result<(), Error> {
+        let state = self.state();
+        if !matches!(state, LeaseState::Held { .. }) {
+            return Err(Error::LeaseLost { key: self.lease.key.clone(), reason: state.reason() });
+        }
+        let guarded = lease::fence_guard(client, &self.lease.key, self.lease.fence).await;
+        if let Err(Error::StaleFence { .. }) = guarded {
+            self.shared.check_now.notify_one();
+            timeout(self.shared.timeout, self.shared.ended.cancelled()).await.ok();
+        }
+        guarded
     }
 }
 
@@ -467,6 +490,8 @@ impl<C: Connector> Keeper<C> {
             on_lost: keep.on_lost.clone(),
             renewing: Arc::new(tokio::sync::Mutex::new(())),
             abandoned: AtomicBool::new(false),
+            check_now: tokio::sync::Notify::new(),
+            timeout: keep.timeout,
         });
         Keeper {
             client,
@@ -550,18 +575,21 @@ impl<C: Connector> Keeper<C> {
         }
     }
 
-    /// Sleeps until `due`, or until a session-bound lease's connection closes: the lease has ended
-    /// with its session then (or lives on in an orphaned backend), which the renewal that follows at
-    /// once turns into Lost.
+    /// Sleeps until `due`, until a guard found the fence stale, or until a session-bound lease's
+    /// connection closes: the lease has ended with its session then (or lives on in an orphaned
+    /// backend). The renewal that follows at once turns either into Lost.
     async fn pause_until(&self, due: Instant) {
-        match self.bound.as_deref().and_then(C::closed) {
-            Some(closed) => {
-                tokio::select! {
-                    _ = sleep_until(due.into()) => {}
-                    _ = closed.cancelled() => {}
-                }
+        let closed = self.bound.as_deref().and_then(C::closed);
+        let session_closed = async {
+            match &closed {
+                Some(closed) => closed.cancelled().await,
+                None => std::future::pending().await,
             }
-            None => sleep_until(due.into()).await,
+        };
+        tokio::select! {
+            _ = sleep_until(due.into()) => {}
+            _ = self.shared.check_now.notified() => {}
+            _ = session_closed => {}
         }
     }
 
@@ -653,6 +681,8 @@ mod tests {
             on_lost: None,
             renewing: Default::default(),
             abandoned: AtomicBool::new(false),
+            check_now: Default::default(),
+            timeout: Duration::from_secs(10),
         };
         assert!(matches!(shared.current(), LeaseState::Held { .. }));
         // As after a suspend of a minute: CLOCK_MONOTONIC (and so `at`) did not move, boot time did.
