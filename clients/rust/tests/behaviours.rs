@@ -2,12 +2,12 @@
 //! too), each scenario run through this crate's `Elector` against a real server, one after the
 //! other on one cluster; a failing scenario does not stop the others, and each is reported.
 mod common;
-use common::{cluster, config, plain, run, Frozen};
+use common::scenarios::{ensure, kind, load, run_every, seconds};
+use common::{config, plain, Frozen};
 use pg_fence_client::{AcquireOptions, ElectOptions, Elector, Leader, Leadership, StopReason};
 use pg_fence_integration::Cluster;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
@@ -76,18 +76,6 @@ async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     false
 }
 
-fn ensure(ok: bool, why: impl FnOnce() -> String) -> Result<(), String> {
-    if ok {
-        Ok(())
-    } else {
-        Err(why())
-    }
-}
-
-fn seconds(value: &Value) -> Duration {
-    Duration::from_secs_f64(value.as_f64().expect("seconds"))
-}
-
 impl Run<'_> {
     fn port(&self) -> u16 {
         self.cluster.port()
@@ -107,10 +95,9 @@ impl Run<'_> {
     }
 
     async fn step(&mut self, step: &Value) -> Result<(), String> {
-        // The step's kind is its one key that names a step (serde_json sorts keys).
-        let kind = KINDS.iter().find(|kind| step.get(**kind).is_some()).expect("a step kind").to_string();
-        let name = step[&kind].as_str().unwrap_or_default().to_owned();
-        match kind.as_str() {
+        let kind = kind(step, &KINDS);
+        let name = step[kind].as_str().unwrap_or_default().to_owned();
+        match kind {
             "observe" => {
                 let seen: Shared<Vec<Option<Leader>>> = Arc::default();
                 let mut observer = self.elector.observe();
@@ -311,56 +298,34 @@ impl Run<'_> {
     }
 }
 
-async fn with_limit<F: Future>(limit: Duration, future: F) -> Result<F::Output, String> {
-    tokio::time::timeout(limit, future).await.map_err(|_| format!("took over {limit:?}"))
-}
-
 #[test]
 fn every_behaviour_of_the_elector() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../behaviours/elector.json");
-    let behaviours: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let documented: Vec<&String> = behaviours["steps"].as_object().unwrap().keys().collect();
-    assert_eq!(documented.len(), KINDS.len(), "every step the file documents is run here: {documented:?}");
-    let shared = cluster("rc_behaviours", 27593);
-    let failed = run(async {
-        let mut failed = Vec::new();
-        for scenario in behaviours["scenarios"].as_array().unwrap() {
-            let name = scenario["name"].as_str().unwrap();
-            // A scenario that crashes the server gets one of its own: after a crash the first grant
-            // waits for the clock to pass the fast reservation (up to 10 s), which would hold up the
-            // next one.
-            let crashes =
-                scenario["steps"].as_array().unwrap().iter().any(|step| step.get("crash_server").is_some());
-            let own = crashes.then(|| tokio::task::block_in_place(|| cluster("rc_behaviours_crash", 27594)));
-            let cluster = own.as_ref().unwrap_or(&shared);
-            let key = format!("behaviours:{name}");
-            let elector = Elector::new(
-                config(cluster.port(), "beh_observer"),
-                key.clone(),
-                ElectOptions::new(AcquireOptions::new(seconds(&scenario["ttl"]))),
-            );
-            let scenario_run = Run {
-                cluster,
-                scenario,
-                key,
-                elector,
-                candidates: HashMap::new(),
-                values: HashMap::new(),
-                fences: HashMap::new(),
-                handed: HashMap::new(),
-                observers: HashMap::new(),
-                observing: Vec::new(),
-                step_ended: Instant::now(),
-            };
-            let started = Instant::now();
-            let outcome = with_limit(Duration::from_secs(120), scenario_run.run()).await.and_then(|ran| ran);
-            println!("{name}: {} ({:?})", if outcome.is_ok() { "ok" } else { "FAILED" }, started.elapsed());
-            if let Err(err) = outcome {
-                println!("    {err}");
-                failed.push(format!("{name}: {err}"));
-            }
-        }
-        failed
+    let behaviours = load("elector.json", &KINDS);
+    run_every(&behaviours, ("rc_behaviours", 27593), ("rc_behaviours_crash", 27594), |cluster, scenario| {
+        Box::pin(elect(cluster, scenario))
     });
-    assert!(failed.is_empty(), "{} scenario(s) failed:\n{}", failed.len(), failed.join("\n"));
+}
+
+/// One scenario, with an elector of its own that observes.
+async fn elect<'a>(cluster: &'a Cluster, scenario: &'a Value) -> Result<(), String> {
+    let key = format!("behaviours:{}", scenario["name"].as_str().unwrap());
+    let elector = Elector::new(
+        config(cluster.port(), "beh_observer"),
+        key.clone(),
+        ElectOptions::new(AcquireOptions::new(seconds(&scenario["ttl"]))),
+    );
+    let run = Run {
+        cluster,
+        scenario,
+        key,
+        elector,
+        candidates: HashMap::new(),
+        values: HashMap::new(),
+        fences: HashMap::new(),
+        handed: HashMap::new(),
+        observers: HashMap::new(),
+        observing: Vec::new(),
+        step_ended: Instant::now(),
+    };
+    run.run().await
 }

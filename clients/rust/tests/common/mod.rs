@@ -2,6 +2,7 @@
 //! (tests/src/lib.rs); the tests talk to them through this crate and tokio-postgres.
 #![allow(dead_code)]
 pub mod proxy;
+pub mod scenarios;
 use pg_fence_client::{hold, AcquireOptions, Connector, HeldLease, KeepOptions, LeaseState, PgConnection};
 use pg_fence_integration::{signal, Cluster};
 use std::future::Future;
