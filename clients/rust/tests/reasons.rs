@@ -1,10 +1,9 @@
-//! Why a lease was lost, as the client tells it: each reason produced for real (a revoke, an expiry,
-//! a takeover, a crash of the server under a fast lease, a server unreachable past the deadline) and
-//! told by `FenceClient::renew` (`Error::LeaseLost`'s reason), the held lease (`LeaseState::Lost`,
-//! `on_lost`) and `lease::status`.
+//! Why a lease was lost, as `FenceClient::renew` tells it (`Error::LeaseLost`'s reason) and
+//! `lease::status` says it: a revoke, an expiry, a takeover, a token the server never saw. The held
+//! lease tells its reasons in keeper.json's scenarios (`tests/keeper_behaviours.rs`).
 mod common;
-use common::{cluster, config, eventually, recording_losses, run, Frozen};
-use pg_fence_client::{hold, lease, AcquireOptions, Error, FenceClient, Lease, LeaseState, LossReason};
+use common::{cluster, config, run};
+use pg_fence_client::{lease, AcquireOptions, Error, FenceClient, Lease, LossReason};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -57,53 +56,5 @@ fn renew_says_why_the_lease_was_lost() {
         // The one-statement call does not ask.
         let err = lease::renew(&**client.connection().await.unwrap(), &revoked, Duration::from_secs(1)).await;
         assert!(matches!(err, Err(Error::LeaseLost { reason: None, .. })), "{err:?}");
-    });
-}
-
-#[test]
-fn a_held_fast_lease_lost_in_a_crash_is_restarted() {
-    let cluster = cluster("rc_restarted", 27591);
-    run(async {
-        let (keep, told) = recording_losses(Duration::from_secs(1));
-        let fast = AcquireOptions::new(Duration::from_secs(8)).durable(false);
-        let held = hold(config(cluster.port(), "rc_keeper"), "cache", &fast, keep).await.unwrap();
-        tokio::task::block_in_place(|| {
-            cluster.crash();
-            cluster.restart();
-        });
-        let lost = tokio::time::timeout(Duration::from_secs(10), held.lost()).await;
-        assert_eq!(lost, Ok(LeaseState::Lost(LossReason::Restarted)));
-        // on_lost is called just after the state moves, from the keeper's task.
-        let heard = eventually(Duration::from_secs(2), || async { !told.lock().unwrap().is_empty() }).await;
-        assert!(heard, "on_lost was never called");
-        assert_eq!(*told.lock().unwrap(), [LeaseState::Lost(LossReason::Restarted)]);
-    });
-}
-
-#[test]
-fn a_lease_unreachable_at_its_deadline_learns_at_its_release_that_it_was_taken_over() {
-    let cluster = cluster("rc_unreachable_reason", 27592);
-    run(async {
-        let (keep, told) = recording_losses(Duration::from_millis(500));
-        let opts = AcquireOptions::new(Duration::from_secs(2));
-        let held = hold(config(cluster.port(), "rc_keeper"), "leader", &opts, keep).await.unwrap();
-        let frozen = Frozen::server(&cluster);
-        let lost = tokio::time::timeout(Duration::from_secs(10), held.lost()).await;
-        assert_eq!(lost, Ok(LeaseState::Unknown));
-        assert_eq!(held.state().reason(), Some(LossReason::Unreachable));
-        tokio::time::sleep(Duration::from_millis(2500)).await; // past the server's expiry too
-        drop(frozen);
-        let client = FenceClient::new(config(cluster.port(), "rc_taker"));
-        let waiting = AcquireOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(5));
-        let taker = client.acquire("leader", &waiting).await.unwrap().expect("granted once it expired");
-        assert!(taker.fence > held.fence());
-        let watch = held.watch();
-        assert!(!held.release().await.unwrap());
-        assert_eq!(
-            *watch.borrow(),
-            LeaseState::Lost(LossReason::TakenOver),
-            "the release asked what became of it"
-        );
-        assert_eq!(*told.lock().unwrap(), [LeaseState::Unknown], "on_lost was told once, at the deadline");
     });
 }

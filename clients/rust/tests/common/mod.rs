@@ -51,12 +51,14 @@ pub async fn held_and_renewed(port: u16, key: &str, ttl: Duration) -> HeldLease 
     held
 }
 
-/// Keep options renewing every `every` whose `on_lost` records what it was told.
-pub fn recording_losses(every: Duration) -> (KeepOptions, Arc<Mutex<Vec<LeaseState>>>) {
-    let told = Arc::new(Mutex::new(Vec::new()));
+/// What `on_lost` was told, and when.
+pub type Told = Arc<Mutex<Vec<(LeaseState, Instant)>>>;
+
+/// `keep` with an `on_lost` that records what it was told, and when.
+pub fn recording_losses(keep: KeepOptions) -> (KeepOptions, Told) {
+    let told = Told::default();
     let heard = told.clone();
-    let keep =
-        KeepOptions::default().renew_every(every).on_lost(move |state| heard.lock().unwrap().push(state));
+    let keep = keep.on_lost(move |state| heard.lock().unwrap().push((state, Instant::now())));
     (keep, told)
 }
 

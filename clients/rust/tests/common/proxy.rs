@@ -1,6 +1,7 @@
 //! A TCP proxy in front of a cluster that loses replies and breaks connections on purpose. A cut
 //! either closes both sides, or only the client's: then the server side stays open and its backend
-//! lives on, orphaned, as after a partition the server has not noticed, until `end_orphans`.
+//! lives on, orphaned, as after a partition the server has not noticed, until `end_orphans`. A hang
+//! leaves both sides open and silent, as across a dead route, until the proxy is dropped.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,6 +22,10 @@ struct State {
     sever: Mutex<CancellationToken>,
     /// Cancelled (and replaced) to close the server side of the orphans until then.
     orphans: Mutex<CancellationToken>,
+    /// Cancelled (and replaced) to stop the connections open until then carrying data.
+    hang: Mutex<CancellationToken>,
+    /// Cancelled when the proxy is dropped: the hung connections close then.
+    closed: CancellationToken,
     connections: AtomicUsize,
     dropped_bytes: AtomicUsize,
 }
@@ -59,12 +64,24 @@ impl Proxy {
         std::mem::take(&mut *self.state.orphans.lock().unwrap()).cancel();
     }
 
+    /// The connections open now stop carrying data either way, with no reset and no answer; the
+    /// ones made later work.
+    pub fn hang(&self) {
+        std::mem::take(&mut *self.state.hang.lock().unwrap()).cancel();
+    }
+
     pub fn connections(&self) -> usize {
         self.state.connections.load(Ordering::SeqCst)
     }
 
     pub fn dropped_bytes(&self) -> usize {
         self.state.dropped_bytes.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.state.closed.cancel();
     }
 }
 
@@ -79,6 +96,7 @@ impl State {
 async fn forward(mut client: TcpStream, server_port: u16, state: Arc<State>) {
     let mut server = TcpStream::connect(("127.0.0.1", server_port)).await.unwrap();
     let sever = state.sever.lock().unwrap().clone();
+    let hang = state.hang.lock().unwrap().clone();
     let (mut up, mut down) = ([0u8; 8192], [0u8; 8192]);
     let mut armed = None;
     let cut = loop {
@@ -97,6 +115,10 @@ async fn forward(mut client: TcpStream, server_port: u16, state: Arc<State>) {
                 if client.write_all(&down[..n]).await.is_err() { return }
             }
             _ = sever.cancelled() => break Cut::ClientSide,
+            _ = hang.cancelled() => {
+                state.closed.cancelled().await;
+                return;
+            }
         }
     };
     drop(client);
