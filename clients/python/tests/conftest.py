@@ -72,13 +72,14 @@ class Cluster:
 
 
 def eventually(check, limit: float = 20.0) -> bool:
-    """Polls `check` until it is true or `limit` seconds have passed (a bound on a hang, not a speed test)."""
+    """Polls `check` until it is true or `limit` seconds have passed (a bound on a hang, not a speed test);
+    at least once, as a limit may be spent before the caller asks."""
     end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if check():
-            return True
+    while not check():
+        if time.monotonic() >= end:
+            return False
         time.sleep(0.005)
-    return False
+    return True
 
 
 def behaviours(file: str) -> list:
