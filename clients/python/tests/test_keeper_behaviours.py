@@ -136,6 +136,10 @@ class Run:
                     getattr(self, self.kind)(step)
                 except AssertionError as err:
                     raise AssertionError(f"step {number} {step}: {err}") from err
+            # Told once, by the end too: a release's outcome is no loss to tell.
+            for name, holder in self.holders.items():
+                expected = [step["reason"] for step in self.scenario["steps"] if step.get("told") == name]
+                assert holder.told_reasons() == expected, f"{name} was told {holder.told_reasons()} in all"
         finally:
             # The server must answer again before the holders release.
             for resume in self.resumes:
