@@ -122,6 +122,7 @@ class Run:
         self.apps: Dict[str, str] = {}
         self.resumes: List[threading.Timer] = []
         self.step_started, self.previous_started = clock(), clock()
+        self.step_ended, self.previous_ended = clock(), clock()
         self.kind, self.previous_kind = "", ""
         # Made before the steps, so that a revoke or a terminate starts as its step does, not after
         # a connection's startup (tens of ms on a loaded machine).
@@ -130,12 +131,14 @@ class Run:
     def run(self) -> None:
         try:
             for number, step in enumerate(self.scenario["steps"]):
-                self.previous_started, self.previous_kind = self.step_started, self.kind
+                self.previous_started, self.previous_ended = self.step_started, self.step_ended
+                self.previous_kind = self.kind
                 self.step_started, self.kind = clock(), next(iter(step))
                 try:
                     getattr(self, self.kind)(step)
                 except AssertionError as err:
                     raise AssertionError(f"step {number} {step}: {err}") from err
+                self.step_ended = clock()
             # Told once, by the end too: a release's outcome is no loss to tell.
             for name, holder in self.holders.items():
                 expected = [step["reason"] for step in self.scenario["steps"] if step.get("told") == name]
@@ -234,7 +237,8 @@ class Run:
         took = told_at - self.previous_started
         print(
             f"\n[behaviour] {self.scenario['name']} ({self.flavour}): told {reason} {took * 1000:.1f} ms"
-            f" after the {self.previous_kind} began (limit {within * 1000:.0f} ms)"
+            f" after the {self.previous_kind} began (limit {within * 1000:.0f} ms; the step itself took"
+            f" {(self.previous_ended - self.previous_started) * 1000:.0f} ms)"
         )
         assert holder.told_reasons() == [step["reason"]], f"told {holder.told_reasons()}"
         lost, state, lost_at = holder.kept.read(lambda lease: (lease.lost.is_set(), lease.state, lease.lost_at))
