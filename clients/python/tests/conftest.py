@@ -1,14 +1,17 @@
 """Scratch clusters from pg_test/cluster (PostgreSQL of $PG_MAJOR, 15 by default), with pg_fence
-created, for tests that need a real server. Ports 27500-27549 belong to this suite."""
+created, for tests that need a real server. Ports 27500-27549 and 27620-27629 belong to this suite."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import psycopg
 import pytest
@@ -69,13 +72,49 @@ class Cluster:
 
 
 def eventually(check, limit: float = 20.0) -> bool:
-    """Polls `check` until it is true or `limit` seconds have passed (a bound on a hang, not a speed test)."""
+    """Polls `check` until it is true or `limit` seconds have passed (a bound on a hang, not a speed test);
+    at least once, as a limit may be spent before the caller asks."""
     end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if check():
-            return True
+    while not check():
+        if time.monotonic() >= end:
+            return False
         time.sleep(0.005)
-    return False
+    return True
+
+
+def behaviours(file: str) -> list:
+    """The scenarios of the language-neutral clients/behaviours/`file`."""
+    return json.loads((ROOT / "clients" / "behaviours" / file).read_text())["scenarios"]
+
+
+@contextlib.contextmanager
+def scenario_cluster(scenario: dict, shared: Cluster, name: str, port: int) -> Iterator[Cluster]:
+    """`shared`, or a cluster of its own (`name`, `port`) for a scenario that crashes the server:
+    after a crash the first grant waits for the clock to pass the fast reservation (up to 10 s),
+    which would hold up the next scenario."""
+    if not any("crash_server" in step for step in scenario["steps"]):
+        yield shared
+        return
+    own = Cluster(name, port).create()
+    try:
+        yield own
+    finally:
+        own.destroy()
+
+
+class Loop:
+    """An event loop in a thread of its own, for a sync test to drive the asyncio API."""
+
+    def __init__(self, limit: float = 30.0) -> None:
+        self.limit = limit
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+    def run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(self.limit)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 @pytest.fixture(scope="session")

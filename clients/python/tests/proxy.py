@@ -2,7 +2,8 @@
 server reply to arrive after a client message containing those bytes is not forwarded, and both
 connections are closed, as when a network fails after the server committed. With `orphan` set
 too, only the client's side is closed: the server's session lives on, as across a partition,
-until close_orphans()."""
+until close_orphans(). hang_existing() leaves the connections open now carrying nothing more, as
+across a dead route."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class Proxy:
         self.orphan = False
         self.orphans: list = []
         self.dropped = 0
+        self._made = 0
+        self._hung_below = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -30,12 +33,22 @@ class Proxy:
                 return
             server = socket.create_connection(("127.0.0.1", self.server_port))
             armed = threading.Event()
-            threading.Thread(target=self._pipe, args=(client, server, armed, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, armed, False), daemon=True).start()
+            made, self._made = self._made, self._made + 1
+            for args in ((client, server, armed, True, made), (server, client, armed, False, made)):
+                threading.Thread(target=self._pipe, args=args, daemon=True).start()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket, armed: threading.Event, upstream: bool) -> None:
+    def hang_existing(self) -> None:
+        """The connections open now stop carrying data either way, with no reset and no answer;
+        connections made later work."""
+        self._hung_below = self._made
+
+    def _pipe(
+        self, source: socket.socket, sink: socket.socket, armed: threading.Event, upstream: bool, made: int
+    ) -> None:
         try:
             while data := source.recv(65536):
+                if made < self._hung_below:
+                    continue
                 if upstream and self.drop_reply_after and self.drop_reply_after in data:
                     self.drop_reply_after = None
                     armed.set()

@@ -63,18 +63,6 @@ async def test_async_stopped_server_is_declared_unknown(own_cluster, key):
     await client.close()
 
 
-@pytest.mark.port(27521)
-async def test_async_session_bound_lease_is_lost_at_once_when_its_session_ends(own_cluster, key):
-    async with AsyncClient(own_cluster.conninfo, application_name="async_keeper_session") as client:
-        async with await client.lease(key, 30, session_bound=True) as lease:
-            (pid,) = own_cluster.backend_pids("async_keeper_session")
-            ended = clock()
-            own_cluster.sql("SELECT pg_terminate_backend(%s)", (pid,))
-            await asyncio.wait_for(lease.lost.wait(), 5)  # the next renewal is 10 s away
-            print(f"\nasync session ended: told {1000 * (lease.lost_at - ended):.0f} ms after pg_terminate_backend")
-            assert (lease.state, lease.reason) == ("lost", "session_ended")
-
-
 async def test_async_release_whose_connection_broke_is_retried_on_a_new_one(cluster, key):
     async with AsyncClient(cluster.conninfo, application_name="async_broken_release") as client:
         lease = await client.lease(key, 30)

@@ -4,7 +4,6 @@ too), each scenario run through the sync and the asyncio elector against a real 
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import threading
 import time
@@ -12,13 +11,13 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
-from conftest import ROOT, Cluster, eventually
+from conftest import Cluster, Loop, behaviours, eventually, scenario_cluster
 
 from pg_fence import Client
 from pg_fence.aio import AsyncClient
 from pg_fence.election import Leader
 
-SCENARIOS = json.loads((ROOT / "clients" / "behaviours" / "elector.json").read_text())["scenarios"]
+SCENARIOS = behaviours("elector.json")
 LIMIT = 10.0
 
 
@@ -114,20 +113,6 @@ class SyncFlavour:
         self.client.close()
 
 
-class Loop:
-    """An event loop in a thread of its own, for the sync runner to drive the asyncio elector."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-
-    def run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(LIMIT * 3)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-
-
 class AsyncCandidate:
     """A candidate through the asyncio elector: a task campaigns, then holds the leadership in its
     `async with` block; a cancel cancels that task."""
@@ -199,7 +184,7 @@ class AsyncCandidate:
 
 class AsyncFlavour:
     def __init__(self, conninfo: str, key: str):
-        self.conninfo, self.key, self.loop = conninfo, key, Loop()
+        self.conninfo, self.key, self.loop = conninfo, key, Loop(LIMIT * 3)
         self.tasks: list = []
 
         async def make() -> None:
@@ -366,19 +351,9 @@ class Run:
 FLAVOURS: Dict[str, Callable[[str, str], Any]] = {"sync": SyncFlavour, "asyncio": AsyncFlavour}
 
 
-def crashes(scenario: dict) -> bool:
-    return any("crash_server" in step for step in scenario["steps"])
-
-
 @pytest.mark.parametrize("flavour", list(FLAVOURS))
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[scenario["name"] for scenario in SCENARIOS])
 def test_behaviour(behaviours_cluster, scenario, flavour):
-    # A scenario that crashes the server gets one of its own: after a crash the first grant waits
-    # for the clock to pass the fast reservation (up to 10 s), which would hold up the next one.
-    cluster = Cluster("behaviours_crash", 27543).create() if crashes(scenario) else behaviours_cluster
-    try:
+    with scenario_cluster(scenario, behaviours_cluster, "behaviours_crash", 27543) as cluster:
         key = f"behaviours:{scenario['name']}:{flavour}:{time.monotonic_ns()}"
         Run(cluster, scenario, FLAVOURS[flavour](cluster.conninfo, key)).run()
-    finally:
-        if cluster is not behaviours_cluster:
-            cluster.destroy()

@@ -1,5 +1,6 @@
-"""Kept leases under faults: renewal, takeover, an unreachable server, kill -9 of the server, the
-end of a session-bound lease's session. Each prints the time from the loss to the client being told."""
+"""Kept leases under faults, beyond the scenarios of keeper.json (test_keeper_behaviours.py): what
+a takeover leaves the holder's calls, a deadline that comes before the server's expiry, renewals
+after kill -9 of the server, releases. Each prints the time from the loss to the client being told."""
 
 from __future__ import annotations
 
@@ -23,15 +24,6 @@ def wall(at: float) -> datetime:
 def live_fence(cluster, key):
     row = cluster.sql("SELECT fence FROM fence.leases WHERE key = %s AND live", (key,))
     return row[0] if row else None
-
-
-def test_a_kept_lease_outlives_its_ttl_and_is_released_on_exit(cluster, key):
-    with Client(cluster.conninfo) as client:
-        with client.lease(key, 1.0) as lease:
-            time.sleep(3.5)
-            assert lease.held() and not lease.lost.is_set()
-            assert live_fence(cluster, key) == lease.fence
-        assert lease.state == "released" and live_fence(cluster, key) is None
 
 
 def test_a_takeover_is_told_within_a_renewal(cluster, key):
@@ -65,19 +57,6 @@ def test_lost_is_set_for_whoever_acts_on_an_end_another_thread_declared(cluster,
             with pytest.raises(LeaseLost):
                 lease.check()
             assert lease.lost.is_set(), "check() raised LeaseLost while lost was still clear"
-
-
-def test_a_stale_fence_from_the_server_ends_the_kept_lease_at_once(cluster, key):
-    with Client(cluster.conninfo) as client:
-        with client.lease(key, 30) as lease:  # the keeper renews in 10 s: it has heard nothing yet
-            cluster.sql("SELECT fence.lease_revoke(%s)", (key,))
-            taker = client.acquire(key, 30)
-            with cluster.connect() as conn:
-                with pytest.raises(StaleFence):
-                    with conn.transaction():
-                        lease.guard(conn)
-            assert lease.lost.is_set() and lease.state == "lost" and lease.reason == "revoked"
-        assert live_fence(cluster, key) == taker.fence
 
 
 @pytest.mark.port(27510)
@@ -117,20 +96,6 @@ def test_a_durable_lease_survives_kill_9_of_the_server(own_cluster, key):
                 lambda: own_cluster.sql("SELECT expires_at FROM fence.leases WHERE key = %s", (key,))[0] > before
             ), "the keeper never renewed after the restart"
             assert lease.held() and live_fence(own_cluster, key) == lease.fence
-
-
-@pytest.mark.port(27512)
-def test_a_session_bound_lease_is_lost_when_its_session_ends(own_cluster, key):
-    with Client(own_cluster.conninfo, application_name="keeper_session") as client:
-        # The keeper hears of it at once, not at its next renewal (10 s away).
-        with client.lease(key, 30, session_bound=True) as lease:
-            (pid,) = own_cluster.backend_pids("keeper_session")
-            ended = clock()
-            own_cluster.sql("SELECT pg_terminate_backend(%s)", (pid,))
-            taker = client.acquire(key, 30, wait=5)
-            assert taker is not None and taker.fence > lease.fence
-            assert lease.lost.wait(5) and (lease.state, lease.reason) == ("lost", "session_ended")
-            print(f"\nsession ended: told {1000 * (lease.lost_at - ended):.0f} ms after pg_terminate_backend")
 
 
 def test_release_on_exit_of_a_failing_block(cluster, key):

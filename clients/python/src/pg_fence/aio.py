@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import functools
 import uuid
-from typing import Any, Awaitable, Callable, Iterable, List, Mapping, Optional, Tuple, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, List, Mapping, Optional, Set, Tuple, TypeVar
 
 import psycopg
 
@@ -159,10 +159,24 @@ class AsyncConnections(Source):
     def current(self) -> Optional[psycopg.AsyncConnection]:
         return self._conn
 
+    def forget(self, conn: psycopg.AsyncConnection) -> None:
+        """Stops handing out `conn`: a call past its limit still runs on it."""
+        if self._conn is conn:
+            self._conn = None
+
+    async def abandoned(self, conn: psycopg.AsyncConnection) -> None:
+        """`conn` came back from a call that ran out of time, and no one else uses it now."""
+        if self.pool is not None and not self.pinned:
+            await self.pool.putconn(conn)
+        else:
+            await self._dispose(conn)
+
     async def close(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is None:
-            return
+        if conn is not None:
+            await self._dispose(conn)
+
+    async def _dispose(self, conn: psycopg.AsyncConnection) -> None:
         if self.pool is None:
             with contextlib.suppress(Exception):
                 await conn.close()
@@ -172,6 +186,10 @@ class AsyncConnections(Source):
                 await conn.execute("RESET statement_timeout")
                 await conn.set_autocommit(self._autocommit.pop(id(conn), conn.autocommit))
         await self.pool.putconn(conn)
+
+
+#: Calls past their limit, still being cancelled: a task the loop alone refers to may be collected.
+_abandoned: Set["asyncio.Task[None]"] = set()
 
 
 async def bounded(
@@ -186,17 +204,40 @@ async def bounded(
             return await call(conn)
 
     conn = await connections.checkout()
+    running = asyncio.ensure_future(in_transaction(conn))
     try:
-        result = await asyncio.wait_for(in_transaction(conn), limit)
-    except asyncio.TimeoutError as err:
-        await connections.checkin(conn, err)
-        raise CallTimedOut(f"no answer from the server within {limit:.1f} s") from err
+        await asyncio.wait((running,), timeout=limit)
     except BaseException as err:
-        # A cancelled task's statement psycopg cancels on the server itself.
+        # Cancelled: so is the call, whose statement psycopg cancels on the server itself.
+        running.cancel()
+        with contextlib.suppress(BaseException):
+            await running
+        await connections.checkin(conn, err)
+        raise
+    if not running.done():
+        # Not waited for: psycopg's cancel waits seconds more on a connection that carries nothing
+        # (a dead route), and the caller must be free to try again on a new one at once.
+        connections.forget(conn)
+        running.cancel()
+        disposal = asyncio.ensure_future(_dispose_after(running, conn, connections))
+        _abandoned.add(disposal)
+        disposal.add_done_callback(_abandoned.discard)
+        raise CallTimedOut(f"no answer from the server within {limit:.1f} s")
+    try:
+        result = running.result()
+    except BaseException as err:
         await connections.checkin(conn, err)
         raise
     await connections.checkin(conn, None)
     return result
+
+
+async def _dispose_after(
+    running: "asyncio.Future[Any]", conn: psycopg.AsyncConnection, connections: AsyncConnections
+) -> None:
+    with contextlib.suppress(BaseException):
+        await running
+    await connections.abandoned(conn)
 
 
 async def cancel(conn: Optional[psycopg.AsyncConnection]) -> None:
