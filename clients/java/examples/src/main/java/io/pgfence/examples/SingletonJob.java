@@ -9,6 +9,8 @@ import java.sql.PreparedStatement;
 import java.sql.SQLException;
 import java.time.Duration;
 import java.time.Instant;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import javax.sql.DataSource;
 import net.javacrumbs.shedlock.core.DefaultLockingTaskExecutor;
@@ -44,27 +46,36 @@ public final class SingletonJob {
       }
       int ran = 0;
       int skipped = 0;
+      long started = System.nanoTime();
       for (int tick = 0; tick < 5; tick++) {
         for (LockingTaskExecutor instance : instances) {
-          // lockAtLeastFor keeps the lock past the run, so the other instances skip this tick.
+          // lockAtLeastFor keeps the lock past the run, so the other instances skip this tick
+          // (if they fire within half a second of the first, as a schedule's instances do).
           LockConfiguration config =
               new LockConfiguration(
-                  Instant.now(), name, Duration.ofSeconds(5), Duration.ofMillis(150));
+                  Instant.now(), name, Duration.ofSeconds(5), Duration.ofMillis(500));
           boolean executed = instance.executeWithLock(() -> write(source), config).wasExecuted();
           ran += executed ? 1 : 0;
           skipped += executed ? 0 : 1;
         }
-        Thread.sleep(200);
+        // The next tick a second after this one began, when this tick's lock has been free a while.
+        long next = started + (tick + 1) * 1_000_000_000L;
+        Thread.sleep(Math.max(0, (next - System.nanoTime()) / 1_000_000));
       }
       System.out.printf("ticks 5: runs %d, skipped %d%n", ran, skipped);
 
+      CountDownLatch running = new CountDownLatch(1);
+      CountDownLatch ranElsewhere = new CountDownLatch(1);
       Thread hung =
           new Thread(
               () -> {
                 try {
                   instances[0].executeWithLock(
                       () -> {
-                        Thread.sleep(600); // past lockAtMostFor (300 ms): a GC pause, a slow call
+                        running.countDown();
+                        // Paused past lockAtMostFor (300 ms), as by a GC pause or a slow call,
+                        // until another instance has run the job meanwhile.
+                        ranElsewhere.await(10, TimeUnit.SECONDS);
                         try {
                           return write(source);
                         } catch (StaleFenceException stale) {
@@ -81,6 +92,7 @@ public final class SingletonJob {
                 }
               });
       hung.start();
+      running.await(10, TimeUnit.SECONDS);
       Thread.sleep(400);
       boolean tookOver =
           instances[2]
@@ -88,6 +100,7 @@ public final class SingletonJob {
                   () -> write(source),
                   new LockConfiguration(Instant.now(), name, Duration.ofSeconds(5), Duration.ZERO))
               .wasExecuted();
+      ranElsewhere.countDown();
       hung.join();
       System.out.printf(
           "another instance ran the job meanwhile: %s; stale writes refused %d; rows say runs %s%n",
