@@ -1,6 +1,7 @@
 package pgfence_test
 
 import (
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -49,6 +50,13 @@ func eventually(t *testing.T, limit time.Duration, what string, check func() boo
 }
 
 func TestMain(m *testing.M) {
+	if args := os.Getenv(stoppedHolderEnv); args != "" {
+		if err := stoppedHolder(args); err != nil {
+			fmt.Fprintln(os.Stderr, "stopped holder:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	code := m.Run()
 	pgtest.DestroyShared()
 	os.Exit(code)
