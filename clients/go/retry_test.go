@@ -1,6 +1,7 @@
 package pgfence
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -15,24 +16,12 @@ func TestTheCeilingDoublesUpToTheCap(t *testing.T) {
 	for n := range 8 {
 		ceilings = append(ceilings, b.Ceiling(n)/time.Millisecond)
 	}
-	if want := []time.Duration{10, 20, 40, 80, 160, 300, 300, 300}; !equal(ceilings, want) {
+	if want := []time.Duration{10, 20, 40, 80, 160, 300, 300, 300}; !slices.Equal(ceilings, want) {
 		t.Fatalf("%v", ceilings)
 	}
 	if b.Ceiling(10_000) != b.Cap {
 		t.Fatal("no overflow for huge retry counts")
 	}
-}
-
-func equal[T comparable](a, b []T) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestFullJitterStaysWithinZeroAndTheCeilingAndSpreadsOverIt(t *testing.T) {
