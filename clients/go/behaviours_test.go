@@ -16,18 +16,12 @@ import (
 // scenario, step by step, against a real server. Prints how long each loss took to be told.
 func TestKeeperBehaviours(t *testing.T) {
 	t.Parallel()
-	cluster := pgtest.New(t, "behaviours", 27732)
-	for _, scenario := range pgtest.Scenarios(t, "keeper.json") {
-		t.Run(scenario.Name, func(t *testing.T) {
-			c := cluster
-			if scenario.Crashes() {
-				c = pgtest.New(t, "behaviours_crash", 27733)
-			}
-			run := &keeperRun{t: t, c: c, scenario: scenario, key: fmt.Sprintf("%s:%d", scenario.Name, time.Now().UnixNano()),
-				holders: map[string]*holder{}}
-			run.run()
-		})
-	}
+	pgtest.RunScenarios(t, "keeper.json", "behaviours", 27732, 27733, func(t *testing.T, c *pgtest.Cluster, scenario pgtest.Scenario) {
+		run := &keeperRun{t: t, c: c, scenario: scenario, key: fmt.Sprintf("%s:%d", scenario.Name, time.Now().UnixNano()),
+			holders: map[string]*holder{}}
+		defer run.resumes.Wait()
+		run.Run(t, scenario.Steps, run.step)
+	})
 }
 
 // holder is a kept lease on a client of its own, and what it was told.
@@ -47,26 +41,13 @@ func (h *holder) heard() ([]error, time.Time) {
 }
 
 type keeperRun struct {
+	pgtest.Timeline
 	t        *testing.T
 	c        *pgtest.Cluster
 	scenario pgtest.Scenario
 	key      string
 	holders  map[string]*holder
 	resumes  sync.WaitGroup
-
-	previousStart, stepStart time.Time
-	previousVerb, verb       string
-}
-
-func (r *keeperRun) run() {
-	defer r.resumes.Wait()
-	for i, step := range r.scenario.Steps {
-		r.previousStart, r.previousVerb = r.stepStart, r.verb
-		r.stepStart, r.verb = time.Now(), step.Verb
-		if !r.t.Run(fmt.Sprintf("%d_%s", i, step.Verb), func(t *testing.T) { r.step(t, step) }) {
-			r.t.FailNow()
-		}
-	}
 }
 
 func (r *keeperRun) holder(t *testing.T, step pgtest.Step) *holder {
@@ -184,7 +165,7 @@ func (r *keeperRun) hold(t *testing.T, step pgtest.Step) {
 
 func (r *keeperRun) told(t *testing.T, step pgtest.Step) {
 	h, within := r.holder(t, step), step.Seconds("within", 0)
-	limit := r.previousStart.Add(within + 5*time.Second)
+	limit := r.PreviousStart.Add(within + 5*time.Second)
 	for told, _ := h.heard(); len(told) == 0 && time.Now().Before(limit); told, _ = h.heard() {
 		time.Sleep(time.Millisecond)
 	}
@@ -207,9 +188,9 @@ func (r *keeperRun) told(t *testing.T, step pgtest.Step) {
 	if state := h.kept.State(); string(state) != step.String("state") {
 		t.Fatalf("state %s", state)
 	}
-	took := at.Sub(r.previousStart)
+	took := at.Sub(r.PreviousStart)
 	fmt.Printf("[behaviour] %s: told %s %.1f ms after the %s began (limit %.0f ms)\n",
-		r.scenario.Name, lost.Reason, float64(took)/1e6, r.previousVerb, float64(within)/1e6)
+		r.scenario.Name, lost.Reason, float64(took)/1e6, r.PreviousVerb, float64(within)/1e6)
 	if took > within {
 		t.Fatalf("told after %v, more than %v", took, within)
 	}

@@ -15,13 +15,19 @@ import (
 // The retrying client's cluster: lost replies, unknown outcomes.
 var clientCluster = shared("client", 27731)
 
+// viaProxy is the client tests' cluster, a proxy on port in front of it, and a client through it.
+func viaProxy(t *testing.T, port int) (*pgtest.Cluster, *pgtest.Proxy, *pgfence.Client) {
+	c := clientCluster(t)
+	proxy := pgtest.NewProxy(t, port, c.Port)
+	return c, proxy, c.Client(t, "lost_reply", proxy.Port())
+}
+
 // A reply lost after the server committed the grant (the proxy drops it and closes both sides):
 // the retried acquire carries the same token and gets that very lease.
 func TestALostReplyIsAnsweredByTheRetriedAcquire(t *testing.T) {
 	t.Parallel()
-	c, ctx, k := clientCluster(t), context.Background(), key(t)
-	proxy := pgtest.NewProxy(t, 27761, c.Port)
-	client := c.Client(t, "lost_reply", proxy.Port())
+	c, proxy, client := viaProxy(t, 27761)
+	ctx, k := context.Background(), key(t)
 	// The key travels in the acquire's Bind message only: the reply lost is the grant's.
 	proxy.DropReplyAfter(k)
 	lease, err := client.Acquire(ctx, k, pgfence.AcquireOptions{TTL: ttl})
@@ -45,9 +51,8 @@ func TestALostReplyIsAnsweredByTheRetriedAcquire(t *testing.T) {
 // When every try's reply is lost, the unknown outcome carries the token, to release or ask about.
 func TestAnUnknownOutcomeCarriesTheToken(t *testing.T) {
 	t.Parallel()
-	c, ctx, k := clientCluster(t), context.Background(), key(t)
-	proxy := pgtest.NewProxy(t, 27762, c.Port)
-	client := c.Client(t, "lost_reply", proxy.Port())
+	c, proxy, client := viaProxy(t, 27762)
+	ctx, k := context.Background(), key(t)
 	client.Backoff = pgfence.Backoff{Base: 10 * time.Millisecond, Cap: 50 * time.Millisecond, MaxAttempts: 3}
 	proxy.DropEveryReply(true)
 	proxy.DropReplyAfter(k)
@@ -72,9 +77,8 @@ func TestAnUnknownOutcomeCarriesTheToken(t *testing.T) {
 // Hold's acquire is retried with its token too.
 func TestHoldRidesOutALostReply(t *testing.T) {
 	t.Parallel()
-	c, ctx, k := clientCluster(t), context.Background(), key(t)
-	proxy := pgtest.NewProxy(t, 27763, c.Port)
-	client := c.Client(t, "lost_reply", proxy.Port())
+	c, proxy, client := viaProxy(t, 27763)
+	ctx, k := context.Background(), key(t)
 	proxy.DropReplyAfter(k)
 	kept, err := client.Hold(ctx, k, pgfence.HoldOptions{AcquireOptions: pgfence.AcquireOptions{TTL: ttl}})
 	if err != nil {

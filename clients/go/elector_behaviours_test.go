@@ -17,24 +17,17 @@ import (
 // suites run too: every scenario through the Go Elector, against a real server.
 func TestElectorBehaviours(t *testing.T) {
 	t.Parallel()
-	cluster := pgtest.New(t, "elector", 27734)
-	for _, scenario := range pgtest.Scenarios(t, "elector.json") {
-		t.Run(scenario.Name, func(t *testing.T) {
-			c := cluster
-			if scenario.Crashes() {
-				c = pgtest.New(t, "elector_crash", 27735)
-			}
-			key := fmt.Sprintf("elector:%s:%d", scenario.Name, time.Now().UnixNano())
-			watcher, err := pgfence.NewElector(c.Client(t, "beh_watcher"), electorConfig(key, "", 5*time.Second))
-			if err != nil {
-				t.Fatal(err)
-			}
-			run := &electorRun{t: t, c: c, scenario: scenario, key: key, watcher: watcher,
-				candidates: map[string]*candidate{}, values: map[string]string{},
-				observers: map[string]*observer{}, handed: map[string]*pgfence.Leader{}}
-			run.run()
-		})
-	}
+	pgtest.RunScenarios(t, "elector.json", "elector", 27734, 27735, func(t *testing.T, c *pgtest.Cluster, scenario pgtest.Scenario) {
+		key := fmt.Sprintf("elector:%s:%d", scenario.Name, time.Now().UnixNano())
+		watcher, err := pgfence.NewElector(c.Client(t, "beh_watcher"), electorConfig(key, "", 5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := &electorRun{t: t, c: c, scenario: scenario, key: key, watcher: watcher,
+			candidates: map[string]*candidate{}, values: map[string]string{},
+			observers: map[string]*observer{}, handed: map[string]*pgfence.Leader{}}
+		run.Run(t, scenario.Steps, run.step)
+	})
 }
 
 func electorConfig(key, identity string, ttl time.Duration) pgfence.ElectorConfig {
@@ -71,6 +64,7 @@ type observer struct {
 }
 
 type electorRun struct {
+	pgtest.Timeline
 	t          *testing.T
 	c          *pgtest.Cluster
 	scenario   pgtest.Scenario
@@ -80,25 +74,9 @@ type electorRun struct {
 	values     map[string]string
 	observers  map[string]*observer
 	handed     map[string]*pgfence.Leader
-	stepEnded  time.Time
-
-	previousStart, stepStart time.Time
-	previousVerb, verb       string
 }
 
 const electorLimit = 10 * time.Second
-
-func (r *electorRun) run() {
-	r.stepEnded = time.Now()
-	for i, step := range r.scenario.Steps {
-		r.previousStart, r.previousVerb = r.stepStart, r.verb
-		r.stepStart, r.verb = time.Now(), step.Verb
-		if !r.t.Run(fmt.Sprintf("%d_%s", i, step.Verb), func(t *testing.T) { r.step(t, step) }) {
-			r.t.FailNow()
-		}
-		r.stepEnded = time.Now()
-	}
-}
 
 func (r *electorRun) candidate(t *testing.T, step pgtest.Step) *candidate {
 	c := r.candidates[step.Name()]
@@ -186,10 +164,10 @@ func (r *electorRun) step(t *testing.T, step pgtest.Step) {
 			t.Fatalf("stopped %v, not %s", stopped, step.String("reason"))
 		}
 		c.mu.Lock()
-		took := c.stoppedAt.Sub(r.previousStart)
+		took := c.stoppedAt.Sub(r.PreviousStart)
 		c.mu.Unlock()
 		fmt.Printf("[behaviour] elector %s: on_stopped_leading told %s %.1f ms after the %s began\n",
-			r.scenario.Name, stopped[0], float64(took)/1e6, r.previousVerb)
+			r.scenario.Name, stopped[0], float64(took)/1e6, r.PreviousVerb)
 	case "handoff":
 		l, _, _, _ := r.candidate(t, step).state()
 		next, err := l.Handoff(ctx, step.String("to"))
@@ -300,7 +278,7 @@ func (r *electorRun) leads(t *testing.T, step pgtest.Step) {
 	if err != nil {
 		t.Fatalf("the campaign failed: %v", err)
 	}
-	if took := time.Since(r.stepEnded); step.Has("not_before") && took < step.Seconds("not_before", 0) {
+	if took := time.Since(r.Ended); step.Has("not_before") && took < step.Seconds("not_before", 0) {
 		t.Fatalf("elected after %v", took)
 	}
 	eventually(t, 5*time.Second, "on_started_leading told", func() bool {

@@ -10,56 +10,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"pgfence.io/pgfence"
+	"pgfence.io/pgfence/examples/common"
 )
 
 const invoices, steps = 5, 3
 
-func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: invoice_workers CONNSTRING")
-		os.Exit(2)
-	}
-	if err := run(context.Background(), os.Args[1], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-}
+func main() { common.Main("invoice_workers", run) }
 
-// printer writes lines from several goroutines, whole.
-type printer struct {
-	mu  sync.Mutex
-	out io.Writer
-}
-
-func (p *printer) say(format string, args ...any) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fmt.Fprintf(p.out, format+"\n", args...)
-}
-
-func run(ctx context.Context, connString string, out io.Writer) error {
-	config, err := pgfence.ParsePoolConfig(connString)
-	if err != nil {
-		return err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, config)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+func run(ctx context.Context, pool *pgxpool.Pool, p *common.Printer) error {
 	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS invoices;
 		CREATE TABLE invoices (id int PRIMARY KEY, step int NOT NULL DEFAULT 0, worker text, fence bigint);
 		INSERT INTO invoices (id) SELECT generate_series(1, 5)`); err != nil {
 		return err
 	}
-	client, p := pgfence.NewClient(pool), &printer{out: out}
+	client := pgfence.NewClient(pool)
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	for w := 1; w <= 4; w++ {
@@ -79,7 +48,7 @@ func run(ctx context.Context, connString string, out io.Writer) error {
 			time.Sleep(5 * time.Millisecond)
 		}
 		if _, err := pgfence.Revoke(ctx, pool, "invoice:3"); err == nil {
-			p.say("operator: revoked invoice 3's lease")
+			p.Say("operator: revoked invoice 3's lease")
 		}
 	}()
 	wg.Wait()
@@ -89,16 +58,18 @@ func run(ctx context.Context, connString string, out io.Writer) error {
 			return err
 		}
 	}
-	var done int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM invoices WHERE step = $1", steps).Scan(&done); err != nil {
+	var done, fences int
+	err := pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE step = $1), count(DISTINCT fence) FROM invoices", steps).Scan(&done, &fences)
+	if err != nil {
 		return err
 	}
-	p.say("%d of %d invoices done", done, invoices)
+	// Each invoice finished under the fence of the worker that finished it.
+	p.Say("%d of %d invoices done, under %d fences", done, invoices, fences)
 	return nil
 }
 
 // work takes any invoice not yet done and not held, until every one is done.
-func work(ctx context.Context, client *pgfence.Client, p *printer, name string) error {
+func work(ctx context.Context, client *pgfence.Client, p *common.Printer, name string) error {
 	for {
 		var left []int
 		rows, err := client.Pool.Query(ctx, "SELECT id FROM invoices WHERE step < $1 ORDER BY id", steps)
@@ -125,7 +96,7 @@ func work(ctx context.Context, client *pgfence.Client, p *printer, name string) 
 }
 
 // workOn does the steps of invoice id left to do, each a fenced update, if it gets its lease.
-func workOn(ctx context.Context, client *pgfence.Client, p *printer, name string, id int) error {
+func workOn(ctx context.Context, client *pgfence.Client, p *common.Printer, name string, id int) error {
 	key := fmt.Sprintf("invoice:%d", id)
 	kept, err := client.Hold(ctx, key, pgfence.HoldOptions{AcquireOptions: pgfence.AcquireOptions{TTL: 5 * time.Second, Owner: name}})
 	if errors.Is(err, pgfence.ErrWaitTimedOut) {
@@ -152,18 +123,18 @@ func workOn(ctx context.Context, client *pgfence.Client, p *printer, name string
 		}
 		select {
 		case <-kept.Done():
-			p.say("%s: told its lease on invoice %d is lost (%v); stops", name, id, context.Cause(kept.Context()))
+			p.Say("%s: told its lease on invoice %d is lost (%v); stops", name, id, context.Cause(kept.Context()))
 			_, err := kept.FencedUpdate(ctx, client.Pool, "invoices", map[string]any{"step": step + 1}, map[string]any{"id": id})
-			p.say("%s: its next step on invoice %d is refused: %v", name, id, err)
+			p.Say("%s: its next step on invoice %d is refused: %v", name, id, err)
 			return nil
 		default:
 		}
 		changes := map[string]any{"step": step + 1, "worker": name, "fence": kept.Fence()}
 		if _, err := kept.FencedUpdate(ctx, client.Pool, "invoices", changes, map[string]any{"id": id}); err != nil {
-			p.say("%s: step %d of invoice %d refused: %v", name, step+1, id, err)
+			p.Say("%s: step %d of invoice %d refused: %v", name, step+1, id, err)
 			return nil
 		}
-		p.say("%s: invoice %d step %d under fence %d", name, id, step+1, kept.Fence())
+		p.Say("%s: invoice %d step %d under fence %d", name, id, step+1, kept.Fence())
 		time.Sleep(30 * time.Millisecond)
 	}
 }

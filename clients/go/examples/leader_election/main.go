@@ -10,55 +10,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"pgfence.io/pgfence"
+	"pgfence.io/pgfence/examples/common"
 )
 
 const key = "leader:scheduler"
 
-func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: leader_election CONNSTRING")
-		os.Exit(2)
-	}
-	if err := run(context.Background(), os.Args[1], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-}
+func main() { common.Main("leader_election", run) }
 
-type printer struct {
-	mu  sync.Mutex
-	out io.Writer
-}
-
-func (p *printer) say(format string, args ...any) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fmt.Fprintf(p.out, format+"\n", args...)
-}
-
-func run(ctx context.Context, connString string, out io.Writer) error {
-	config, err := pgfence.ParsePoolConfig(connString)
-	if err != nil {
-		return err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, config)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+func run(ctx context.Context, pool *pgxpool.Pool, p *common.Printer) error {
 	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS runs;
 		CREATE TABLE runs (n serial PRIMARY KEY, leader text, fence bigint)`); err != nil {
 		return err
 	}
-	client, p := pgfence.NewClient(pool), &printer{out: out}
+	client := pgfence.NewClient(pool)
 	ctx, stop := context.WithTimeout(ctx, 30*time.Second) // gives up without a new leader
 	defer stop()
 
@@ -72,9 +42,9 @@ func run(ctx context.Context, connString string, out io.Writer) error {
 			case err != nil:
 				return
 			case leader == nil:
-				p.say("observer: nobody leads")
+				p.Say("observer: nobody leads")
 			default:
-				p.say("observer: the leader is %s (fence %d)", leader.Owner, leader.Fence)
+				p.Say("observer: the leader is %s (fence %d)", leader.Owner, leader.Fence)
 			}
 		}
 	}()
@@ -87,11 +57,11 @@ func run(ctx context.Context, connString string, out io.Writer) error {
 		cfg.Callbacks = pgfence.LeaderCallbacks{
 			OnStartedLeading: func(leading context.Context) {
 				l := elector.Leadership()
-				p.say("%s: leading with fence %d", name, l.Fence())
+				p.Say("%s: leading with fence %d", name, l.Fence())
 				elected <- l
 				lead(leading, pool, p, name, l)
 			},
-			OnStoppedLeading: func() { p.say("%s: stopped leading: %s", name, elector.Leadership().StopReason()) },
+			OnStoppedLeading: func() { p.Say("%s: stopped leading: %s", name, elector.Leadership().StopReason()) },
 		}
 		if elector, err = pgfence.NewElector(client, cfg); err != nil {
 			return err
@@ -102,7 +72,7 @@ func run(ctx context.Context, connString string, out io.Writer) error {
 			// Campaign again after each leadership, until the example ends.
 			for ctx.Err() == nil {
 				if err := elector.Run(ctx); err != nil && ctx.Err() == nil {
-					p.say("%s: %v", name, err)
+					p.Say("%s: %v", name, err)
 				}
 			}
 		}()
@@ -127,7 +97,7 @@ func run(ctx context.Context, connString string, out io.Writer) error {
 		if _, err := pgfence.Revoke(ctx, pool, key); err != nil {
 			return err
 		}
-		p.say("operator: revoked %s's lease", l.Value())
+		p.Say("operator: revoked %s's lease", l.Value())
 	}
 	stop()
 	wg.Wait()
@@ -135,7 +105,7 @@ func run(ctx context.Context, connString string, out io.Writer) error {
 	if err := pool.QueryRow(context.Background(), "SELECT count(*), count(DISTINCT fence) FROM runs").Scan(&runs, &leaders); err != nil {
 		return err
 	}
-	p.say("%d runs written by %d leaders, each under its own fence", runs, leaders)
+	p.Say("%d runs written by %d leaders, each under its own fence", runs, leaders)
 	return nil
 }
 
@@ -147,7 +117,7 @@ func config3(identity string) pgfence.ElectorConfig {
 }
 
 // lead writes a run every 100 ms, guarded by the leader's fence, until the leadership ends.
-func lead(ctx context.Context, pool *pgxpool.Pool, p *printer, name string, l *pgfence.Leadership) {
+func lead(ctx context.Context, pool *pgxpool.Pool, p *common.Printer, name string, l *pgfence.Leadership) {
 	for ctx.Err() == nil {
 		err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
 			if err := l.Guard(context.Background(), tx); err != nil {
@@ -157,7 +127,7 @@ func lead(ctx context.Context, pool *pgxpool.Pool, p *printer, name string, l *p
 			return err
 		})
 		if errors.Is(err, pgfence.ErrStaleFence) {
-			p.say("%s: a run refused, deposed: %v", name, err)
+			p.Say("%s: a run refused, deposed: %v", name, err)
 			return
 		} else if err != nil {
 			return

@@ -10,8 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -19,31 +17,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"pgfence.io/pgfence"
+	"pgfence.io/pgfence/examples/common"
 )
 
 const job = "singleton:nightly-report"
 
-func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: singleton_job CONNSTRING")
-		os.Exit(2)
-	}
-	if err := run(context.Background(), os.Args[1], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-}
+func main() { common.Main("singleton_job", run) }
 
-func run(ctx context.Context, connString string, out io.Writer) error {
-	config, err := pgfence.ParsePoolConfig(connString)
-	if err != nil {
-		return err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, config)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+func run(ctx context.Context, pool *pgxpool.Pool, p *common.Printer) error {
 	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS reports;
 		CREATE TABLE reports (day int PRIMARY KEY, written_by text, fence bigint)`); err != nil {
 		return err
@@ -62,7 +43,7 @@ func run(ctx context.Context, connString string, out io.Writer) error {
 				line, err := fire(ctx, client, day, name)
 				mu.Lock()
 				defer mu.Unlock()
-				fmt.Fprintln(out, line)
+				p.Say("%s", line)
 				if err != nil {
 					failed = err
 				} else if line != "" && !strings.Contains(line, "skips") {
@@ -75,7 +56,7 @@ func run(ctx context.Context, connString string, out io.Writer) error {
 			return fmt.Errorf("day %d: ran by %v (%v)", day, runs, failed)
 		}
 	}
-	return stalled(ctx, pool, out)
+	return stalled(ctx, pool, p)
 }
 
 // fire is one instance at one tick: it runs the job if it gets the lease, else skips.
@@ -99,12 +80,12 @@ func fire(ctx context.Context, client *pgfence.Client, day int, name string) (st
 }
 
 // stalled: a run whose process stops past its TTL while another instance runs the job.
-func stalled(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
+func stalled(ctx context.Context, pool *pgxpool.Pool, p *common.Printer) error {
 	lease, err := pgfence.Acquire(ctx, pool, job, pgfence.AcquireOptions{TTL: time.Second, Owner: "instance-1"})
 	if err != nil || lease == nil {
 		return fmt.Errorf("not granted: %v", err)
 	}
-	fmt.Fprintf(out, "day 5: instance-1 runs the job with fence %d, and stalls past its ttl\n", lease.Fence)
+	p.Say("day 5: instance-1 runs the job with fence %d, and stalls past its ttl", lease.Fence)
 	time.Sleep(1200 * time.Millisecond)
 	other, err := pgfence.Acquire(ctx, pool, job, pgfence.AcquireOptions{TTL: 10 * time.Second, Owner: "instance-2"})
 	if err != nil || other == nil {
@@ -113,17 +94,17 @@ func stalled(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
 	if err := guardedWrite(ctx, pool, 5, "instance-2", other.Fence); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "day 5: instance-2 ran the job with fence %d\n", other.Fence)
+	p.Say("day 5: instance-2 ran the job with fence %d", other.Fence)
 	err = guardedWrite(ctx, pool, 5, "instance-1", lease.Fence)
 	if !errors.Is(err, pgfence.ErrStaleFence) {
 		return fmt.Errorf("the late write was not refused: %v", err)
 	}
-	fmt.Fprintf(out, "day 5: instance-1 wakes up; its late write is refused: %v\n", err)
+	p.Say("day 5: instance-1 wakes up; its late write is refused: %v", err)
 	var writer string
 	if err := pool.QueryRow(ctx, "SELECT written_by FROM reports WHERE day = 5").Scan(&writer); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "day 5's report was written by %s\n", writer)
+	p.Say("day 5's report was written by %s", writer)
 	_, err = pgfence.Release(ctx, pool, other)
 	return err
 }

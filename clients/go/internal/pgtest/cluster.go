@@ -4,19 +4,23 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"pgfence.io/pgfence"
+	"pgfence.io/pgfence/examples/common"
 )
 
 // Cluster is a scratch PostgreSQL cluster (of $PG_MAJOR, 15 by default) with pg_fence created.
@@ -140,9 +144,13 @@ func (c *Cluster) Signal(t testing.TB, sig string) {
 	}
 	pid := strings.SplitN(string(pidFile), "\n", 2)[0]
 	kids, _ := exec.Command("pgrep", "-P", pid).Output()
-	args := append([]string{"-" + sig, pid}, strings.Fields(string(kids))...)
-	if out, err := exec.Command("kill", args...).CombinedOutput(); err != nil {
-		t.Fatalf("kill %v: %v: %s", args, err, out)
+	signal := map[string]syscall.Signal{"STOP": syscall.SIGSTOP, "CONT": syscall.SIGCONT}[sig]
+	for _, each := range append([]string{pid}, strings.Fields(string(kids))...) {
+		n, _ := strconv.Atoi(each)
+		// A backend may have ended since it was listed.
+		if err := syscall.Kill(n, signal); err != nil && err != syscall.ESRCH {
+			t.Fatalf("kill -%s %d: %v", sig, n, err)
+		}
 	}
 }
 
@@ -190,18 +198,14 @@ func (c *Cluster) Conn(t testing.TB, app string) *pgx.Conn {
 // SQL is the first column of the first row of query, as text ("" for none or NULL).
 func (c *Cluster) SQL(t testing.TB, query string, args ...any) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, c.ConnString("pg_fence_go_test"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	var value *string
-	err = conn.QueryRow(ctx, "SELECT ("+query+")::text", args...).Scan(&value)
-	if err != nil && err != pgx.ErrNoRows {
-		t.Fatalf("%s: %v", query, err)
-	}
+	c.with(t, func(ctx context.Context, conn *pgx.Conn) error {
+		err := conn.QueryRow(ctx, "SELECT ("+query+")::text", args...).Scan(&value)
+		if err == pgx.ErrNoRows {
+			return nil
+		}
+		return err
+	})
 	if value == nil {
 		return ""
 	}
@@ -211,6 +215,15 @@ func (c *Cluster) SQL(t testing.TB, query string, args ...any) string {
 // Exec runs statements (no result), as a superuser.
 func (c *Cluster) Exec(t testing.TB, statements string) {
 	t.Helper()
+	c.with(t, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, statements)
+		return err
+	})
+}
+
+// with runs do on a connection of its own, as a superuser.
+func (c *Cluster) with(t testing.TB, do func(context.Context, *pgx.Conn) error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, c.ConnString("pg_fence_go_test"))
@@ -218,8 +231,8 @@ func (c *Cluster) Exec(t testing.TB, statements string) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, statements); err != nil {
-		t.Fatalf("%s: %v", statements, err)
+	if err := do(ctx, conn); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -231,4 +244,16 @@ func (c *Cluster) Revoke(t testing.TB, key string) string {
 // Terminate ends every session of app (pg_terminate_backend): how many.
 func (c *Cluster) Terminate(t testing.TB, app string) string {
 	return c.SQL(t, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app)
+}
+
+// Example runs an example against a cluster of its own and returns what it printed.
+func Example(t *testing.T, name string, port int, run common.Run) string {
+	t.Helper()
+	c := New(t, name, port)
+	var out bytes.Buffer
+	if err := common.Against(context.Background(), c.ConnString(name), &out, run); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	t.Log(out.String())
+	return out.String()
 }

@@ -103,3 +103,39 @@ func Millis(samples []time.Duration, p float64) float64 {
 	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
 	return float64(sorted[max(0, min(len(sorted)-1, rank-1))]) / 1e6
 }
+
+// RunScenarios runs body for every scenario of clients/behaviours/file, each as a subtest, on a
+// cluster they share (name, port), or for a scenario that crashes the server on one of its own
+// (name_crash, crashPort).
+func RunScenarios(t *testing.T, file, name string, port, crashPort int, body func(*testing.T, *Cluster, Scenario)) {
+	cluster := New(t, name, port)
+	for _, scenario := range Scenarios(t, file) {
+		t.Run(scenario.Name, func(t *testing.T) {
+			c := cluster
+			if scenario.Crashes() {
+				c = New(t, name+"_crash", crashPort)
+			}
+			body(t, c, scenario)
+		})
+	}
+}
+
+// Timeline runs a scenario's steps in order, each as a subtest, and keeps when each began: the
+// bounds of the behaviours count from the start of the step before.
+type Timeline struct {
+	PreviousStart, Start, Ended time.Time
+	PreviousVerb, Verb          string
+}
+
+// Run runs every step, stopping the scenario at the first that fails.
+func (tl *Timeline) Run(t *testing.T, steps []Step, step func(*testing.T, Step)) {
+	tl.Ended = time.Now()
+	for i, s := range steps {
+		tl.PreviousStart, tl.PreviousVerb = tl.Start, tl.Verb
+		tl.Start, tl.Verb = time.Now(), s.Verb
+		if !t.Run(fmt.Sprintf("%d_%s", i, s.Verb), func(t *testing.T) { step(t, s) }) {
+			t.FailNow()
+		}
+		tl.Ended = time.Now()
+	}
+}
