@@ -27,6 +27,9 @@ import (
 type Cluster struct {
 	Name string
 	Port int
+
+	adminMu sync.Mutex
+	admin   *pgx.Conn
 }
 
 // Root is the repository's root: the first directory above this one with pg_test/cluster.
@@ -128,7 +131,15 @@ func (c *Cluster) Stop(t testing.TB)  { c.must(t, "stop") }
 // Crash is kill -9 of the postmaster and all its children.
 func (c *Cluster) Crash(t testing.TB) { c.must(t, "crash") }
 
-func (c *Cluster) Destroy() { _ = c.run("destroy") }
+func (c *Cluster) Destroy() {
+	c.adminMu.Lock()
+	if c.admin != nil {
+		_ = c.admin.Close(context.Background())
+		c.admin = nil
+	}
+	c.adminMu.Unlock()
+	_ = c.run("destroy")
+}
 
 // Signal sends sig (STOP: the server stops answering, while its kernel still accepts connections
 // and acknowledges packets; CONT resumes it) to the postmaster and every process it started.
@@ -221,18 +232,30 @@ func (c *Cluster) Exec(t testing.TB, statements string) {
 	})
 }
 
-// with runs do on a connection of its own, as a superuser.
+// with runs do on the cluster's administrator connection, made again when it broke (a crash).
+// One connection for all: a new one costs a fork of a backend, which under load would count in
+// the time a step takes to be told.
 func (c *Cluster) with(t testing.TB, do func(context.Context, *pgx.Conn) error) {
 	t.Helper()
+	c.adminMu.Lock()
+	defer c.adminMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, c.ConnString("pg_fence_go_test"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if err := do(ctx, conn); err != nil {
-		t.Fatal(err)
+	for try := 0; ; try++ {
+		if c.admin == nil || c.admin.IsClosed() {
+			conn, err := pgx.Connect(ctx, c.ConnString("pg_fence_go_test"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.admin = conn
+		}
+		err := do(ctx, c.admin)
+		if err == nil {
+			return
+		}
+		if !c.admin.IsClosed() || try > 0 {
+			t.Fatal(err)
+		}
 	}
 }
 
