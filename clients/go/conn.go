@@ -93,13 +93,3 @@ func closeQuietly(conn *pgx.Conn) {
 	defer cancel()
 	_ = conn.Close(ctx)
 }
-
-// cancelOnServer asks the server to cancel what conn's backend is running, within 2 s (a
-// stopped server answers nothing). In the background: it dials a connection of its own.
-func cancelOnServer(conn *pgx.Conn) {
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = conn.PgConn().CancelRequest(ctx)
-	}()
-}

@@ -417,8 +417,6 @@ func (k *KeptLease) tryRenew(ctx context.Context, limit time.Duration) (time.Tim
 	}
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	stop := context.AfterFunc(ctx, func() { cancelOnServer(conn) })
-	defer stop()
 	renew := k.kept.renewal(k.ttl)
 	batch := &pgx.Batch{}
 	batch.Queue("SELECT set_config('statement_timeout', $1, false)", fmt.Sprintf("%dms", max(limit.Milliseconds(), 1)))

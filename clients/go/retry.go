@@ -70,8 +70,8 @@ func (b Backoff) next(tries int, started time.Time) (time.Duration, bool) {
 	return delay, true
 }
 
-// getConn gives a connection for one try, and what to do with it after: broken (or possibly
-// cancelled on the server) connections are closed, never used again.
+// getConn gives a connection for one try, and what to do with it after: a broken connection is
+// closed, never used again.
 type getConn func(ctx context.Context) (conn *pgx.Conn, done func(broken bool), err error)
 
 // retry is how a call that failed is tried again.
@@ -122,17 +122,16 @@ func tryOnce[T any](ctx context.Context, r retry, call func(context.Context, *pg
 	if err != nil {
 		return value, err, false
 	}
+	// A try given up on closes its connection (pgx does, mid-statement), and the server, which
+	// watches the socket while a statement waits, ends the statement: a waiting acquire leaves its
+	// queue rather than be granted a lease nobody will hear of.
 	tryCtx, cancel := context.WithTimeout(ctx, r.limit)
 	defer cancel()
-	// A statement the caller gave up on is cancelled on the server too: a waiting acquire must
-	// leave its queue rather than be granted a lease nobody will hear of.
-	stop := context.AfterFunc(tryCtx, func() { cancelOnServer(conn) })
 	value, err = call(tryCtx, conn)
-	asked := !stop()
 	if err != nil && tryCtx.Err() != nil && ctx.Err() == nil {
 		err = fmt.Errorf("pgfence: no answer within %v: %w", r.limit, errTimedOut)
 	}
-	done(asked || (err != nil && retryable(err)))
+	done(err != nil && retryable(err))
 	return value, err, true
 }
 
