@@ -397,10 +397,19 @@ func (k *KeptLease) renewUntilAnswered(ctx context.Context, deadline time.Time) 
 			return sent, errSessionLost
 		}
 		k.own.drop()
-		if !sleep(ctx, k.client.Backoff.Delay(retry)) {
+		if !sleep(ctx, k.retryDelay(retry)) {
 			return sent, ctx.Err()
 		}
 	}
+}
+
+// retryDelay is the sleep before a renewal's retry n: the client's backoff, capped at a quarter
+// of the renewal period, so that a renewal is tried several times before the deadline and a
+// server back from a restart is heard from within that, not after the backoff's 2 s.
+func (k *KeptLease) retryDelay(retry int) time.Duration {
+	backoff := k.client.Backoff.orDefault()
+	backoff.Cap = max(min(backoff.Cap, k.every/4), time.Millisecond)
+	return backoff.Delay(retry)
 }
 
 // tryRenew is one renewal, under a statement_timeout that ends it on the server by the time it is
