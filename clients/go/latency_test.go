@@ -11,9 +11,10 @@ import (
 )
 
 // Acquire and release latency, p50 and p99: one statement on one connection (durable and fast
-// leases), and through the Client over a pool. Printed, not judged (but for a sanity bound).
+// leases), and through the Client over a pool. Printed, not judged (but for a sanity bound). Not
+// parallel: it runs before the package's other tests start, so that they do not share its
+// server's WAL flushes.
 func TestLatency(t *testing.T) {
-	t.Parallel()
 	c, ctx := pgtest.New(t, "latency", 27737), context.Background()
 	conn := c.Conn(t, "latency")
 	onConn := func(opts pgfence.AcquireOptions) func(string) (func() (bool, error), error) {
