@@ -124,3 +124,35 @@ func TestTheClientRidesOutAKillOfTheServer(t *testing.T) {
 		t.Fatal("not released")
 	}
 }
+
+// A session-bound acquire whose reply is lost while its backend lives on, cut off (a partition):
+// the retry does not take that orphan's lease with the same token; it releases that token and
+// takes a lease bound to its own session, which outlives the orphan.
+func TestASessionBoundAcquireDoesNotTakeAnOrphanedBackendsLease(t *testing.T) {
+	t.Parallel()
+	c, proxy, client := viaProxy(t, 27764)
+	ctx, k := context.Background(), key(t)
+	proxy.Orphan()
+	proxy.DropReplyAfter(k)
+	// Retries that took the orphan's lease would find it bound elsewhere until its TTL: they end.
+	client.Backoff = pgfence.Backoff{MaxElapsed: 5 * time.Second}
+	opts := hold(ttl)
+	opts.SessionBound = true
+	kept, err := client.Hold(ctx, k, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kept.Close()
+	if proxy.Dropped() != 1 {
+		t.Fatalf("%d replies lost", proxy.Dropped())
+	}
+	proxy.CloseOrphans()
+	// Its own session holds it, not the orphan's, which has ended.
+	time.Sleep(500 * time.Millisecond)
+	if !kept.IsHeld() {
+		t.Fatalf("lost with the orphan: %s", kept.Reason())
+	}
+	if live := c.SQL(t, "SELECT fence FROM fence.leases WHERE key = $1 AND live", k); live != fmt.Sprint(kept.Fence()) {
+		t.Fatalf("the live fence is %s, kept %d", live, kept.Fence())
+	}
+}

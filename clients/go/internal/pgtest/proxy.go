@@ -23,6 +23,8 @@ type Proxy struct {
 	dropped    int
 	generation int
 	hungUpTo   int
+	orphan     bool
+	orphans    []net.Conn
 }
 
 // NewProxy listens on port (of the suite's range) in front of the server's; closed when the test
@@ -63,6 +65,24 @@ func (p *Proxy) HangExisting() {
 	p.hungUpTo = p.generation - 1
 }
 
+// Orphan: a lost reply closes the client's side only; the server's session lives on, as across
+// a partition, until CloseOrphans.
+func (p *Proxy) Orphan() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.orphan = true
+}
+
+// CloseOrphans closes the server sides Orphan left open.
+func (p *Proxy) CloseOrphans() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, server := range p.orphans {
+		server.Close()
+	}
+	p.orphans = nil
+}
+
 // Dropped is how many replies were lost.
 func (p *Proxy) Dropped() int {
 	p.mu.Lock()
@@ -101,7 +121,16 @@ type pair struct {
 
 func (c *pair) pump(from, to net.Conn, upstream bool) {
 	defer c.client.Close()
-	defer c.server.Close()
+	defer func() {
+		p := c.proxy
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.orphan && c.armed {
+			p.orphans = append(p.orphans, c.server)
+			return
+		}
+		c.server.Close()
+	}()
 	buffer := make([]byte, 65536)
 	for {
 		n, err := from.Read(buffer)
