@@ -44,50 +44,39 @@ func NewProxy(t testing.TB, port, server int) *Proxy {
 func (p *Proxy) Port() int { return p.listener.Addr().(*net.TCPAddr).Port }
 
 // DropReplyAfter loses the reply to the next client message that contains marker.
-func (p *Proxy) DropReplyAfter(marker string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.marker = []byte(marker)
-}
+func (p *Proxy) DropReplyAfter(marker string) { p.locked(func() { p.marker = []byte(marker) }) }
 
 // DropEveryReply keeps losing the replies to messages with the marker, not only the next one.
-func (p *Proxy) DropEveryReply(every bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.every = every
-}
+func (p *Proxy) DropEveryReply(every bool) { p.locked(func() { p.every = every }) }
 
 // HangExisting: the connections open now stop carrying data either way (no reset, no answer);
 // connections made later work.
-func (p *Proxy) HangExisting() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.hungUpTo = p.generation - 1
-}
+func (p *Proxy) HangExisting() { p.locked(func() { p.hungUpTo = p.generation - 1 }) }
 
 // Orphan: a lost reply closes the client's side only; the server's session lives on, as across
 // a partition, until CloseOrphans.
-func (p *Proxy) Orphan() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.orphan = true
-}
+func (p *Proxy) Orphan() { p.locked(func() { p.orphan = true }) }
 
 // CloseOrphans closes the server sides Orphan left open.
 func (p *Proxy) CloseOrphans() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, server := range p.orphans {
-		server.Close()
-	}
-	p.orphans = nil
+	p.locked(func() {
+		for _, server := range p.orphans {
+			server.Close()
+		}
+		p.orphans = nil
+	})
 }
 
 // Dropped is how many replies were lost.
-func (p *Proxy) Dropped() int {
+func (p *Proxy) Dropped() (n int) {
+	p.locked(func() { n = p.dropped })
+	return n
+}
+
+func (p *Proxy) locked(do func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.dropped
+	do()
 }
 
 func (p *Proxy) accept() {
