@@ -1,0 +1,400 @@
+package pgfence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// campaignWait is how long one wait of a campaign lasts before it is asked again (it stays in
+// the key's queue meanwhile): a bound on how long one statement holds its snapshot.
+const campaignWait = 60 * time.Second
+
+// ErrHandedOff is the cause of a leadership's Context once it handed the key off.
+var ErrHandedOff = errors.New("pgfence: leadership handed off")
+
+// StopReason is why a leadership ended: a LossReason's name when it was lost (unreachable at
+// the local deadline), or one of these.
+type StopReason string
+
+const (
+	// StopReleased: resigned, or cancelled with ReleaseOnCancel.
+	StopReleased StopReason = "released"
+	// StopHandedOff: handed off to another candidate (Leadership.Handoff).
+	StopHandedOff StopReason = "handed_off"
+	// StopCancelled: cancelled without ReleaseOnCancel: left to expire at its TTL.
+	StopCancelled StopReason = "cancelled"
+)
+
+// LeaderCallbacks are client-go's leader election callbacks.
+type LeaderCallbacks struct {
+	// OnStartedLeading runs in a goroutine of its own once elected, with the leadership's
+	// context: cancelled the moment the leadership may end (context.Cause says why).
+	OnStartedLeading func(ctx context.Context)
+	// OnStoppedLeading is called once a leadership that started has ended, after its Context
+	// was cancelled; Leadership.StopReason says why.
+	OnStoppedLeading func()
+	// OnNewLeader is called with the identity (the value) of each new leader of the key as it is
+	// observed, this candidate included, and "" when nobody leads; from a goroutine of the
+	// elector's that observes until Close.
+	OnNewLeader func(identity string)
+}
+
+// ElectorConfig is what an Elector campaigns with.
+type ElectorConfig struct {
+	Key string
+	// Identity is this candidate's value: its lease's owner, what observers and OnNewLeader see
+	// (an address, a version).
+	Identity string
+	// HoldOptions is the leadership's lease (TTL, Fast, SessionBound, LockDelay) and how it is
+	// kept (RenewEvery, Margin, Timeout). The elector sets the owner, the wait and the token;
+	// Shared and Permits are refused, and OnLost is its own (use the callbacks).
+	HoldOptions
+	// ReleaseOnCancel: when the context a leadership was campaigned with ends, release the
+	// lease, so that the next candidate is elected at once (true), or stop renewing and leave it
+	// to expire at its TTL (false, client-go's default, for work that may outlive the cancel).
+	ReleaseOnCancel bool
+	// ObserveTimeout is how long one await_change of an observer waits before asking again; 0:
+	// 30 s.
+	ObserveTimeout time.Duration
+	Callbacks      LeaderCallbacks
+}
+
+// Elector campaigns for a key, observes its leaders and calls back: client-go's leader election
+// (Run, the callbacks, ReleaseOnCancel) and etcd's concurrency.Election (Campaign, Proclaim,
+// Resign, Leader, Observe), on the server's election functions. A leader is the holder of the
+// key's lease, its value the lease's owner, and its fence fences its writes.
+type Elector struct {
+	client *Client
+	cfg    ElectorConfig
+
+	mu         sync.Mutex
+	leadership *Leadership
+
+	stopWatching context.CancelFunc
+	watching     chan struct{}
+}
+
+// NewElector checks cfg and, with an OnNewLeader callback, starts observing the key until Close.
+func NewElector(client *Client, cfg ElectorConfig) (*Elector, error) {
+	if cfg.Key == "" || cfg.Shared || cfg.permits() != 1 {
+		return nil, fmt.Errorf("%w: an elector needs a key, and its lease is exclusive", ErrInvalidOptions)
+	}
+	if _, _, _, err := cfg.timing(); err != nil {
+		return nil, err
+	}
+	if cfg.ObserveTimeout <= 0 {
+		cfg.ObserveTimeout = 30 * time.Second
+	}
+	e := &Elector{client: client, cfg: cfg, stopWatching: func() {}}
+	if callback := cfg.Callbacks.OnNewLeader; callback != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		e.stopWatching, e.watching = cancel, make(chan struct{})
+		go e.callBack(ctx, callback)
+	}
+	return e, nil
+}
+
+// Close stops the observing of OnNewLeader. Leaderships end with the context they were
+// campaigned with, or by Resign.
+func (e *Elector) Close() {
+	e.stopWatching()
+	if e.watching != nil {
+		<-e.watching
+	}
+}
+
+// callBack observes for as long as the elector lives, trying again a second after an error
+// (from the state it saw last, so that it misses no change).
+func (e *Elector) callBack(ctx context.Context, callback func(string)) {
+	defer close(e.watching)
+	o := e.observing()
+	for ctx.Err() == nil {
+		leader, err := o.next(ctx)
+		if err != nil {
+			sleep(ctx, time.Second)
+			continue
+		}
+		identity := ""
+		if leader != nil {
+			identity = leader.Owner
+		}
+		callback(identity)
+	}
+}
+
+// Run is client-go's: campaigns until elected (OnStartedLeading), leads until the leadership
+// ends (lost, resigned, handed off, or ctx ended: released with ReleaseOnCancel, else left to
+// expire), and returns once OnStoppedLeading has been told. An error only when the campaign
+// failed (ctx's when it ended first).
+func (e *Elector) Run(ctx context.Context) error {
+	l, err := e.Campaign(ctx)
+	if err != nil {
+		return err
+	}
+	<-l.stopped
+	return nil
+}
+
+// Campaign waits until elected with the configured identity and returns the leadership, kept
+// renewed, after starting OnStartedLeading. ctx is the candidate's life: when it ends during the
+// campaign, the wait is cancelled on the server and nothing is left granted; when it ends while
+// leading, the leadership ends (ReleaseOnCancel says how).
+func (e *Elector) Campaign(ctx context.Context) (*Leadership, error) {
+	opts := e.cfg.HoldOptions
+	opts.Owner, opts.Wait, opts.OnLost = e.cfg.Identity, campaignWait, nil
+	for {
+		opts.Token = uuid.Nil
+		kept, err := e.client.Hold(ctx, e.cfg.Key, opts)
+		switch {
+		case err == nil:
+			return e.elected(ctx, kept), nil
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case !errors.Is(err, ErrWaitTimedOut):
+			return nil, err
+		}
+	}
+}
+
+func (e *Elector) elected(ctx context.Context, kept *KeptLease) *Leadership {
+	l := &Leadership{elector: e, kept: kept, value: e.cfg.Identity, stopped: make(chan struct{})}
+	l.ctx, l.cancel = context.WithCancelCause(ctx)
+	e.mu.Lock()
+	e.leadership = l
+	e.mu.Unlock()
+	go l.watch(ctx)
+	if start := e.cfg.Callbacks.OnStartedLeading; start != nil {
+		go start(l.ctx)
+	}
+	return l
+}
+
+// Leadership is the current (or last) leadership of this elector; nil before the first.
+func (e *Elector) Leadership() *Leadership {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.leadership
+}
+
+// IsLeader is whether this elector leads now (by its lease's local deadline).
+func (e *Elector) IsLeader() bool {
+	l := e.Leadership()
+	return l != nil && l.IsLeader()
+}
+
+// Leader is the key's leader now; nil when nobody leads.
+func (e *Elector) Leader(ctx context.Context) (*Leader, error) {
+	return e.client.Leader(ctx, e.cfg.Key)
+}
+
+// Observe yields the key's leaders as they change (fence.await_change in a loop): the first
+// leader (at once, or when one is elected), then every change: a new leader (a higher fence), a
+// new value proclaimed (the same fence), nil when nobody leads (a resign, a revoke, an expiry, a
+// session's end, a fast lease lost in a crash). A broken connection is made again without
+// missing a change; an error the retries could not get past, or ctx's, is the last item.
+func (e *Elector) Observe(ctx context.Context) iter.Seq2[*Leader, error] {
+	return func(yield func(*Leader, error) bool) {
+		o := e.observing()
+		for {
+			leader, err := o.next(ctx)
+			if !yield(leader, err) || err != nil {
+				return
+			}
+		}
+	}
+}
+
+// observing follows a key's leader; seen is what it saw last (nil: nobody, or nothing yet).
+type observing struct {
+	elector *Elector
+	seen    *Leader
+}
+
+func (e *Elector) observing() *observing { return &observing{elector: e} }
+
+// next is the next change: a vacancy before any leader is no news.
+func (o *observing) next(ctx context.Context) (*Leader, error) {
+	for {
+		e := o.elector
+		now, err := e.client.AwaitChange(ctx, e.cfg.Key, o.seen, e.cfg.ObserveTimeout)
+		if err != nil {
+			return nil, err
+		}
+		if !o.seen.Same(now) {
+			o.seen = now
+			return now, nil
+		}
+	}
+}
+
+// Leadership is a leader's term: its lease, kept renewed, with proclaim, hand-off and resign.
+type Leadership struct {
+	elector *Elector
+	kept    *KeptLease
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+
+	mu        sync.Mutex
+	value     string
+	reason    StopReason
+	handedOff atomic.Bool
+	cancelled atomic.Bool
+	stopped   chan struct{} // closed once OnStoppedLeading was told
+}
+
+// watch ends the leadership with its lease, or with the candidate's context, and tells
+// OnStoppedLeading, once.
+func (l *Leadership) watch(ctx context.Context) {
+	select {
+	case <-l.kept.Done():
+	case <-ctx.Done():
+		l.cancel(context.Cause(ctx))
+		if l.elector.cfg.ReleaseOnCancel {
+			_ = l.kept.Close()
+		} else {
+			l.cancelled.Store(true)
+			l.kept.abandon(StateUnknown, ReasonUnreachable, context.Cause(ctx))
+		}
+	}
+	l.cancel(context.Cause(l.kept.ctx))
+	reason := StopReleased
+	switch {
+	case l.handedOff.Load():
+		reason = StopHandedOff
+	case l.cancelled.Load():
+		reason = StopCancelled
+	case l.kept.State() != StateReleased:
+		reason = StopReason(l.kept.Reason())
+	}
+	l.mu.Lock()
+	l.reason = reason
+	l.mu.Unlock()
+	if stopped := l.elector.cfg.Callbacks.OnStoppedLeading; stopped != nil {
+		stopped()
+	}
+	close(l.stopped)
+}
+
+// Context is cancelled the moment the leadership may end; context.Cause says why (a
+// *LeaseLostError, ErrReleased, ErrHandedOff, or the candidate's context's cause).
+func (l *Leadership) Context() context.Context { return l.ctx }
+
+// Kept is the leadership's kept lease.
+func (l *Leadership) Kept() *KeptLease { return l.kept }
+
+// Lease is the leadership's lease; Fence its fence, for the leader's guarded writes.
+func (l *Leadership) Lease() *Lease { return l.kept.Lease() }
+func (l *Leadership) Fence() int64  { return l.kept.Fence() }
+
+// IsLeader is whether it still leads, by the lease's local deadline.
+func (l *Leadership) IsLeader() bool { return l.kept.IsHeld() }
+
+// Guard is the kept lease's Guard: refused before anything is sent once it no longer leads, and by
+// the server (PF002) once another was granted the key.
+func (l *Leadership) Guard(ctx context.Context, q Querier) error { return l.kept.Guard(ctx, q) }
+
+// Value is the leader's value: the identity it was elected with, or the one last proclaimed.
+func (l *Leadership) Value() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.value
+}
+
+// StopReason is why the leadership ended; "" while it leads.
+func (l *Leadership) StopReason() StopReason {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.reason
+}
+
+// Leader is the leader as observers see it now.
+func (l *Leadership) Leader() *Leader {
+	lease := l.Lease()
+	return &Leader{Fence: lease.Fence, Owner: l.Value(), AcquiredAt: lease.AcquiredAt, ExpiresAt: lease.ExpiresAt}
+}
+
+// Proclaim changes the value observers see, keeping the fence (fence.lease_proclaim); a
+// *LeaseLostError with its reason when it no longer leads. It never meets a renewal in flight.
+func (l *Leadership) Proclaim(ctx context.Context, value string) error {
+	if err := l.kept.Err(); err != nil {
+		return err
+	}
+	l.kept.renewing.Lock()
+	done, err := l.elector.client.Proclaim(ctx, l.Lease(), value)
+	l.kept.renewing.Unlock()
+	if err != nil {
+		return err
+	}
+	if !done {
+		return l.lostNow(ctx)
+	}
+	l.mu.Lock()
+	l.value = value
+	l.mu.Unlock()
+	return nil
+}
+
+// Handoff ends this leadership and hands the key, with a higher fence, to the candidate
+// campaigning with the identity toIdentity, ahead of the others in line (fence.lease_handoff, for
+// a rolling update): the new leader, once OnStoppedLeading was told (StopHandedOff). nil,
+// changing nothing, when no such candidate waits; a *LeaseLostError when it no longer leads.
+func (l *Leadership) Handoff(ctx context.Context, toIdentity string) (*Leader, error) {
+	if err := l.kept.Err(); err != nil {
+		return nil, err
+	}
+	leader, err := l.handoff(ctx, toIdentity)
+	if leader == nil || err != nil {
+		return nil, err
+	}
+	l.handedOff.Store(true)
+	l.kept.abandon(StateReleased, "", ErrHandedOff)
+	<-l.stopped
+	return leader, nil
+}
+
+func (l *Leadership) handoff(ctx context.Context, to string) (*Leader, error) {
+	client, lease := l.elector.client, l.Lease()
+	l.kept.renewing.Lock()
+	defer l.kept.renewing.Unlock()
+	leader, err := client.Handoff(ctx, lease, to)
+	if leader != nil || err != nil {
+		return leader, err
+	}
+	// No such candidate; or a retry after a hand-off whose answer was lost: then the lease ended
+	// as released, and the leader is whoever leads now.
+	why, err := client.ended(ctx, lease)
+	switch {
+	case err != nil || why == nil:
+		return nil, err
+	case why.released:
+		return client.Leader(ctx, lease.Key)
+	}
+	l.kept.end(StateLost, why.reason)
+	return nil, &LeaseLostError{Key: lease.Key, Reason: why.reason}
+}
+
+// lostNow: the server said the lease is not held: lost, for the reason lease_status gives.
+func (l *Leadership) lostNow(ctx context.Context) error {
+	reason := ReasonUnknown
+	if why, _ := l.elector.client.ended(ctx, l.Lease()); why != nil {
+		reason = why.reason
+	}
+	l.kept.end(StateLost, reason)
+	return &LeaseLostError{Key: l.Lease().Key, Reason: reason}
+}
+
+// Resign releases the leadership, once OnStoppedLeading was told: true when the server said so
+// (StopReleased); false when it had ended already (StopReason says why, and Kept().Reason() what
+// the release found).
+func (l *Leadership) Resign(ctx context.Context) (bool, error) {
+	released, err := l.kept.Release(ctx)
+	<-l.stopped
+	return released, err
+}
