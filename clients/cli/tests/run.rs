@@ -1,0 +1,174 @@
+//! `pg-fence run` as a real process against a real cluster: one holder at a time, the fence in the
+//! command's environment and its writes under it, loss of the lease (revoke, a stopped pg-fence),
+//! signals, --at-least, and the documented exit statuses.
+mod common;
+use common::{sh, Setup, LIMIT};
+use std::time::Duration;
+
+/// The guarded write a command makes: a row with its fence, refused (psql exits 1) once stale.
+const GUARDED_INSERT: &str =
+    "psql -X -q -v ON_ERROR_STOP=1 -c \"INSERT INTO writes SELECT $PG_FENCE_FENCE WHERE fence.fence_guard('$PG_FENCE_KEY', $PG_FENCE_FENCE)\"";
+
+fn with_writes(setup: &Setup) {
+    setup.execute("CREATE TABLE writes (fence bigint)");
+}
+
+#[test]
+fn one_run_holds_the_key_the_others_wait_or_exit_held() {
+    let setup = Setup::new("cli_two_runs", 27900);
+    with_writes(&setup);
+    let first_script = format!("echo $PG_FENCE_FENCE $PG_FENCE_OWNER > first; {GUARDED_INSERT} && touch wrote; while [ ! -e go ]; do sleep 0.05; done");
+    let mut first = setup.spawn(
+        "first",
+        &[&["run", "--owner", "first-host", "job"][..], &["--"], &sh(&first_script)].concat(),
+    );
+    assert!(setup.appears("wrote"), "the first run's guarded write: {}", first.stderr());
+    let fence: i64 = setup.read("first").split_whitespace().next().unwrap().parse().unwrap();
+    assert_eq!(setup.read("first").split_whitespace().nth(1), Some("first-host"));
+    assert_eq!(
+        setup.query_i64("SELECT max(fence) FROM writes"),
+        fence,
+        "the write is under the fence the command saw"
+    );
+    assert!(!setup.read("first").contains("PG_FENCE_TOKEN"));
+
+    let (code, _, stderr) = setup.run("held", &["run", "--no-wait", "job", "--", "true"]);
+    assert_eq!(code, 75, "--no-wait on a held key: {stderr}");
+    assert!(stderr.contains("job is held by first-host since"), "{stderr}");
+
+    let mut waiting = setup.spawn(
+        "second",
+        &[&["run", "--wait", "1m", "job", "--"][..], &sh("echo $PG_FENCE_FENCE > second")].concat(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        waiting.running() && !setup.path("second").exists(),
+        "the second run waits while the first holds the key"
+    );
+    setup.touch("go");
+    assert_eq!(first.exit_code(), 0, "{}", first.stderr());
+    assert_eq!(waiting.exit_code(), 0, "{}", waiting.stderr());
+    let second: i64 = setup.read("second").trim().parse().unwrap();
+    assert!(second > fence, "the next holder's fence {second} is above {fence}");
+    assert_eq!(
+        setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live"),
+        0,
+        "released at the end"
+    );
+
+    let (code, stdout, _) = setup
+        .run("token", &["run", "--export-token", "job", "--", "sh", "-c", "echo ${PG_FENCE_TOKEN:-none}"]);
+    assert_eq!(code, 0);
+    assert_eq!(stdout.trim().len(), 36, "a uuid: {stdout}");
+    let (code, _, _) = setup.run("status", &["run", "job", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(code, 7, "the command's own status");
+}
+
+#[test]
+fn a_revoke_stops_the_command_with_sigterm_then_sigkill() {
+    let setup = Setup::new("cli_revoke", 27901);
+    // A command that stops on SIGTERM.
+    let script = "trap 'echo TERM > stopped; exit 3' TERM; touch started; while :; do sleep 0.05; done";
+    let mut polite =
+        setup.spawn("polite", &[&["run", "--kill-after", "30s", "job", "--"][..], &sh(script)].concat());
+    assert!(setup.appears("started"));
+    let (code, stdout, _) = setup.run("revoke", &["revoke", "job"]);
+    assert_eq!((code, stdout.trim()), (0, "revoked the live lease on job"));
+    assert_eq!(polite.exit_code(), 76, "lease lost while running");
+    assert_eq!(setup.read("stopped").trim(), "TERM");
+    let stderr = polite.stderr();
+    assert!(stderr.contains("the lease on job was lost (revoked): sending SIGTERM"), "{stderr}");
+    assert!(!stderr.contains("SIGKILL"), "{stderr}");
+
+    // A command that ignores SIGTERM (and so does the sleep it starts): SIGKILL, to its whole group.
+    let script = "trap '' TERM; touch started2; while :; do sleep 0.05; done";
+    let mut stubborn =
+        setup.spawn("stubborn", &[&["run", "--kill-after", "1s", "job", "--"][..], &sh(script)].concat());
+    assert!(setup.appears("started2"));
+    assert_eq!(setup.run("revoke2", &["revoke", "job"]).0, 0);
+    assert_eq!(stubborn.exit_code(), 76);
+    let stderr = stubborn.stderr();
+    assert!(
+        stderr.contains("sending SIGTERM") && stderr.contains("after SIGTERM: sending SIGKILL"),
+        "{stderr}"
+    );
+    assert!(common::eventually(LIMIT, || common::pids_running("started2").is_empty()), "the group is gone");
+    assert_eq!(setup.run("revoke3", &["revoke", "job"]).0, 1, "nothing left to revoke");
+}
+
+#[test]
+fn signals_to_pg_fence_go_to_the_command() {
+    let setup = Setup::new("cli_signals", 27902);
+    let script = "trap 'echo HUP >> got' HUP; trap 'echo TERM >> got; exit 5' TERM; touch started; while :; do sleep 0.05; done";
+    let mut run = setup.spawn("run", &[&["run", "job", "--"][..], &sh(script)].concat());
+    assert!(setup.appears("started"));
+    common::signal(run.pid(), "-HUP");
+    assert!(common::eventually(LIMIT, || setup.read("got").contains("HUP")));
+    common::signal(run.pid(), "-TERM");
+    assert_eq!(run.exit_code(), 5, "the command's own status after the forwarded SIGTERM");
+    assert_eq!(setup.read("got"), "HUP\nTERM\n");
+    assert_eq!(
+        setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live"),
+        0,
+        "released"
+    );
+}
+
+#[test]
+fn at_least_leaves_the_lease_to_expire_that_long_after_the_grant() {
+    let setup = Setup::new("cli_at_least", 27903);
+    let (code, _, stderr) = setup.run("short", &["run", "--at-least", "3s", "job", "--", "true"]);
+    assert_eq!(code, 0, "{stderr}");
+    let held_for = setup.query_i64("SELECT extract(epoch FROM (expires_at - acquired_at) * 1000)::bigint FROM fence.leases WHERE key = 'job'");
+    assert!((2990..=3010).contains(&held_for), "expires 3 s after the grant, not at its ttl: {held_for} ms");
+    assert_eq!(
+        setup.run("again", &["run", "--no-wait", "job", "--", "true"]).0,
+        75,
+        "still held after the command ended"
+    );
+    assert!(
+        common::eventually(LIMIT, || setup.run("later", &["run", "--no-wait", "job", "--", "true"]).0 == 0)
+    );
+    // A command that outlives --at-least: released at its end as usual.
+    assert_eq!(setup.run("long", &["run", "--at-least", "100ms", "job", "--", "sleep", "0.5"]).0, 0);
+    assert_eq!(setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live"), 0);
+}
+
+#[test]
+fn a_stopped_pg_fence_leaves_its_command_running_and_its_writes_are_refused() {
+    let setup = Setup::new("cli_sigstop", 27904);
+    with_writes(&setup);
+    // Writes every 100 ms, and says which were accepted and which refused.
+    let script = format!("while :; do if {GUARDED_INSERT} 2>/dev/null; then echo ok >> log; else echo refused >> log; fi; sleep 0.1; done");
+    let mut stopped =
+        setup.spawn("stopped", &[&["run", "--ttl", "2s", "job", "--"][..], &sh(&script)].concat());
+    assert!(common::eventually(LIMIT, || setup.read("log").contains("ok")));
+    common::signal(stopped.pid(), "-STOP");
+    let (code, _, stderr) =
+        setup.run("taker", &["run", "--wait", "1m", "job", "--", "sh", "-c", "echo $PG_FENCE_FENCE"]);
+    assert_eq!(code, 0, "the key is taken over once the stopped holder's ttl ran out: {stderr}");
+    let lines = setup.read("log").lines().count();
+    assert!(
+        common::eventually(LIMIT, || setup.read("log").lines().skip(lines).any(|line| line == "refused")),
+        "the command runs on, refused"
+    );
+    assert!(
+        !setup.read("log").lines().skip(lines).any(|line| line == "ok"),
+        "no write accepted after the takeover"
+    );
+    common::signal(stopped.pid(), "-CONT");
+    assert_eq!(stopped.exit_code(), 76);
+    assert!(stopped.stderr().contains("sending SIGTERM"), "{}", stopped.stderr());
+}
+
+#[test]
+fn usage_and_an_unreachable_server_have_their_own_statuses() {
+    let setup = Setup::new("cli_statuses", 27905);
+    assert_eq!(setup.run("usage", &["run", "job"]).0, 64, "no command");
+    assert_eq!(setup.run("usage2", &["run", "--no-wait", "--wait", "1s", "job", "--", "true"]).0, 64);
+    assert_eq!(setup.run("help", &["run", "--help"]).0, 0);
+    assert_eq!(setup.run("missing", &["run", "job", "--", "/nonexistent"]).0, 127);
+    let mut down = setup.pg_fence(&["--retry-for", "500ms", "run", "job", "--", "true"]);
+    let output = down.env("PGPORT", "27949").output().unwrap();
+    assert_eq!(output.status.code(), Some(69), "{}", String::from_utf8_lossy(&output.stderr));
+}
