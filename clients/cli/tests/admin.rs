@@ -5,7 +5,14 @@ use common::{sh, Setup};
 #[test]
 fn leases_status_and_stats_as_tables_and_json() {
     let setup = Setup::new("cli_admin", 27930);
-    let mut holder = setup.spawn("holder", &[&["run", "--owner", "w1", "job:1", "--"][..], &sh("touch started; while [ ! -e go ]; do sleep 0.05; done")].concat());
+    let mut holder = setup.spawn(
+        "holder",
+        &[
+            &["run", "--owner", "w1", "job:1", "--"][..],
+            &sh("touch started; while [ ! -e go ]; do sleep 0.05; done"),
+        ]
+        .concat(),
+    );
     assert!(setup.appears("started"));
     let (code, stdout, _) = setup.run("leases", &["leases", "job:*"]);
     assert_eq!(code, 0);
@@ -14,7 +21,10 @@ fn leases_status_and_stats_as_tables_and_json() {
     assert!(lines.next().unwrap().starts_with("job:1  w1 "), "{stdout}");
     let (_, json, _) = setup.run("leases_json", &["leases", "--json"]);
     let row: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
-    assert_eq!((row["key"].as_str(), row["owner"].as_str(), row["live"].as_bool()), (Some("job:1"), Some("w1"), Some(true)));
+    assert_eq!(
+        (row["key"].as_str(), row["owner"].as_str(), row["live"].as_bool()),
+        (Some("job:1"), Some("w1"), Some(true))
+    );
     assert_eq!(setup.run("none", &["leases", "other*"]).1, "(none)\n");
 
     let (code, stdout, _) = setup.run("status", &["status", "job:1"]);

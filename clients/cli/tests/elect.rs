@@ -21,7 +21,7 @@ fn the_next_candidate_leads_when_the_first_command_ends_and_observe_prints_each_
         "second",
         &[
             &["elect", "scheduler", "--value", "two", "--"][..],
-            &sh("echo $PG_FENCE_OWNER $PG_FENCE_FENCE > two"),
+            &sh("echo $PG_FENCE_OWNER $PG_FENCE_FENCE > two; while [ ! -e go2 ]; do sleep 0.05; done"),
         ]
         .concat(),
     );
@@ -29,6 +29,10 @@ fn the_next_candidate_leads_when_the_first_command_ends_and_observe_prints_each_
     assert!(second.running() && !setup.path("two").exists(), "the second candidate waits");
     setup.touch("go");
     assert_eq!(first.exit_code(), 0, "{}", first.stderr());
+    // The second leads until the observer has seen it: a leadership shorter than one round trip of
+    // await_change may be seen only as the vacancy after it.
+    assert!(common::eventually(LIMIT, || observer.stdout().contains(r#""value":"two""#)));
+    setup.touch("go2");
     assert_eq!(second.exit_code(), 0, "{}", second.stderr());
     let fence = |file: &str| setup.read(file).split_whitespace().nth(1).unwrap().parse::<i64>().unwrap();
     assert!(setup.read("two").starts_with("two ") && fence("two") > fence("one"));
