@@ -81,9 +81,11 @@ fn a_revoke_stops_the_command_with_sigterm_then_sigkill() {
     assert!(!stderr.contains("SIGKILL"), "{stderr}");
 
     // A command that ignores SIGTERM (and so does the sleep it starts): SIGKILL, to its whole group.
-    let script = "trap '' TERM; touch started2; while :; do sleep 0.05; done";
+    // The test's pid marks this run's shell, which no other run's (a leftover of a failed one) has.
+    let marker = format!("stubborn-{}", std::process::id());
+    let script = format!("trap '' TERM; touch started2; : {marker}; while :; do sleep 0.05; done");
     let mut stubborn =
-        setup.spawn("stubborn", &[&["run", "--kill-after", "1s", "job", "--"][..], &sh(script)].concat());
+        setup.spawn("stubborn", &[&["run", "--kill-after", "1s", "job", "--"][..], &sh(&script)].concat());
     assert!(setup.appears("started2"));
     assert_eq!(setup.run("revoke2", &["revoke", "job"]).0, 0);
     assert_eq!(stubborn.exit_code(), 76);
@@ -92,7 +94,7 @@ fn a_revoke_stops_the_command_with_sigterm_then_sigkill() {
         stderr.contains("sending SIGTERM") && stderr.contains("after SIGTERM: sending SIGKILL"),
         "{stderr}"
     );
-    assert!(common::eventually(LIMIT, || common::pids_running("started2").is_empty()), "the group is gone");
+    assert!(common::eventually(LIMIT, || common::pids_running(&marker).is_empty()), "the group is gone");
     assert_eq!(setup.run("revoke3", &["revoke", "job"]).0, 1, "nothing left to revoke");
 }
 
