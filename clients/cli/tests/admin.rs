@@ -49,3 +49,34 @@ fn leases_status_and_stats_as_tables_and_json() {
     let (_, man, _) = setup.run("man", &["man"]);
     assert!(man.contains(".TH pg-fence"), "{man}");
 }
+
+#[test]
+fn leases_watch_prints_each_change() {
+    let setup = Setup::new("cli_watch", 27931);
+    let mut watch = setup.spawn("watch", &["leases", "--watch", "--interval", "100ms", "job*"]);
+    assert!(common::eventually(common::LIMIT, || watch.stdout().starts_with("(none)\n")));
+    let mut holder = setup.spawn(
+        "holder",
+        &[
+            &["run", "--owner", "w1", "job:1", "--"][..],
+            &sh("touch started; while [ ! -e go ]; do sleep 0.05; done"),
+        ]
+        .concat(),
+    );
+    assert!(setup.appears("started"));
+    // Each listing is a table after a blank line; the lease's row in one of them with live true,
+    // and in a later one, once released, with live false.
+    let live_in = |live: &str| {
+        let listings: Vec<String> = watch.stdout().split("\n\n").map(str::to_owned).collect();
+        listings.iter().position(|listing| {
+            listing
+                .lines()
+                .any(|line| line.starts_with("job:1  w1 ") && line.split_whitespace().nth(3) == Some(live))
+        })
+    };
+    assert!(common::eventually(common::LIMIT, || live_in("true").is_some()), "{}", watch.stdout());
+    setup.touch("go");
+    assert_eq!(holder.exit_code(), 0);
+    assert!(common::eventually(common::LIMIT, || live_in("false") > live_in("true")), "{}", watch.stdout());
+    assert!(watch.running(), "it watches until interrupted");
+}

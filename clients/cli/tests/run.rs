@@ -174,3 +174,117 @@ fn usage_and_an_unreachable_server_have_their_own_statuses() {
     let output = down.env("PGPORT", "27949").output().unwrap();
     assert_eq!(output.status.code(), Some(69), "{}", String::from_utf8_lossy(&output.stderr));
 }
+
+#[test]
+fn a_server_crash_shorter_than_the_ttl_leaves_the_command_running_and_its_lease_renewed() {
+    let setup = Setup::new("cli_crash_kept", 27906);
+    with_writes(&setup);
+    let script = format!("trap 'echo TERM > got' TERM; echo $PG_FENCE_FENCE > fence; while [ ! -e go ]; do sleep 0.05; done; {GUARDED_INSERT}");
+    let mut run = setup.spawn("run", &[&["run", "--ttl", "10s", "job", "--"][..], &sh(&script)].concat());
+    assert!(setup.appears("fence"));
+    let fence: i64 = setup.read("fence").trim().parse().unwrap();
+    setup.cluster.crash();
+    setup.cluster.restart();
+    let restarted = setup.query_i64("SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::bigint");
+    // A renewal after the restart moves the expiry to a TTL after an instant past the restart.
+    let renewed = format!(
+        "SELECT count(*) FROM fence.leases WHERE key = 'job' AND live AND fence = {fence} \
+         AND extract(epoch FROM expires_at - interval '10 s') * 1e6 >= {restarted}"
+    );
+    assert!(common::eventually(LIMIT, || setup.query_i64(&renewed) == 1), "renewed: {}", run.stderr());
+    assert!(run.running() && !setup.path("got").exists(), "the command runs on: {}", run.stderr());
+    setup.touch("go");
+    assert_eq!(run.exit_code(), 0, "the command's guarded write after the restart: {}", run.stderr());
+    assert_eq!(setup.query_i64("SELECT max(fence) FROM writes"), fence);
+    assert_eq!(setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live"), 0);
+}
+
+#[test]
+fn a_server_down_longer_than_the_ttl_stops_the_command_before_the_lease_expires() {
+    let setup = Setup::new("cli_crash_lost", 27907);
+    // bash's $EPOCHREALTIME, not date: the instant the trap runs, without a process to start.
+    let script =
+        "trap 'echo $EPOCHREALTIME > term; exit 3' TERM; touch started; while :; do sleep 0.05; done";
+    let mut run =
+        setup.spawn("run", &["run", "--ttl", "5s", "--kill-after", "30s", "job", "--", "bash", "-c", script]);
+    assert!(setup.appears("started"));
+    setup.cluster.crash();
+    assert_eq!(run.exit_code(), 76, "lease lost while running: {}", run.stderr());
+    assert!(
+        run.stderr().contains("no answer from the server before the local deadline of the lease on job (unreachable): sending SIGTERM to the command"),
+        "{}",
+        run.stderr()
+    );
+    setup.cluster.restart();
+    // The grant and each renewal of a durable lease are flushed before they answer: the crash kept
+    // the expiry of the last renewal pg-fence heard of (or of a later one it sent).
+    let expires_at = setup.query_i64(
+        "SELECT (extract(epoch FROM expires_at) * 1e6)::bigint FROM fence.leases WHERE key = 'job'",
+    );
+    let term = setup.read("term").trim().replace('.', "").parse::<i64>().unwrap();
+    assert!(term < expires_at, "SIGTERM {} ms before the server's expiry", (expires_at - term) / 1000);
+}
+
+#[test]
+fn shared_runs_hold_the_key_side_by_side_and_permits_bound_the_runs() {
+    let setup = Setup::new("cli_shared", 27908);
+    let hold = |started: &str, go: &str| format!("touch {started}; while [ ! -e {go} ]; do sleep 0.05; done");
+    let (one, two) = (hold("one", "go"), hold("two", "go"));
+    let mut shared_one =
+        setup.spawn("shared_one", &[&["run", "--shared", "job", "--"][..], &sh(&one)].concat());
+    let mut shared_two =
+        setup.spawn("shared_two", &[&["run", "--shared", "job", "--"][..], &sh(&two)].concat());
+    assert!(setup.appears("one") && setup.appears("two"), "two shared runs side by side");
+    assert_eq!(setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live AND shared"), 2);
+    assert_eq!(setup.run("exclusive_now", &["run", "--no-wait", "job", "--", "true"]).0, 75);
+    let mut exclusive =
+        setup.spawn("exclusive", &["run", "--wait", "1m", "job", "--", "touch", "exclusive_ran"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(exclusive.running() && !setup.path("exclusive_ran").exists(), "an exclusive run waits");
+    setup.touch("go");
+    assert_eq!((shared_one.exit_code(), shared_two.exit_code()), (0, 0));
+    assert_eq!(exclusive.exit_code(), 0, "{}", exclusive.stderr());
+    assert!(setup.path("exclusive_ran").exists());
+
+    // Two permits: two runs at once, a third waits for one of them.
+    let permits = ["run", "--permits", "2", "pool", "--"];
+    let mut first = setup.spawn("first", &[&permits[..], &sh(&hold("first", "go_first"))].concat());
+    let mut second = setup.spawn("second", &[&permits[..], &sh(&hold("second", "go_second"))].concat());
+    assert!(setup.appears("first") && setup.appears("second"), "two permits, two runs");
+    let (code, _, stderr) =
+        setup.run("third_now", &["run", "--no-wait", "--permits", "2", "pool", "--", "true"]);
+    assert_eq!(code, 75, "a third permit: {stderr}");
+    let mut third = setup.spawn("third", &[&permits[..], &["touch", "third"]].concat());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(third.running() && !setup.path("third").exists(), "the third run waits");
+    setup.touch("go_first");
+    assert_eq!(first.exit_code(), 0);
+    assert_eq!(third.exit_code(), 0, "the third runs once a permit is free: {}", third.stderr());
+    assert!(second.running(), "beside the second");
+    setup.touch("go_second");
+    assert_eq!(second.exit_code(), 0);
+}
+
+#[test]
+fn the_wait_shows_who_holds_the_key_when_stderr_is_a_terminal() {
+    let setup = Setup::new("cli_terminal", 27909);
+    let hold = "touch started; while [ ! -e go ]; do sleep 0.05; done";
+    let mut holder =
+        setup.spawn("holder", &[&["run", "--owner", "first-host", "job", "--"][..], &sh(hold)].concat());
+    assert!(setup.appears("started"));
+    let mut shown = setup.spawn_on_terminal("shown", &["run", "--wait", "1m", "job", "--", "echo", "ran"]);
+    let mut hidden = setup.spawn("hidden", &["run", "--wait", "1m", "job", "--", "true"]);
+    assert!(
+        common::eventually(LIMIT, || shown
+            .stdout()
+            .contains("pg-fence: waiting for job, held by first-host since ")),
+        "{}",
+        shown.stdout()
+    );
+    setup.touch("go");
+    assert_eq!(holder.exit_code(), 0);
+    assert_eq!(shown.exit_code(), 0, "{}", shown.stdout());
+    assert!(shown.stdout().contains("ran"), "{}", shown.stdout());
+    assert_eq!(hidden.exit_code(), 0);
+    assert!(!hidden.stderr().contains("waiting"), "not on a file: {}", hidden.stderr());
+}

@@ -1,6 +1,6 @@
 //! Shared by the command's tests: scratch clusters from the repository's harness (tests/src), the
 //! pg-fence binary that cargo built, run as a real process with the PG* environment of a cluster.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 pub use pg_fence_integration::{eventually, signal, Cluster, ScratchDir};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -43,9 +43,34 @@ impl Setup {
 
     /// Starts `pg-fence ARGS`, its stdout and stderr going to `NAME.out` and `NAME.err`.
     pub fn spawn(&self, name: &str, args: &[&str]) -> Process {
+        self.start(name, self.pg_fence(args))
+    }
+
+    /// Starts `pg-fence ARGS` under `script(1)`, whose pseudo-terminal is pg-fence's stdin, stdout
+    /// and stderr, as when a person runs it: both outputs go to `NAME.out`.
+    pub fn spawn_on_terminal(&self, name: &str, args: &[&str]) -> Process {
+        let pg_fence = self.pg_fence(args);
+        let line = std::iter::once(pg_fence.get_program())
+            .chain(pg_fence.get_args())
+            .map(|word| format!("'{}'", word.to_str().unwrap().replace('\'', "'\\''")))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut script = Command::new("script");
+        script.args(["--quiet", "--return", "--command", &line, "/dev/null"]);
+        for (name, value) in pg_fence.get_envs() {
+            match value {
+                Some(value) => script.env(name, value),
+                None => script.env_remove(name),
+            };
+        }
+        script.current_dir(self.dir.path()).stdin(Stdio::null());
+        self.start(name, script)
+    }
+
+    fn start(&self, name: &str, mut cmd: Command) -> Process {
         let out = std::fs::File::create(self.path(&format!("{name}.out"))).unwrap();
         let err = std::fs::File::create(self.path(&format!("{name}.err"))).unwrap();
-        let child = self.pg_fence(args).stdout(out).stderr(err).spawn().unwrap();
+        let child = cmd.stdout(out).stderr(err).spawn().unwrap();
         Process { child, dir: self.dir.path().to_owned(), name: name.to_owned() }
     }
 
@@ -79,7 +104,8 @@ impl Setup {
     }
 }
 
-/// A running pg-fence; killed when dropped, so a failing test leaves no process behind.
+/// A running pg-fence; killed when dropped, with the process groups of the commands it started, so
+/// that a failing test leaves no process behind.
 pub struct Process {
     pub child: Child,
     dir: PathBuf,
@@ -125,11 +151,52 @@ impl Process {
 impl Drop for Process {
     fn drop(&mut self) {
         if self.running() {
-            signal(self.pid(), "-CONT");
-            self.child.kill().ok();
+            // Each command runs in a group of its own, which killing pg-fence leaves running: its
+            // groups are found while pg-fence is still their parent, and it is stopped first so
+            // that it starts none meanwhile.
+            // (A test's own group, which pg-fence shares, is left alone.)
+            let pid = self.pid() as libc::pid_t;
+            // SAFETY: kill, getpgrp and killpg only send signals or read the caller's group; a
+            // process or group gone meanwhile returns ESRCH, which is harmless here.
+            unsafe {
+                libc::kill(pid, libc::SIGSTOP);
+                let own = libc::getpgrp();
+                for group in descendants(self.pid()).into_iter().filter_map(group_of) {
+                    if group != own {
+                        libc::killpg(group, libc::SIGKILL);
+                    }
+                }
+                libc::kill(pid, libc::SIGKILL);
+                libc::kill(pid, libc::SIGCONT);
+            }
             self.child.wait().ok();
         }
     }
+}
+
+/// The pids of the processes below `pid`, children first (script(1) stands between a test and a
+/// pg-fence on a terminal).
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut next = vec![pid];
+    while let Some(parent) = next.pop() {
+        let tasks = std::fs::read_dir(format!("/proc/{parent}/task")).into_iter().flatten().flatten();
+        for task in tasks {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|pid| pid.parse().ok()) {
+                found.push(child);
+                next.push(child);
+            }
+        }
+    }
+    found
+}
+
+/// The process group of `pid`, None once it is gone.
+fn group_of(pid: u32) -> Option<libc::pid_t> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses, so after the last ')'.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// A shell command line as `sh -c` runs it, for pg-fence's CMD.
