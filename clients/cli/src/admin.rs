@@ -1,20 +1,20 @@
 //! `leases`, `status`, `revoke`, `stats`: the server's views as tables for people and JSON lines for
 //! scripts. The server writes the JSON (row_to_json), so both outputs show the same columns.
 use crate::args::{ConnArgs, JsonArg, KeyArgs, LeasesArgs};
+use crate::connect::Server;
 use crate::exit::{Code, Exit};
 use pg_fence_client::{Backoff, FenceClient, PgConnection};
 use serde_json::{Map, Value};
 use std::io::IsTerminal;
 use std::sync::Arc;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::Config;
 
 const LEASE_COLUMNS: &str =
     "key, owner, fence, live, acquired_at, expires_at, durable, shared, permits, session_pid";
 
-async fn connect(conn: &ConnArgs, config: Config) -> Result<Arc<PgConnection>, Exit> {
+async fn connect(conn: &ConnArgs, server: Server) -> Result<Arc<PgConnection>, Exit> {
     let backoff = Backoff { max_elapsed: Some(conn.retry_for), ..Backoff::default() };
-    Ok(FenceClient::with_backoff(config, backoff).connection().await?)
+    Ok(FenceClient::with_backoff(server, backoff).connection().await?)
 }
 
 /// The rows of `sql`, whose one column is a row's JSON text.
@@ -41,8 +41,8 @@ fn print(rows: &[Map<String, Value>], json: bool) {
     }
 }
 
-pub async fn leases(args: LeasesArgs, conn: &ConnArgs, config: Config) -> Result<i32, Exit> {
-    let client = connect(conn, config).await?;
+pub async fn leases(args: LeasesArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
+    let client = connect(conn, server).await?;
     let pattern = like(args.pattern.as_deref().unwrap_or("*"));
     let sql = format!("SELECT row_to_json(l)::text FROM (SELECT {LEASE_COLUMNS} FROM fence.leases WHERE key LIKE $1 ORDER BY key, fence) l");
     let clear = args.watch && !args.json && std::io::stdout().is_terminal();
@@ -62,8 +62,8 @@ pub async fn leases(args: LeasesArgs, conn: &ConnArgs, config: Config) -> Result
     }
 }
 
-pub async fn status(args: KeyArgs, conn: &ConnArgs, config: Config) -> Result<i32, Exit> {
-    let client = connect(conn, config).await?;
+pub async fn status(args: KeyArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
+    let client = connect(conn, server).await?;
     let sql = format!(
         "SELECT json_build_object('key', $1::text, 'held', coalesce(bool_or(l.live), false), \
          'current_fence', fence.current_fence($1), 'waiters', fence.waiters($1), \
@@ -87,8 +87,8 @@ pub async fn status(args: KeyArgs, conn: &ConnArgs, config: Config) -> Result<i3
     Ok(if held { 0 } else { Code::NotHeld.code() })
 }
 
-pub async fn revoke(args: KeyArgs, conn: &ConnArgs, config: Config) -> Result<i32, Exit> {
-    let client = connect(conn, config).await?;
+pub async fn revoke(args: KeyArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
+    let client = connect(conn, server).await?;
     let revoked: bool = client.query_one("SELECT fence.lease_revoke($1)", &[&args.key]).await?.get(0);
     if args.json {
         println!("{}", serde_json::json!({ "key": args.key, "revoked": revoked }));
@@ -100,8 +100,8 @@ pub async fn revoke(args: KeyArgs, conn: &ConnArgs, config: Config) -> Result<i3
     Ok(if revoked { 0 } else { Code::NotHeld.code() })
 }
 
-pub async fn stats(args: JsonArg, conn: &ConnArgs, config: Config) -> Result<i32, Exit> {
-    let client = connect(conn, config).await?;
+pub async fn stats(args: JsonArg, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
+    let client = connect(conn, server).await?;
     let rows = objects(&client, "SELECT row_to_json(s)::text FROM fence.stats s", &[]).await?;
     match args.json {
         true => print(&rows, true),

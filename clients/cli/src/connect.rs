@@ -1,29 +1,192 @@
 //! The connection, as every PostgreSQL tool makes it: `--dsn` first, then the PG* environment, then
-//! libpq's defaults. tokio-postgres reads no environment and no password file, so both are read
-//! here; what it cannot do (TLS, service files) is refused with a message rather than ignored.
+//! libpq's defaults. tokio-postgres reads no environment and no password file, and knows neither
+//! sslmode verify-ca/verify-full nor sslrootcert, so all of these are read here; what it cannot do
+//! (service files) is refused with a message rather than ignored.
 use crate::exit::{Code, Exit};
+use pg_fence_client::TlsConfig;
+use postgres_native_tls::MakeTlsConnector;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
-use tokio_postgres::config::{Host, TargetSessionAttrs};
+use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
 use tokio_postgres::Config;
+
+/// The server pg-fence talks to: the config, and the TLS connector its sslmode asks for.
+pub type Server = TlsConfig<MakeTlsConnector>;
+
+/// libpq's sslmodes. tokio-postgres has disable, prefer and require; allow is taken as prefer
+/// (either connects to a server with or without TLS), the verify modes as require with checks
+/// made by the TLS connector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl Mode {
+    fn parse(text: &str) -> Result<Mode, Exit> {
+        Ok(match text {
+            "disable" => Mode::Disable,
+            "allow" | "prefer" => Mode::Prefer,
+            "require" => Mode::Require,
+            "verify-ca" => Mode::VerifyCa,
+            "verify-full" => Mode::VerifyFull,
+            other => return Err(Exit::new(Code::Usage, format!("sslmode {other:?}: not one of libpq's"))),
+        })
+    }
+}
+
+/// The server from `dsn` and the environment `env`, its TLS as libpq sets it up: sslmode (default
+/// prefer) and sslrootcert from the DSN, else PGSSLMODE and PGSSLROOTCERT; the root certificate
+/// by default `~/.postgresql/root.crt`, `system` for the system's. prefer and require check no
+/// certificate, unless (as in libpq) require finds a root certificate: then it checks the chain,
+/// as verify-ca does; verify-full also checks the host name.
+pub fn server(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Server, Exit> {
+    let (dsn, dsn_mode, dsn_root) = match dsn {
+        Some(dsn) => {
+            let (rest, mode, root) = take_tls_options(dsn);
+            (Some(rest), mode, root)
+        }
+        None => (None, None, None),
+    };
+    let mut config = config(dsn.as_deref(), env)?;
+    let mode = Mode::parse(&dsn_mode.or_else(|| env("PGSSLMODE")).unwrap_or_else(|| "prefer".into()))?;
+    let root = dsn_root.or_else(|| env("PGSSLROOTCERT")).map(PathBuf::from).or_else(|| {
+        let default = Path::new(&env("HOME")?).join(".postgresql/root.crt");
+        default.exists().then_some(default)
+    });
+    config.ssl_mode(match mode {
+        Mode::Disable => SslMode::Disable,
+        Mode::Prefer => SslMode::Prefer,
+        Mode::Require | Mode::VerifyCa | Mode::VerifyFull => SslMode::Require,
+    });
+    let tls = tls_connector(mode, root.as_deref())?;
+    Ok(TlsConfig { config, tls: MakeTlsConnector::new(tls) })
+}
+
+fn tls_connector(mode: Mode, root: Option<&Path>) -> Result<native_tls::TlsConnector, Exit> {
+    let usage = |message: String| Exit::new(Code::Usage, message);
+    let mut builder = native_tls::TlsConnector::builder();
+    let checked = match (mode, root) {
+        (Mode::VerifyCa | Mode::VerifyFull, None) => return Err(usage(
+                "sslmode verify-ca and verify-full need a root certificate: sslrootcert, PGSSLROOTCERT or ~/.postgresql/root.crt".into(),
+            )),
+        (Mode::Require | Mode::VerifyCa | Mode::VerifyFull, Some(root)) => Some(root),
+        _ => None,
+    };
+    match checked {
+        None => {
+            builder.danger_accept_invalid_certs(true);
+        }
+        Some(root) => {
+            builder.danger_accept_invalid_hostnames(mode != Mode::VerifyFull);
+            if root != Path::new("system") {
+                builder.disable_built_in_roots(true);
+                let pem = std::fs::read(root)
+                    .map_err(|err| usage(format!("root certificate {}: {err}", root.display())))?;
+                for cert in split_pem(&pem) {
+                    let cert = native_tls::Certificate::from_pem(cert)
+                        .map_err(|err| usage(format!("root certificate {}: {err}", root.display())))?;
+                    builder.add_root_certificate(cert);
+                }
+            }
+        }
+    }
+    builder.build().map_err(|err| usage(format!("TLS: {err}")))
+}
+
+/// Each certificate of a PEM file that may hold several (a chain of CAs).
+fn split_pem(pem: &[u8]) -> Vec<&[u8]> {
+    const BEGIN: &[u8] = b"-----BEGIN CERTIFICATE-----";
+    let starts: Vec<usize> = (0..pem.len()).filter(|&i| pem[i..].starts_with(BEGIN)).collect();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(n, &start)| &pem[start..*starts.get(n + 1).unwrap_or(&pem.len())])
+        .collect()
+}
+
+/// `dsn` without its sslmode and sslrootcert, and their values: in the keyword form, words
+/// `sslmode=VALUE` (a quoted value, or spaces around `=`, are left to the driver, which takes only
+/// disable, prefer and require); in a URI, query parameters.
+fn take_tls_options(dsn: &str) -> (String, Option<String>, Option<String>) {
+    let (mut mode, mut root) = (None, None);
+    let mut take = |word: &str| match word.split_once('=') {
+        Some(("sslmode", value)) if !value.starts_with('\'') => {
+            mode = Some(value.to_owned());
+            true
+        }
+        Some(("sslrootcert", value)) if !value.starts_with('\'') => {
+            root = Some(value.to_owned());
+            true
+        }
+        _ => false,
+    };
+    let rest = if dsn.starts_with("postgres://") || dsn.starts_with("postgresql://") {
+        match dsn.split_once('?') {
+            Some((base, query)) => {
+                let kept: Vec<&str> =
+                    query.split('&').filter(|param| !take(&percent_decoded(param))).collect();
+                if kept.is_empty() {
+                    base.to_owned()
+                } else {
+                    format!("{base}?{}", kept.join("&"))
+                }
+            }
+            None => dsn.to_owned(),
+        }
+    } else {
+        let mut rest = String::new();
+        let mut from = 0;
+        for word in dsn.split_whitespace() {
+            let start = word.as_ptr() as usize - dsn.as_ptr() as usize;
+            if take(word) {
+                rest.push_str(&dsn[from..start]);
+                from = start + word.len();
+            }
+        }
+        rest.push_str(&dsn[from..]);
+        rest
+    };
+    (rest, mode, root)
+}
+
+/// A URI's query parameter with its %XX escapes decoded.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex =
+            bytes.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
 
 /// The application_name when neither the DSN nor PGAPPNAME gives one: what pg_stat_activity shows.
 const APPLICATION_NAME: &str = "pg-fence";
 
 /// The config from `dsn` and the environment `env` (a lookup, so that tests need not touch the
 /// process's own).
-pub fn config(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, Exit> {
+fn config(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, Exit> {
     let usage = |message: String| Exit::new(Code::Usage, message);
     for unsupported in ["PGSERVICE", "PGSERVICEFILE"] {
         if env(unsupported).is_some() {
             return Err(usage(format!("{unsupported} is not supported (no service files): use --dsn")));
         }
-    }
-    if let Some(mode) =
-        env("PGSSLMODE").filter(|mode| !matches!(mode.as_str(), "disable" | "allow" | "prefer"))
-    {
-        return Err(usage(format!("PGSSLMODE={mode}: pg-fence does not speak TLS yet")));
     }
     let mut config = match dsn {
         Some(dsn) => Config::from_str(dsn).map_err(|err| usage(format!("--dsn: {err}")))?,
@@ -167,12 +330,41 @@ mod tests {
 
     #[test]
     fn what_the_driver_cannot_do_is_refused() {
-        for vars in
-            [[("PGSERVICE", "prod")], [("PGSSLMODE", "require")], [("PGTARGETSESSIONATTRS", "standby")]]
-        {
+        for vars in [[("PGSERVICE", "prod")], [("PGTARGETSESSIONATTRS", "standby")]] {
             assert_eq!(from(None, &vars).unwrap_err().code, Code::Usage, "{vars:?}");
         }
-        assert!(from(None, &[("PGSSLMODE", "prefer")]).is_ok());
+    }
+
+    #[test]
+    fn sslmode_and_sslrootcert_come_from_the_dsn_before_the_environment() {
+        let server = |dsn: Option<&str>, vars: &[(&str, &str)]| {
+            let vars: HashMap<String, String> =
+                vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            super::server(dsn, &move |name| vars.get(name).cloned())
+        };
+        let mode = |dsn, vars| server(dsn, vars).map(|server| server.config.get_ssl_mode());
+        assert_eq!(mode(None, &[]).unwrap(), SslMode::Prefer);
+        assert_eq!(mode(None, &[("PGSSLMODE", "allow")]).unwrap(), SslMode::Prefer);
+        assert_eq!(mode(None, &[("PGSSLMODE", "require")]).unwrap(), SslMode::Require);
+        assert_eq!(
+            mode(Some("host=db sslmode=disable"), &[("PGSSLMODE", "require")]).unwrap(),
+            SslMode::Disable
+        );
+        assert_eq!(mode(None, &[("PGSSLMODE", "verify-full")]).unwrap_err().code, Code::Usage, "no root");
+        assert_eq!(mode(None, &[("PGSSLMODE", "bogus")]).unwrap_err().code, Code::Usage);
+        let missing = [("PGSSLMODE", "verify-ca"), ("PGSSLROOTCERT", "/nonexistent/root.crt")];
+        assert_eq!(mode(None, &missing).unwrap_err().code, Code::Usage, "a root that cannot be read");
+
+        let (rest, mode, root) =
+            take_tls_options("host=db  sslmode=verify-full user=app sslrootcert=/etc/ca.crt password='a  b'");
+        assert_eq!(rest, "host=db   user=app  password='a  b'");
+        assert_eq!((mode.as_deref(), root.as_deref()), (Some("verify-full"), Some("/etc/ca.crt")));
+        let (rest, mode, root) = take_tls_options(
+            "postgresql://app@db/jobs?sslmode=verify-ca&connect_timeout=5&sslrootcert=%2Fca.crt",
+        );
+        assert_eq!(rest, "postgresql://app@db/jobs?connect_timeout=5");
+        assert_eq!((mode.as_deref(), root.as_deref()), (Some("verify-ca"), Some("/ca.crt")));
+        assert_eq!(take_tls_options("postgres://db?sslmode=require").0, "postgres://db");
     }
 
     #[test]

@@ -2,15 +2,15 @@
 //! when the leadership is lost), resign when it ends.
 use crate::args::{ConnArgs, ElectArgs};
 use crate::child::{self, Ended};
+use crate::connect::Server;
 use crate::exit::{Code, Exit};
 use crate::run::{default_name, keep_options, why_lost};
 use pg_fence_client::{AcquireOptions, ElectOptions, Elector};
-use tokio_postgres::Config;
 
-pub async fn elect(args: ElectArgs, conn: &ConnArgs, config: Config) -> Result<i32, Exit> {
+pub async fn elect(args: ElectArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
     let value = args.value.unwrap_or_else(default_name);
     let opts = ElectOptions::new(AcquireOptions::new(args.supervise.ttl)).keep(keep_options(conn));
-    let elector = Elector::new(config, &args.name, opts);
+    let elector = Elector::new(server, &args.name, opts);
     let leadership = elector.campaign(&value).await?;
     let env = [
         ("PG_FENCE_KEY", args.name.clone()),

@@ -47,7 +47,7 @@ fn dispatch(cli: Cli) -> Result<i32, Exit> {
         }
         _ => {}
     }
-    let config = connect::config(cli.conn.dsn.as_deref(), &|name| std::env::var(name).ok())?;
+    let server = connect::server(cli.conn.dsn.as_deref(), &|name| std::env::var(name).ok())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -56,13 +56,13 @@ fn dispatch(cli: Cli) -> Result<i32, Exit> {
     let conn = &cli.conn;
     runtime.block_on(async move {
         match cli.command {
-            Command::Run(args) => run::run(args, conn, config).await,
-            Command::Elect(args) => elect::elect(args, conn, config).await,
-            Command::Observe(args) => observe::observe(args, conn, config).await,
-            Command::Leases(args) => admin::leases(args, conn, config).await,
-            Command::Status(args) => admin::status(args, conn, config).await,
-            Command::Revoke(args) => admin::revoke(args, conn, config).await,
-            Command::Stats(args) => admin::stats(args, conn, config).await,
+            Command::Run(args) => run::run(args, conn, server).await,
+            Command::Elect(args) => elect::elect(args, conn, server).await,
+            Command::Observe(args) => observe::observe(args, conn, server).await,
+            Command::Leases(args) => admin::leases(args, conn, server).await,
+            Command::Status(args) => admin::status(args, conn, server).await,
+            Command::Revoke(args) => admin::revoke(args, conn, server).await,
+            Command::Stats(args) => admin::stats(args, conn, server).await,
             Command::Completions { .. } | Command::Man => unreachable!("answered above"),
         }
     })

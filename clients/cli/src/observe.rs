@@ -1,19 +1,19 @@
 //! `pg-fence observe`: a line per change of a key's leader, vacancy included (fence.await_change,
 //! through the client's observer).
 use crate::args::{ConnArgs, ObserveArgs};
+use crate::connect::Server;
 use crate::exit::Exit;
 use crate::run::keep_options;
 use pg_fence_client::{AcquireOptions, ElectOptions, Elector, FenceClient, Leader};
 use serde_json::json;
 use std::time::{Duration, SystemTime};
-use tokio_postgres::Config;
 
-pub async fn observe(args: ObserveArgs, conn: &ConnArgs, config: Config) -> Result<i32, Exit> {
+pub async fn observe(args: ObserveArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
     let keep = keep_options(conn);
     // The observer's first item is the first leader: a key nobody leads yet is said here.
-    let now = FenceClient::with_backoff(config.clone(), keep.retry.clone()).leader(&args.name).await?;
+    let now = FenceClient::with_backoff(server.clone(), keep.retry.clone()).leader(&args.name).await?;
     let opts = ElectOptions::new(AcquireOptions::new(Duration::from_secs(30))).keep(keep);
-    let elector = Elector::new(config, &args.name, opts);
+    let elector = Elector::new(server, &args.name, opts);
     let mut observer = elector.observe();
     let mut last = Some(now);
     print(&args, last.as_ref().unwrap());

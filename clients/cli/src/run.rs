@@ -2,24 +2,24 @@
 //! it when the command ends (or leave it to expire with `--at-least`).
 use crate::args::{ConnArgs, RunArgs};
 use crate::child::{self, Ended};
+use crate::connect::Server;
 use crate::exit::{Code, Exit};
 use pg_fence_client::{hold, AcquireOptions, Backoff, Connector, Error, HeldLease, KeepOptions, LeaseState};
 use std::io::IsTerminal;
 use std::time::Duration;
-use tokio_postgres::Config;
 
 /// How long one acquire waits on the server before it is asked again (it keeps its place in the
 /// key's queue by waiting again at once): "wait as long as it takes" in bounded statements.
 const WAIT_STEP: Duration = Duration::from_secs(60);
 
-pub async fn run(args: RunArgs, conn: &ConnArgs, config: Config) -> Result<i32, Exit> {
+pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
     let owner = args.owner.clone().unwrap_or_else(default_name);
     let opts =
         AcquireOptions::new(args.supervise.ttl).owner(&owner).shared(args.shared).permits(args.permits);
     let wait = if args.no_wait { Some(Duration::ZERO) } else { args.wait };
     let showing = (wait != Some(Duration::ZERO) && std::io::stderr().is_terminal())
-        .then(|| tokio::spawn(show_holder(config.clone(), args.key.clone())));
-    let held = acquire(&config, &args.key, &opts, wait, keep_options(conn)).await;
+        .then(|| tokio::spawn(show_holder(server.clone(), args.key.clone())));
+    let held = acquire(&server, &args.key, &opts, wait, keep_options(conn)).await;
     if let Some(showing) = showing {
         showing.abort();
         eprintln!();
@@ -71,7 +71,7 @@ pub fn keep_options(conn: &ConnArgs) -> KeepOptions {
 
 /// The lease, waiting up to `wait` (None: as long as it takes); `Code::Held` when it is not granted.
 async fn acquire(
-    config: &Config,
+    server: &Server,
     key: &str,
     opts: &AcquireOptions,
     wait: Option<Duration>,
@@ -80,13 +80,13 @@ async fn acquire(
     let end = wait.map(|wait| tokio::time::Instant::now() + wait);
     loop {
         let left = end.map_or(WAIT_STEP, |end| end.saturating_duration_since(tokio::time::Instant::now()));
-        match hold(config.clone(), key, &opts.clone().wait(left.min(WAIT_STEP)), keep.clone()).await {
+        match hold(server.clone(), key, &opts.clone().wait(left.min(WAIT_STEP)), keep.clone()).await {
             Ok(held) => return Ok(held),
             Err(Error::WaitTimedOut { .. }) if end.is_none_or(|end| tokio::time::Instant::now() < end) => {}
             Err(Error::WaitTimedOut { .. }) => {
                 return Err(Exit::new(
                     Code::Held,
-                    format!("{key} is held by {}", holder_text(config, key).await),
+                    format!("{key} is held by {}", holder_text(server, key).await),
                 ))
             }
             Err(err) => return Err(err.into()),
@@ -114,11 +114,11 @@ pub fn default_name() -> String {
 }
 
 /// Who holds `key` and since when, for people: "OWNER since TIME (fence F)".
-async fn holder_text(config: &Config, key: &str) -> String {
+async fn holder_text(server: &Server, key: &str) -> String {
     let sql = "SELECT string_agg(format('%s since %s (fence %s)', owner, date_trunc('second', acquired_at), fence), ', ' ORDER BY fence) \
                FROM fence.leases WHERE key = $1 AND live";
     let asked = async {
-        let conn = Connector::connect(config).await.ok()?;
+        let conn = server.connect().await.ok()?;
         conn.query_one(sql, &[&key]).await.ok()?.get::<_, Option<String>>(0)
     };
     tokio::time::timeout(Duration::from_secs(5), asked)
@@ -129,9 +129,9 @@ async fn holder_text(config: &Config, key: &str) -> String {
 }
 
 /// While waiting on a terminal: who holds the key, on one line rewritten every second.
-async fn show_holder(config: Config, key: String) {
+async fn show_holder(server: Server, key: String) {
     loop {
-        eprint!("\r\x1b[Kpg-fence: waiting for {key}, held by {}", holder_text(&config, &key).await);
+        eprint!("\r\x1b[Kpg-fence: waiting for {key}, held by {}", holder_text(&server, &key).await);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
