@@ -1,19 +1,11 @@
 //! `leases`, `status`, `stats`: tables for people, JSON for scripts, from a real cluster.
 mod common;
-use common::{sh, Setup};
+use common::Setup;
 
 #[test]
 fn leases_status_and_stats_as_tables_and_json() {
     let setup = Setup::new("cli_admin", 27930);
-    let mut holder = setup.spawn(
-        "holder",
-        &[
-            &["run", "--owner", "w1", "job:1", "--"][..],
-            &sh("touch started; while [ ! -e go ]; do sleep 0.05; done"),
-        ]
-        .concat(),
-    );
-    assert!(setup.appears("started"));
+    let mut holder = setup.hold_until("holder", &["--owner", "w1", "job:1"], "started", "go");
     let (code, stdout, _) = setup.run("leases", &["leases", "job:*"]);
     assert_eq!(code, 0);
     let mut lines = stdout.lines();
@@ -55,15 +47,7 @@ fn leases_watch_prints_each_change() {
     let setup = Setup::new("cli_watch", 27931);
     let mut watch = setup.spawn("watch", &["leases", "--watch", "--interval", "100ms", "job*"]);
     assert!(common::eventually(common::LIMIT, || watch.stdout().starts_with("(none)\n")));
-    let mut holder = setup.spawn(
-        "holder",
-        &[
-            &["run", "--owner", "w1", "job:1", "--"][..],
-            &sh("touch started; while [ ! -e go ]; do sleep 0.05; done"),
-        ]
-        .concat(),
-    );
-    assert!(setup.appears("started"));
+    let mut holder = setup.hold_until("holder", &["--owner", "w1", "job:1"], "started", "go");
     // Each listing is a table after a blank line; the lease's row in one of them with live true,
     // and in a later one, once released, with live false.
     let live_in = |live: &str| {

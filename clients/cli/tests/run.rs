@@ -179,8 +179,9 @@ fn usage_and_an_unreachable_server_have_their_own_statuses() {
 fn a_server_crash_shorter_than_the_ttl_leaves_the_command_running_and_its_lease_renewed() {
     let setup = Setup::new("cli_crash_kept", 27906);
     with_writes(&setup);
-    let script = format!("trap 'echo TERM > got' TERM; echo $PG_FENCE_FENCE > fence; while [ ! -e go ]; do sleep 0.05; done; {GUARDED_INSERT}");
+    let script = format!("trap 'echo TERM > got' TERM; echo $PG_FENCE_FENCE > fence.tmp; mv fence.tmp fence; while [ ! -e go ]; do sleep 0.05; done; {GUARDED_INSERT}");
     let mut run = setup.spawn("run", &[&["run", "--ttl", "10s", "job", "--"][..], &sh(&script)].concat());
+    // Renamed into place, so that it is never seen empty.
     assert!(setup.appears("fence"));
     let fence: i64 = setup.read("fence").trim().parse().unwrap();
     setup.cluster.crash();
@@ -228,13 +229,9 @@ fn a_server_down_longer_than_the_ttl_stops_the_command_before_the_lease_expires(
 #[test]
 fn shared_runs_hold_the_key_side_by_side_and_permits_bound_the_runs() {
     let setup = Setup::new("cli_shared", 27908);
-    let hold = |started: &str, go: &str| format!("touch {started}; while [ ! -e {go} ]; do sleep 0.05; done");
-    let (one, two) = (hold("one", "go"), hold("two", "go"));
-    let mut shared_one =
-        setup.spawn("shared_one", &[&["run", "--shared", "job", "--"][..], &sh(&one)].concat());
-    let mut shared_two =
-        setup.spawn("shared_two", &[&["run", "--shared", "job", "--"][..], &sh(&two)].concat());
-    assert!(setup.appears("one") && setup.appears("two"), "two shared runs side by side");
+    // The second starts while the first holds the key.
+    let mut shared_one = setup.hold_until("shared_one", &["--shared", "job"], "one", "go");
+    let mut shared_two = setup.hold_until("shared_two", &["--shared", "job"], "two", "go");
     assert_eq!(setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live AND shared"), 2);
     assert_eq!(setup.run("exclusive_now", &["run", "--no-wait", "job", "--", "true"]).0, 75);
     let mut exclusive =
@@ -247,14 +244,12 @@ fn shared_runs_hold_the_key_side_by_side_and_permits_bound_the_runs() {
     assert!(setup.path("exclusive_ran").exists());
 
     // Two permits: two runs at once, a third waits for one of them.
-    let permits = ["run", "--permits", "2", "pool", "--"];
-    let mut first = setup.spawn("first", &[&permits[..], &sh(&hold("first", "go_first"))].concat());
-    let mut second = setup.spawn("second", &[&permits[..], &sh(&hold("second", "go_second"))].concat());
-    assert!(setup.appears("first") && setup.appears("second"), "two permits, two runs");
+    let mut first = setup.hold_until("first", &["--permits", "2", "pool"], "first", "go_first");
+    let mut second = setup.hold_until("second", &["--permits", "2", "pool"], "second", "go_second");
     let (code, _, stderr) =
         setup.run("third_now", &["run", "--no-wait", "--permits", "2", "pool", "--", "true"]);
     assert_eq!(code, 75, "a third permit: {stderr}");
-    let mut third = setup.spawn("third", &[&permits[..], &["touch", "third"]].concat());
+    let mut third = setup.spawn("third", &["run", "--permits", "2", "pool", "--", "touch", "third"]);
     std::thread::sleep(Duration::from_millis(500));
     assert!(third.running() && !setup.path("third").exists(), "the third run waits");
     setup.touch("go_first");
@@ -268,10 +263,7 @@ fn shared_runs_hold_the_key_side_by_side_and_permits_bound_the_runs() {
 #[test]
 fn the_wait_shows_who_holds_the_key_when_stderr_is_a_terminal() {
     let setup = Setup::new("cli_terminal", 27909);
-    let hold = "touch started; while [ ! -e go ]; do sleep 0.05; done";
-    let mut holder =
-        setup.spawn("holder", &[&["run", "--owner", "first-host", "job", "--"][..], &sh(hold)].concat());
-    assert!(setup.appears("started"));
+    let mut holder = setup.hold_until("holder", &["--owner", "first-host", "job"], "started", "go");
     let mut shown = setup.spawn_on_terminal("shown", &["run", "--wait", "1m", "job", "--", "echo", "ran"]);
     let mut hidden = setup.spawn("hidden", &["run", "--wait", "1m", "job", "--", "true"]);
     assert!(

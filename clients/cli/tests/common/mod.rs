@@ -46,6 +46,15 @@ impl Setup {
         self.start(name, self.pg_fence(args))
     }
 
+    /// `pg-fence run ARGS -- CMD`, CMD touching `started` and then running until `go` exists;
+    /// returned once CMD has started.
+    pub fn hold_until(&self, name: &str, args: &[&str], started: &str, go: &str) -> Process {
+        let script = format!("touch {started}; while [ ! -e {go} ]; do sleep 0.05; done");
+        let process = self.spawn(name, &[&["run"], args, &["--"], &sh(&script)].concat());
+        assert!(self.appears(started), "{name} started: {}", process.stderr());
+        process
+    }
+
     /// Starts `pg-fence ARGS` under `script(1)`, whose pseudo-terminal is pg-fence's stdin, stdout
     /// and stderr, as when a person runs it: both outputs go to `NAME.out`.
     pub fn spawn_on_terminal(&self, name: &str, args: &[&str]) -> Process {
