@@ -9,7 +9,8 @@ use pg_fence_client::{AcquireOptions, ElectOptions, Elector};
 
 pub async fn elect(args: ElectArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
     let value = args.value.unwrap_or_else(default_name);
-    let opts = ElectOptions::new(AcquireOptions::new(args.supervise.ttl)).keep(keep_options(conn));
+    let opts = ElectOptions::new(AcquireOptions::new(args.supervise.ttl))
+        .keep(keep_options(conn, args.supervise.ttl));
     let elector = Elector::new(server, &args.name, opts);
     let leadership = elector.campaign(&value).await?;
     let env = [

@@ -9,10 +9,11 @@ use serde_json::json;
 use std::time::{Duration, SystemTime};
 
 pub async fn observe(args: ObserveArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
-    let keep = keep_options(conn);
+    let ttl = Duration::from_secs(30);
+    let keep = keep_options(conn, ttl);
     // The observer's first item is the first leader: a key nobody leads yet is said here.
     let now = FenceClient::with_backoff(server.clone(), keep.retry.clone()).leader(&args.name).await?;
-    let opts = ElectOptions::new(AcquireOptions::new(Duration::from_secs(30))).keep(keep);
+    let opts = ElectOptions::new(AcquireOptions::new(ttl)).keep(keep);
     let elector = Elector::new(server, &args.name, opts);
     let mut observer = elector.observe();
     let mut last = Some(now);

@@ -19,7 +19,7 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
     let wait = if args.no_wait { Some(Duration::ZERO) } else { args.wait };
     let showing = (wait != Some(Duration::ZERO) && std::io::stderr().is_terminal())
         .then(|| tokio::spawn(show_holder(server.clone(), args.key.clone())));
-    let held = acquire(&server, &args.key, &opts, wait, keep_options(conn)).await;
+    let held = acquire(&server, &args.key, &opts, wait, keep_options(conn, args.supervise.ttl)).await;
     if let Some(showing) = showing {
         showing.abort();
         eprintln!();
@@ -61,10 +61,15 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
     }
 }
 
-/// The keep options of pg-fence: the defaults, with retries bounded by `--retry-for`.
-pub fn keep_options(conn: &ConnArgs) -> KeepOptions {
+/// The keep options of pg-fence for a lease of `ttl`: retries bounded by `--retry-for`, and the
+/// local deadline a tenth of the TTL before the server's expiry rather than the client's default
+/// 100 ms. The client's holder stops at once; pg-fence's stops only once the signal has been
+/// delivered and the command scheduled to act on it, which a loaded machine delays by more than
+/// 100 ms. A renewal every third of the TTL still has two retries before that deadline.
+pub fn keep_options(conn: &ConnArgs, ttl: Duration) -> KeepOptions {
     KeepOptions {
         retry: Backoff { max_elapsed: Some(conn.retry_for), ..Backoff::default() },
+        margin: Some(ttl / 10),
         ..KeepOptions::default()
     }
 }
