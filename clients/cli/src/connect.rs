@@ -1,10 +1,10 @@
 //! The connection, as every PostgreSQL tool makes it: `--dsn` first, then the PG* environment, then
 //! libpq's defaults. tokio-postgres reads no environment and no password file, and knows neither
-//! sslmode verify-ca/verify-full nor sslrootcert, so all of these are read here; what it cannot do
-//! (service files) is refused with a message rather than ignored.
+//! sslmode verify-ca/verify-full, sslrootcert nor service files, so all of these are read here.
 use crate::exit::{Code, Exit};
 use pg_fence_client::TlsConfig;
 use postgres_native_tls::MakeTlsConnector;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -45,19 +45,28 @@ impl Mode {
 /// certificate, unless (as in libpq) require finds a root certificate: then it checks the chain,
 /// as verify-ca does; verify-full also checks the host name.
 pub fn server(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Server, Exit> {
-    let (dsn, dsn_mode, dsn_root) = match dsn {
+    let (dsn, mut taken) = match dsn {
         Some(dsn) => {
-            let (rest, mode, root) = take_tls_options(dsn);
-            (Some(rest), mode, root)
+            let (rest, taken) = take_options(dsn);
+            (Some(rest), taken)
         }
-        None => (None, None, None),
+        None => (None, HashMap::new()),
     };
-    let mut config = config(dsn.as_deref(), env)?;
-    let mode = Mode::parse(&dsn_mode.or_else(|| env("PGSSLMODE")).unwrap_or_else(|| "prefer".into()))?;
-    let root = dsn_root.or_else(|| env("PGSSLROOTCERT")).map(PathBuf::from).or_else(|| {
-        let default = Path::new(&env("HOME")?).join(".postgresql/root.crt");
-        default.exists().then_some(default)
-    });
+    let service = match taken.remove("service").or_else(|| env("PGSERVICE")) {
+        Some(name) => service(&name, env)?,
+        None => HashMap::new(),
+    };
+    // libpq's order: the DSN, then the service, then the environment.
+    let env = |name: &str| service.get(name).cloned().or_else(|| env(name));
+    let mut config = config(dsn.as_deref(), &env)?;
+    let mode = Mode::parse(
+        &taken.remove("sslmode").or_else(|| env("PGSSLMODE")).unwrap_or_else(|| "prefer".into()),
+    )?;
+    let root =
+        taken.remove("sslrootcert").or_else(|| env("PGSSLROOTCERT")).map(PathBuf::from).or_else(|| {
+            let default = Path::new(&env("HOME")?).join(".postgresql/root.crt");
+            default.exists().then_some(default)
+        });
     config.ssl_mode(match mode {
         Mode::Disable => SslMode::Disable,
         Mode::Prefer => SslMode::Prefer,
@@ -109,21 +118,22 @@ fn split_pem(pem: &[u8]) -> Vec<&[u8]> {
         .collect()
 }
 
-/// `dsn` without its sslmode and sslrootcert, and their values: in the keyword form, words
-/// `sslmode=VALUE` (a quoted value, or spaces around `=`, are left to the driver, which takes only
-/// disable, prefer and require); in a URI, query parameters.
-fn take_tls_options(dsn: &str) -> (String, Option<String>, Option<String>) {
-    let (mut mode, mut root) = (None, None);
-    let mut take = |word: &str| match word.split_once('=') {
-        Some(("sslmode", value)) if !value.starts_with('\'') => {
-            mode = Some(value.to_owned());
-            true
+/// `dsn` without the options the driver does not know (sslmode's verify modes, sslrootcert,
+/// service), and their values: in the keyword form, words `NAME=VALUE` (a quoted value, or spaces
+/// around `=`, are left to the driver, which takes only sslmode disable, prefer and require); in a
+/// URI, query parameters.
+fn take_options(dsn: &str) -> (String, HashMap<&'static str, String>) {
+    let mut taken = HashMap::new();
+    let mut take = |word: &str| {
+        let Some((name, value)) = word.split_once('=') else { return false };
+        let known = ["sslmode", "sslrootcert", "service"].into_iter().find(|known| *known == name);
+        match known {
+            Some(name) if !value.starts_with('\'') => {
+                taken.insert(name, value.to_owned());
+                true
+            }
+            _ => false,
         }
-        Some(("sslrootcert", value)) if !value.starts_with('\'') => {
-            root = Some(value.to_owned());
-            true
-        }
-        _ => false,
     };
     let rest = if dsn.starts_with("postgres://") || dsn.starts_with("postgresql://") {
         match dsn.split_once('?') {
@@ -151,7 +161,67 @@ fn take_tls_options(dsn: &str) -> (String, Option<String>, Option<String>) {
         rest.push_str(&dsn[from..]);
         rest
     };
-    (rest, mode, root)
+    (rest, taken)
+}
+
+/// The parameters of service `name` as the PG* variables they stand for, from the first file that
+/// defines it, as libpq looks: PGSERVICEFILE or ~/.pg_service.conf, then pg_service.conf in
+/// PGSYSCONFDIR (Debian's libpq: /etc/postgresql-common). A parameter pg-fence does not take is
+/// refused rather than ignored.
+fn service(name: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<HashMap<&'static str, String>, Exit> {
+    let usage = |message: String| Exit::new(Code::Usage, message);
+    let user = env("PGSERVICEFILE")
+        .map(PathBuf::from)
+        .or_else(|| env("HOME").map(|home| Path::new(&home).join(".pg_service.conf")));
+    let system = Path::new(&env("PGSYSCONFDIR").unwrap_or_else(|| "/etc/postgresql-common".into()))
+        .join("pg_service.conf");
+    for file in user.into_iter().chain([system]) {
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        let Some(params) = service_section(&text, name) else { continue };
+        return params
+            .into_iter()
+            .map(|(key, value)| {
+                let variable =
+                    SERVICE_PARAMETERS.iter().find(|(param, _)| *param == key).map(|(_, var)| *var);
+                let variable = variable.ok_or_else(|| {
+                    usage(format!("{}: service {name}: {key} is not supported", file.display()))
+                })?;
+                Ok((variable, value))
+            })
+            .collect();
+    }
+    Err(usage(format!("definition of service {name:?} not found")))
+}
+
+/// The parameters a service may set, and the variables that stand for them.
+const SERVICE_PARAMETERS: [(&str, &str); 11] = [
+    ("host", "PGHOST"),
+    ("port", "PGPORT"),
+    ("user", "PGUSER"),
+    ("dbname", "PGDATABASE"),
+    ("password", "PGPASSWORD"),
+    ("passfile", "PGPASSFILE"),
+    ("application_name", "PGAPPNAME"),
+    ("connect_timeout", "PGCONNECT_TIMEOUT"),
+    ("target_session_attrs", "PGTARGETSESSIONATTRS"),
+    ("sslmode", "PGSSLMODE"),
+    ("sslrootcert", "PGSSLROOTCERT"),
+];
+
+/// The `key=value` lines of section `[name]` of a service file; None when it has none.
+fn service_section(text: &str, name: &str) -> Option<Vec<(String, String)>> {
+    let mut found: Option<Vec<(String, String)>> = None;
+    for line in text.lines().map(str::trim).filter(|line| !line.is_empty() && !line.starts_with('#')) {
+        if let Some(section) = line.strip_prefix('[').and_then(|line| line.strip_suffix(']')) {
+            if found.is_some() {
+                break;
+            }
+            found = (section == name).then(Vec::new);
+        } else if let (Some(params), Some((key, value))) = (found.as_mut(), line.split_once('=')) {
+            params.push((key.trim().to_owned(), value.trim().to_owned()));
+        }
+    }
+    found
 }
 
 /// A URI's query parameter with its %XX escapes decoded.
@@ -183,11 +253,6 @@ const APPLICATION_NAME: &str = "pg-fence";
 /// process's own).
 fn config(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, Exit> {
     let usage = |message: String| Exit::new(Code::Usage, message);
-    for unsupported in ["PGSERVICE", "PGSERVICEFILE"] {
-        if env(unsupported).is_some() {
-            return Err(usage(format!("{unsupported} is not supported (no service files): use --dsn")));
-        }
-    }
     let mut config = match dsn {
         Some(dsn) => Config::from_str(dsn).map_err(|err| usage(format!("--dsn: {err}")))?,
         None => Config::new(),
@@ -330,9 +395,7 @@ mod tests {
 
     #[test]
     fn what_the_driver_cannot_do_is_refused() {
-        for vars in [[("PGSERVICE", "prod")], [("PGTARGETSESSIONATTRS", "standby")]] {
-            assert_eq!(from(None, &vars).unwrap_err().code, Code::Usage, "{vars:?}");
-        }
+        assert_eq!(from(None, &[("PGTARGETSESSIONATTRS", "standby")]).unwrap_err().code, Code::Usage);
     }
 
     #[test]
@@ -355,16 +418,59 @@ mod tests {
         let missing = [("PGSSLMODE", "verify-ca"), ("PGSSLROOTCERT", "/nonexistent/root.crt")];
         assert_eq!(mode(None, &missing).unwrap_err().code, Code::Usage, "a root that cannot be read");
 
-        let (rest, mode, root) =
-            take_tls_options("host=db  sslmode=verify-full user=app sslrootcert=/etc/ca.crt password='a  b'");
+        let (rest, taken) =
+            take_options("host=db  sslmode=verify-full user=app sslrootcert=/etc/ca.crt password='a  b'");
         assert_eq!(rest, "host=db   user=app  password='a  b'");
-        assert_eq!((mode.as_deref(), root.as_deref()), (Some("verify-full"), Some("/etc/ca.crt")));
-        let (rest, mode, root) = take_tls_options(
+        assert_eq!(
+            (taken["sslmode"].as_str(), taken["sslrootcert"].as_str()),
+            ("verify-full", "/etc/ca.crt")
+        );
+        let (rest, taken) = take_options(
             "postgresql://app@db/jobs?sslmode=verify-ca&connect_timeout=5&sslrootcert=%2Fca.crt",
         );
         assert_eq!(rest, "postgresql://app@db/jobs?connect_timeout=5");
-        assert_eq!((mode.as_deref(), root.as_deref()), (Some("verify-ca"), Some("/ca.crt")));
-        assert_eq!(take_tls_options("postgres://db?sslmode=require").0, "postgres://db");
+        assert_eq!((taken["sslmode"].as_str(), taken["sslrootcert"].as_str()), ("verify-ca", "/ca.crt"));
+        assert_eq!(take_options("postgres://db?sslmode=require").0, "postgres://db");
+    }
+
+    #[test]
+    fn a_service_fills_in_what_the_dsn_leaves_out_before_the_environment() {
+        let dir = std::env::temp_dir().join(format!("pg-fence-service-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (user_file, system_dir) = (dir.join("services"), dir.join("etc"));
+        std::fs::create_dir_all(&system_dir).unwrap();
+        std::fs::write(
+            &user_file,
+            "# mine\n[prod]\nhost=db1,db2\nport = 6432\nsslmode=disable\n[bad]\nsslcert=x\n",
+        )
+        .unwrap();
+        std::fs::write(system_dir.join("pg_service.conf"), "[prod]\nhost=shadowed\n[shared]\ndbname=jobs\n")
+            .unwrap();
+        let (user_file, system_dir) = (user_file.to_str().unwrap(), system_dir.to_str().unwrap());
+        let server = |dsn: Option<&str>, vars: &[(&str, &str)]| {
+            let mut vars: HashMap<String, String> =
+                vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            vars.insert("PGSERVICEFILE".into(), user_file.into());
+            vars.insert("PGSYSCONFDIR".into(), system_dir.into());
+            super::server(dsn, &move |name| vars.get(name).cloned())
+        };
+        let prod = server(None, &[("PGSERVICE", "prod"), ("PGPORT", "1"), ("PGUSER", "app")]).unwrap();
+        assert_eq!(prod.config.get_hosts(), [Host::Tcp("db1".into()), Host::Tcp("db2".into())]);
+        assert_eq!(prod.config.get_ports(), [6432], "the service's over the environment's");
+        assert_eq!(prod.config.get_user(), Some("app"), "the environment's where the service says nothing");
+        assert_eq!(prod.config.get_ssl_mode(), SslMode::Disable);
+        let dsn = server(Some("service=prod port=7000 sslmode=require"), &[]).unwrap();
+        assert_eq!(dsn.config.get_ports(), [7000], "the DSN's over the service's");
+        assert_eq!(dsn.config.get_ssl_mode(), SslMode::Require);
+        let shared = server(Some("postgres://db?service=shared"), &[]).unwrap();
+        assert_eq!(shared.config.get_dbname(), Some("jobs"), "from the system file");
+        assert_eq!(
+            server(None, &[("PGSERVICE", "bad")]).err().map(|err| err.code),
+            Some(Code::Usage),
+            "sslcert"
+        );
+        assert_eq!(server(None, &[("PGSERVICE", "none")]).err().map(|err| err.code), Some(Code::Usage));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

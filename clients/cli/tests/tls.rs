@@ -1,5 +1,6 @@
 //! TLS where the server asks for it: a scratch cluster that accepts TCP connections over TLS alone,
-//! with a self-signed certificate, reached with each sslmode, from the environment and the DSN.
+//! with a self-signed certificate, reached with each sslmode, from the environment, the DSN and a
+//! service file.
 mod common;
 use common::Setup;
 use std::path::Path;
@@ -93,4 +94,13 @@ fn each_sslmode_against_a_server_that_accepts_tls_alone() {
         format!("postgresql://postgres@127.0.0.1:{port}/postgres?sslmode=verify-full&sslrootcert={root}");
     let (code, stderr) = run(&[], Some(&uri));
     assert!(code != 0 && stderr.contains("certificate verify failed"), "{code} {stderr}");
+    // A service file's, over the environment's (whose port is wrong).
+    let services = setup.path("services");
+    std::fs::write(
+        &services,
+        format!("[tls]\nhost=127.0.0.1\nport={port}\nsslmode=verify-ca\nsslrootcert={root}\n"),
+    )
+    .unwrap();
+    let service = [("PGSERVICEFILE", services.to_str().unwrap()), ("PGSERVICE", "tls"), ("PGPORT", "27949")];
+    assert_eq!(run(&service, None), (0, String::new()));
 }
