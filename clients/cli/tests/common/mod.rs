@@ -162,8 +162,7 @@ impl Drop for Process {
         if self.running() {
             // Each command runs in a group of its own, which killing pg-fence leaves running: its
             // groups are found while pg-fence is still their parent, and it is stopped first so
-            // that it starts none meanwhile.
-            // (A test's own group, which pg-fence shares, is left alone.)
+            // that it starts none meanwhile. The test's own group, which pg-fence shares, is spared.
             let pid = self.pid() as libc::pid_t;
             // SAFETY: kill, getpgrp and killpg only send signals or read the caller's group; a
             // process or group gone meanwhile returns ESRCH, which is harmless here.
