@@ -4,11 +4,12 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Client, Config, NoTls, Socket};
 use tokio_util::sync::CancellationToken;
 
 /// Where the retrying client and the keeper get connections from. Implemented for a
-/// `tokio_postgres::Config` (plain TCP, no TLS); implement it for a pool or for TLS. A pool's
+/// `tokio_postgres::Config` (plain TCP, no TLS) and for a [`TlsConfig`]; implement it for a pool. A pool's
 /// connection works as `Conn` through a newtype that derefs to `Client` (see the README).
 ///
 /// The keeper holds its connection for as long as it keeps the lease (a session-bound lease lives
@@ -77,18 +78,53 @@ fn tuned(config: &Config) -> Config {
     config
 }
 
+async fn connect_with<T>(config: &Config, tls: T) -> Result<PgConnection, BoxError>
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, connection) = tuned(config).connect(tls).await?;
+    let closed = CancellationToken::new();
+    let on_close = closed.clone();
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+        on_close.cancel();
+    });
+    Ok(PgConnection { client, task, closed })
+}
+
 impl Connector for Config {
     type Conn = PgConnection;
 
     async fn connect(&self) -> Result<PgConnection, BoxError> {
-        let (client, connection) = tuned(self).connect(NoTls).await?;
-        let closed = CancellationToken::new();
-        let on_close = closed.clone();
-        let task = tokio::spawn(async move {
-            let _ = connection.await;
-            on_close.cancel();
-        });
-        Ok(PgConnection { client, task, closed })
+        connect_with(self, NoTls).await
+    }
+
+    fn closed(conn: &PgConnection) -> Option<CancellationToken> {
+        Some(conn.closed.clone())
+    }
+}
+
+/// A `Config` with a TLS connector (postgres-native-tls's `MakeTlsConnector`, tokio-postgres-rustls's,
+/// ...), used as the config's `sslmode` says: the client itself depends on no TLS library, so that
+/// a program without TLS builds none. Connects as the `Config` connector does otherwise.
+#[derive(Clone)]
+pub struct TlsConfig<T> {
+    pub config: Config,
+    pub tls: T,
+}
+
+impl<T> Connector for TlsConfig<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    type Conn = PgConnection;
+
+    async fn connect(&self) -> Result<PgConnection, BoxError> {
+        connect_with(&self.config, self.tls.clone()).await
     }
 
     fn closed(conn: &PgConnection) -> Option<CancellationToken> {

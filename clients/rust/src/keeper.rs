@@ -117,6 +117,8 @@ struct Shared {
     check_now: tokio::sync::Notify,
     /// `KeepOptions::timeout`.
     timeout: Duration,
+    /// Set by `expire_at`: on stopping, the keeper moves the expiry there instead of releasing.
+    expire_at: Mutex<Option<SystemTime>>,
 }
 
 impl Shared {
@@ -235,6 +237,18 @@ impl Held<LeaseSet> {
     /// The fence of the set's lease on `key`, to guard writes under it; None for a key outside the set.
     pub fn fence(&self, key: &str) -> Option<i64> {
         self.lease.fence(key)
+    }
+}
+
+impl Held<Lease> {
+    /// Stops the keeper and, instead of releasing, leaves the lease to expire at `at` by the server's
+    /// clock (ShedLock's lockAtLeastFor: a job started by the same schedule on hosts whose clocks
+    /// differ runs at most once per period). Released as `release` does when `at` has passed by the
+    /// server's clock. True when the server said the lease ends then (or the release ended it);
+    /// the state ends Unknown then, as the lease stays live until `at`.
+    pub async fn expire_at(self, at: SystemTime) -> Result<bool, Error> {
+        *self.shared.expire_at.lock().unwrap() = Some(at);
+        self.release().await
     }
 }
 
@@ -492,6 +506,7 @@ impl<C: Connector> Keeper<C> {
             abandoned: AtomicBool::new(false),
             check_now: tokio::sync::Notify::new(),
             timeout: keep.timeout,
+            expire_at: Mutex::new(None),
         });
         Keeper {
             client,
@@ -526,6 +541,26 @@ impl<C: Connector> Keeper<C> {
         }
         if self.shared.abandoned.load(Ordering::SeqCst) {
             return Ok(false);
+        }
+        let expire_at = *self.shared.expire_at.lock().unwrap();
+        if let (Some(at), Kept::One(lease)) = (expire_at, &self.kept) {
+            let moved = timeout(self.timeout, async {
+                lease::renew_to(&**self.client.connection().await?, lease, at).await
+            })
+            .await;
+            // Live until `at` (or, without an answer, until its last expiry): Unknown either way.
+            let held = |state: &LeaseState| matches!(state, LeaseState::Held { .. });
+            match moved.unwrap_or_else(|elapsed| Err(Error::OutcomeUnknown(Box::new(elapsed)))) {
+                Ok(Some(_)) => {
+                    self.shared.move_to(LeaseState::Unknown, held);
+                    return Ok(true);
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    self.shared.move_to(LeaseState::Unknown, held);
+                    return Err(err);
+                }
+            }
         }
         // Unknown or still held: the lease may be live, and releasing it frees the key at once.
         let released = self.release().await;
@@ -683,6 +718,7 @@ mod tests {
             abandoned: AtomicBool::new(false),
             check_now: Default::default(),
             timeout: Duration::from_secs(10),
+            expire_at: Mutex::new(None),
         };
         assert!(matches!(shared.current(), LeaseState::Held { .. }));
         // As after a suspend of a minute: CLOCK_MONOTONIC (and so `at`) did not move, boot time did.

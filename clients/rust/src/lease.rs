@@ -315,6 +315,25 @@ async fn renew_by(
     row.try_get(0).map_err(Error::Db)
 }
 
+/// Moves the live lease's expiry to `at`, by the server's clock (a renew whose ttl is `at` less the
+/// server's now): the new expiry; None, changing nothing, when `at` has passed by the server's clock.
+/// `Error::LeaseLost` when the token no longer holds the live lease.
+pub async fn renew_to(
+    client: &impl GenericClient,
+    lease: &Lease,
+    at: SystemTime,
+) -> Result<Option<SystemTime>, Error> {
+    let params: [(&(dyn ToSql + Sync), Type); 3] =
+        [(&lease.key, Type::TEXT), (&lease.token, Type::UUID), (&at, Type::TIMESTAMPTZ)];
+    let sql = "SELECT CASE WHEN $3 > clock_timestamp() \
+               THEN fence.lease_renew($1, $2, $3 - clock_timestamp()) END";
+    let row = client.query_typed_one(sql, &params).await.map_err(|err| match code(&err) {
+        Some("PF001") => Error::LeaseLost { key: lease.key.clone(), reason: None },
+        _ => classify(err),
+    })?;
+    row.try_get(0).map_err(Error::Db)
+}
+
 /// Ends the lease: true when this call ended it, false when the token held nothing (so a retry is
 /// harmless and never touches a newer holder).
 pub async fn release(client: &impl GenericClient, lease: &Lease) -> Result<bool, Error> {

@@ -24,7 +24,7 @@ mod reason;
 mod retry;
 
 pub use client::FenceClient;
-pub use connect::{Connector, PgConnection, APPLICATION_NAME};
+pub use connect::{Connector, PgConnection, TlsConfig, APPLICATION_NAME};
 pub use elector::{ElectOptions, Elector, Leadership, Observer, StopReason};
 pub use error::{BoxError, Error};
 pub use keeper::{hold, hold_all, Held, HeldLease, HeldLeaseSet, KeepOptions, LeaseState, OnLost};

@@ -1,0 +1,234 @@
+//! The command line: subcommands, options and the examples `--help` shows.
+use clap::{Args, Parser, Subcommand};
+use std::time::Duration;
+
+const RUN_EXAMPLES: &str = "\
+Examples:
+  # Only one instance runs the migration; the others wait for it, then find nothing to do
+  pg-fence run --wait 10m migrate -- ./migrate.sh
+
+  # A cron job that skips this run when another host has the key (exit status 75)
+  pg-fence run --no-wait --at-least 50s nightly-report -- ./report.sh
+
+  # The job writes under its fence: its writes are refused once it has lost the key
+  pg-fence run job:42 -- sh -c 'psql -c \"UPDATE jobs SET state = 1
+      WHERE id = 42 AND fence.fence_guard(\\$PG_FENCE_KEY, \\$PG_FENCE_FENCE)\"'
+
+Exit status: the command's own (128 + N when signal N ended it); 75 the key is held, 76 the lease
+was lost while the command ran (it was stopped), 69 the server could not be reached, 70 the server
+refused a statement, 64 bad usage.";
+
+const ELECT_EXAMPLES: &str = "\
+Examples:
+  # Run the scheduler on whichever host leads; another takes over when it stops or dies
+  pg-fence elect scheduler --value \"$(hostname)\" -- ./scheduler
+
+Exit status: as for run.";
+
+const OBSERVE_EXAMPLES: &str = "\
+Examples:
+  pg-fence observe scheduler
+  pg-fence observe scheduler --json | jq .value";
+
+const LEASES_EXAMPLES: &str = "\
+Examples:
+  pg-fence leases                 # every key in use
+  pg-fence leases 'job:*' --json  # JSON lines, one per lease
+  pg-fence leases --watch         # again every 2 seconds";
+
+const STATUS_EXAMPLES: &str = "\
+Examples:
+  pg-fence status nightly-report && echo held
+
+Exit status: 0 when a live lease holds the key, 1 when none does.";
+
+const REVOKE_EXAMPLES: &str = "\
+Examples:
+  pg-fence revoke nightly-report  # needs fence_admin
+
+Exit status: 0 when a live lease was ended, 1 when there was none.";
+
+const STATS_EXAMPLES: &str = "\
+Examples:
+  pg-fence stats
+  pg-fence stats --json";
+
+const CONNECTION: &str = "\
+Connection: as psql: PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD, PGPASSFILE (or ~/.pgpass),
+PGAPPNAME, PGCONNECT_TIMEOUT, PGTARGETSESSIONATTRS, or --dsn with a connection string or URI
+(several hosts: host=a,b target_session_attrs=read-write).";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "pg-fence",
+    version,
+    about = "Leases with fencing tokens from PostgreSQL (pg_fence), for shell commands"
+)]
+#[command(after_help = CONNECTION)]
+pub struct Cli {
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ConnArgs {
+    /// Connection string or URI (the PG* environment fills in what it leaves out)
+    #[arg(long, global = true, value_name = "DSN")]
+    pub dsn: Option<String>,
+    /// How long to keep trying to reach the server before giving up (exit status 69)
+    #[arg(long, global = true, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    pub retry_for: Duration,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a command while holding a key's lease, and stop it if the lease is lost
+    #[command(after_help = RUN_EXAMPLES)]
+    Run(RunArgs),
+    /// Campaign for leadership of NAME, and run a command while leading
+    #[command(after_help = ELECT_EXAMPLES)]
+    Elect(ElectArgs),
+    /// Print each change of NAME's leader (and each vacancy), a line each
+    #[command(after_help = OBSERVE_EXAMPLES)]
+    Observe(ObserveArgs),
+    /// List the leases (tables for people, JSON lines with --json)
+    #[command(after_help = LEASES_EXAMPLES)]
+    Leases(LeasesArgs),
+    /// Show a key's lease
+    #[command(after_help = STATUS_EXAMPLES)]
+    Status(KeyArgs),
+    /// End a key's live lease, whoever holds it (needs fence_admin)
+    #[command(after_help = REVOKE_EXAMPLES)]
+    Revoke(KeyArgs),
+    /// Show pg_fence's counters (fence.stats)
+    #[command(after_help = STATS_EXAMPLES)]
+    Stats(JsonArg),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff)
+    #[command(hide = true)]
+    Man,
+}
+
+/// What `run` and `elect` share: the lease and how the command is stopped.
+#[derive(Args, Debug, Clone)]
+pub struct Supervise {
+    /// The lease's time to live; it is renewed every third of it
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
+    pub ttl: Duration,
+    /// After SIGTERM to a command whose lease was lost, how long before SIGKILL
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    pub kill_after: Duration,
+    /// The command and its arguments
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The key to hold
+    pub key: String,
+    /// Wait this long at most for the key (default: wait as long as it takes)
+    #[arg(long, value_name = "DURATION", value_parser = duration, conflicts_with = "no_wait")]
+    pub wait: Option<Duration>,
+    /// Exit at once with status 75 when the key is held
+    #[arg(long)]
+    pub no_wait: bool,
+    /// A shared lease: any number of shared holders at once, never beside an exclusive one
+    #[arg(long, conflicts_with = "permits")]
+    pub shared: bool,
+    /// At most N holders at once (a semaphore's permit)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub permits: u32,
+    /// The holder's name, shown to others (default: HOST:PID)
+    #[arg(long, value_name = "NAME")]
+    pub owner: Option<String>,
+    /// Keep the key until this long after the grant even when the command ends sooner (then the
+    /// lease is left to expire at that time, not released)
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub at_least: Option<Duration>,
+    /// Also pass the lease's token (PG_FENCE_TOKEN), which lets the command renew or release it
+    #[arg(long)]
+    pub export_token: bool,
+    #[command(flatten)]
+    pub supervise: Supervise,
+}
+
+#[derive(Args, Debug)]
+pub struct ElectArgs {
+    /// The election's key
+    pub name: String,
+    /// The value observers see while this candidate leads (default: HOST:PID)
+    #[arg(long, value_name = "V")]
+    pub value: Option<String>,
+    #[command(flatten)]
+    pub supervise: Supervise,
+}
+
+#[derive(Args, Debug)]
+pub struct ObserveArgs {
+    /// The election's key
+    pub name: String,
+    /// JSON lines instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct LeasesArgs {
+    /// Only keys matching this pattern (* and ? as in the shell)
+    pub pattern: Option<String>,
+    /// JSON lines, one per lease
+    #[arg(long)]
+    pub json: bool,
+    /// List again every --interval until interrupted
+    #[arg(long)]
+    pub watch: bool,
+    /// With --watch: how often
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = duration)]
+    pub interval: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct KeyArgs {
+    pub key: String,
+    /// JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct JsonArg {
+    /// JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// "30s", "1m 30s", "500ms", "2h"; a bare number is seconds.
+pub fn duration(text: &str) -> Result<Duration, String> {
+    if let Ok(secs) = text.parse::<f64>() {
+        return Duration::try_from_secs_f64(secs).map_err(|err| err.to_string());
+    }
+    humantime::parse_duration(text).map_err(|err| format!("{err} (as in 30s, 1m30s, 500ms)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(duration("soon").is_err() && duration("-1").is_err());
+    }
+}

@@ -1,0 +1,113 @@
+//! The command pg-fence runs under a lease: started in a process group of its own, so that a lost
+//! lease stops all of it (a shell and what it started), given the signals pg-fence is sent, and
+//! stopped with SIGTERM, then SIGKILL, when the lease it runs under is lost.
+use crate::exit::{Code, Exit};
+use std::future::Future;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::time::Duration;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// How a supervised command ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// On its own: its exit status, 128 + N when signal N ended it (as a shell says).
+    Exited(i32),
+    /// Stopped because its lease was lost.
+    Stopped,
+}
+
+pub struct Child {
+    child: tokio::process::Child,
+    group: libc::pid_t,
+    forwarded: Forwarded,
+}
+
+/// Starts `command` with `env` added to pg-fence's own environment. 127 when it cannot be found,
+/// 126 when it cannot be run, as a shell says.
+pub fn spawn(command: &[String], env: &[(&str, String)]) -> Result<Child, Exit> {
+    // Caught before the command starts, so that none sent meanwhile is lost.
+    let forwarded = Forwarded::new();
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..]).envs(env.iter().map(|(name, value)| (name, value))).process_group(0);
+    let child = tokio::process::Command::from(cmd).spawn().map_err(|err| {
+        let code = if err.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+        Exit::new(Code::Command(code), format!("cannot run {}: {err}", command[0]))
+    })?;
+    let group = child.id().expect("a child just spawned has its pid") as libc::pid_t;
+    Ok(Child { child, group, forwarded })
+}
+
+/// Sends `signal` to the process group `group`.
+fn signal_group(group: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: killpg only sends a signal; a group that is gone returns ESRCH, which is harmless.
+    unsafe { libc::killpg(group, signal) };
+}
+
+async fn exit_code(child: &mut tokio::process::Child) -> i32 {
+    match child.wait().await {
+        Ok(status) => status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
+        Err(_) => 1,
+    }
+}
+
+impl Child {
+    /// Waits for the command to end, forwarding SIGINT, SIGTERM and SIGHUP to its group. When `lost`
+    /// completes first (with why, for stderr), sends SIGTERM to the group and SIGKILL `kill_after`
+    /// later if it is still running, and returns once it has ended.
+    pub async fn supervise(self, lost: impl Future<Output = String>, kill_after: Duration) -> Ended {
+        let Child { mut child, group, mut forwarded } = self;
+        tokio::pin!(lost);
+        let why = loop {
+            tokio::select! {
+                code = exit_code(&mut child) => return Ended::Exited(code),
+                signal = forwarded.next() => signal_group(group, signal),
+                why = &mut lost => break why,
+            }
+        };
+        eprintln!("pg-fence: {why}: sending SIGTERM to the command");
+        signal_group(group, libc::SIGTERM);
+        let killed = tokio::time::sleep(kill_after);
+        tokio::pin!(killed);
+        loop {
+            tokio::select! {
+                _ = exit_code(&mut child) => return Ended::Stopped,
+                signal = forwarded.next() => signal_group(group, signal),
+                _ = &mut killed => break,
+            }
+        }
+        eprintln!("pg-fence: the command still ran {:?} after SIGTERM: sending SIGKILL", kill_after);
+        signal_group(group, libc::SIGKILL);
+        exit_code(&mut child).await;
+        Ended::Stopped
+    }
+}
+
+/// The signals pg-fence passes on to the command, caught from before the command starts.
+struct Forwarded {
+    streams: Vec<(libc::c_int, tokio::signal::unix::Signal)>,
+}
+
+impl Forwarded {
+    fn new() -> Forwarded {
+        let kinds = [
+            (libc::SIGINT, SignalKind::interrupt()),
+            (libc::SIGTERM, SignalKind::terminate()),
+            (libc::SIGHUP, SignalKind::hangup()),
+        ];
+        let streams = kinds
+            .into_iter()
+            .map(|(number, kind)| (number, signal(kind).expect("a signal handler")))
+            .collect();
+        Forwarded { streams }
+    }
+
+    async fn next(&mut self) -> libc::c_int {
+        let (first, rest) = self.streams.split_at_mut(1);
+        let (second, third) = rest.split_at_mut(1);
+        tokio::select! {
+            _ = first[0].1.recv() => first[0].0,
+            _ = second[0].1.recv() => second[0].0,
+            _ = third[0].1.recv() => third[0].0,
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! The exit statuses of pg-fence, apart from the command's own. They follow sysexits.h where one
+//! fits, so that a wrapper script can tell "someone else has the key" from "the database is down"
+//! (as `flock -E` and `consul lock` let it); a command that exits with one of these numbers itself
+//! cannot be told apart, which the README says.
+use pg_fence_client::Error;
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// The command line cannot work (EX_USAGE).
+    Usage,
+    /// The server could not be reached, or stopped answering before the lease was granted
+    /// (EX_UNAVAILABLE).
+    Unreachable,
+    /// The server refused a statement for another reason: no pg_fence, a permission (EX_SOFTWARE).
+    Failed,
+    /// The key is held: `--no-wait`, or `--wait` ran out (EX_TEMPFAIL: try again later).
+    Held,
+    /// The lease was lost while the command ran (revoked, expired, taken over, or the local
+    /// deadline passed without an answer): the command was stopped.
+    Lost,
+    /// `status`: the key is not held; `revoke`: there was nothing to revoke.
+    NotHeld,
+    /// The command could not be started: 127 not found, 126 not runnable (as a shell says).
+    Command(i32),
+}
+
+impl Code {
+    pub fn code(self) -> i32 {
+        match self {
+            Code::Usage => 64,
+            Code::Unreachable => 69,
+            Code::Failed => 70,
+            Code::Held => 75,
+            Code::Lost => 76,
+            Code::NotHeld => 1,
+            Code::Command(code) => code,
+        }
+    }
+}
+
+/// Why pg-fence stops before or besides the command's own end: its status and what stderr says.
+#[derive(Debug)]
+pub struct Exit {
+    pub code: Code,
+    pub message: String,
+}
+
+impl Exit {
+    pub fn new(code: Code, message: impl Into<String>) -> Exit {
+        Exit { code, message: message.into() }
+    }
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// A client error as an exit: no connection (or no answer) is Unreachable, bad options are Usage,
+/// a refused statement is Failed.
+impl From<Error> for Exit {
+    fn from(err: Error) -> Exit {
+        let code = match &err {
+            Error::Connect(_) | Error::OutcomeUnknown(_) => Code::Unreachable,
+            Error::Config(_) => Code::Usage,
+            Error::WaitTimedOut { .. } => Code::Held,
+            _ => Code::Failed,
+        };
+        Exit::new(code, describe(&err))
+    }
+}
+
+impl From<tokio_postgres::Error> for Exit {
+    fn from(err: tokio_postgres::Error) -> Exit {
+        let code = if err.code().is_some() { Code::Failed } else { Code::Unreachable };
+        Exit::new(code, describe(&err))
+    }
+}
+
+/// An error and its sources, one line: the driver's own messages say what the server said.
+pub fn describe(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text = format!("{text}: {line}");
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,69 @@
+//! pg-fence: run a command under a pg_fence lease, elect a leader, observe it, and list, inspect
+//! and revoke leases, from the shell.
+mod admin;
+mod args;
+mod child;
+mod connect;
+mod elect;
+mod exit;
+mod observe;
+mod run;
+
+use args::{Cli, Command};
+use clap::{CommandFactory, Parser};
+use exit::{Code, Exit};
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let usage = err.use_stderr();
+            err.print().ok();
+            std::process::exit(if usage { Code::Usage.code() } else { 0 });
+        }
+    };
+    let code = match dispatch(cli) {
+        Ok(code) => code,
+        Err(exit) => {
+            eprintln!("pg-fence: {exit}");
+            exit.code.code()
+        }
+    };
+    std::process::exit(code);
+}
+
+fn dispatch(cli: Cli) -> Result<i32, Exit> {
+    let mut stdout = std::io::stdout();
+    match cli.command {
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "pg-fence", &mut stdout);
+            return Ok(0);
+        }
+        Command::Man => {
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut stdout)
+                .map_err(|err| Exit::new(Code::Failed, err.to_string()))?;
+            return Ok(0);
+        }
+        _ => {}
+    }
+    let server = connect::server(cli.conn.dsn.as_deref(), &|name| std::env::var(name).ok())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    let conn = &cli.conn;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => run::run(args, conn, server).await,
+            Command::Elect(args) => elect::elect(args, conn, server).await,
+            Command::Observe(args) => observe::observe(args, conn, server).await,
+            Command::Leases(args) => admin::leases(args, conn, server).await,
+            Command::Status(args) => admin::status(args, conn, server).await,
+            Command::Revoke(args) => admin::revoke(args, conn, server).await,
+            Command::Stats(args) => admin::stats(args, conn, server).await,
+            Command::Completions { .. } | Command::Man => unreachable!("answered above"),
+        }
+    })
+}

@@ -1,0 +1,55 @@
+//! `pg-fence observe`: a line per change of a key's leader, vacancy included (fence.await_change,
+//! through the client's observer).
+use crate::args::{ConnArgs, ObserveArgs};
+use crate::connect::Server;
+use crate::exit::Exit;
+use crate::run::keep_options;
+use pg_fence_client::{AcquireOptions, ElectOptions, Elector, FenceClient, Leader};
+use serde_json::json;
+use std::time::{Duration, SystemTime};
+
+pub async fn observe(args: ObserveArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
+    let ttl = Duration::from_secs(30);
+    let keep = keep_options(conn, ttl);
+    // The observer's first item is the first leader: a key nobody leads yet is said here.
+    let now = FenceClient::with_backoff(server.clone(), keep.retry.clone()).leader(&args.name).await?;
+    let opts = ElectOptions::new(AcquireOptions::new(ttl)).keep(keep);
+    let elector = Elector::new(server, &args.name, opts);
+    let mut observer = elector.observe();
+    let mut last = Some(now);
+    print(&args, last.as_ref().unwrap());
+    while let Some(news) = observer.next().await {
+        let leader = news?;
+        if last.as_ref() != Some(&leader) {
+            print(&args, &leader);
+            last = Some(leader);
+        }
+    }
+    Ok(0)
+}
+
+fn print(args: &ObserveArgs, leader: &Option<Leader>) {
+    let line = match (args.json, leader) {
+        (true, Some(leader)) => json!({
+            "name": args.name, "leader": true, "value": leader.owner, "fence": leader.fence,
+            "acquired_at": time(leader.acquired_at), "expires_at": time(leader.expires_at),
+        })
+        .to_string(),
+        (true, None) => json!({ "name": args.name, "leader": false }).to_string(),
+        (false, Some(leader)) => {
+            format!(
+                "{}: leader {} (fence {}, since {})",
+                args.name,
+                leader.owner,
+                leader.fence,
+                time(leader.acquired_at)
+            )
+        }
+        (false, None) => format!("{}: no leader", args.name),
+    };
+    println!("{line}");
+}
+
+fn time(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}

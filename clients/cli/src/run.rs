@@ -1,0 +1,142 @@
+//! `pg-fence run`: acquire a key, run the command under its lease, keep the lease renewed, and end
+//! it when the command ends (or leave it to expire with `--at-least`).
+use crate::args::{ConnArgs, RunArgs};
+use crate::child::{self, Ended};
+use crate::connect::Server;
+use crate::exit::{Code, Exit};
+use pg_fence_client::{hold, AcquireOptions, Backoff, Connector, Error, HeldLease, KeepOptions, LeaseState};
+use std::io::IsTerminal;
+use std::time::Duration;
+
+/// How long one acquire waits on the server before it is asked again (it keeps its place in the
+/// key's queue by waiting again at once): "wait as long as it takes" in bounded statements.
+const WAIT_STEP: Duration = Duration::from_secs(60);
+
+pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
+    let owner = args.owner.clone().unwrap_or_else(default_name);
+    let opts =
+        AcquireOptions::new(args.supervise.ttl).owner(&owner).shared(args.shared).permits(args.permits);
+    let wait = if args.no_wait { Some(Duration::ZERO) } else { args.wait };
+    let showing = (wait != Some(Duration::ZERO) && std::io::stderr().is_terminal())
+        .then(|| tokio::spawn(show_holder(server.clone(), args.key.clone())));
+    let held = acquire(&server, &args.key, &opts, wait, keep_options(conn, args.supervise.ttl)).await;
+    if let Some(showing) = showing {
+        showing.abort();
+        eprintln!();
+    }
+    let held = held?;
+    let lease = held.lease().clone();
+    let mut env = vec![
+        ("PG_FENCE_KEY", lease.key.clone()),
+        ("PG_FENCE_FENCE", lease.fence.to_string()),
+        ("PG_FENCE_OWNER", owner),
+    ];
+    if args.export_token {
+        env.push(("PG_FENCE_TOKEN", lease.token.to_string()));
+    }
+    let child = match child::spawn(&args.supervise.command, &env) {
+        Ok(child) => child,
+        Err(exit) => {
+            held.release().await.ok();
+            return Err(exit);
+        }
+    };
+    let lost = async { why_lost(&lease.key, held.lost().await) };
+    match child.supervise(lost, args.supervise.kill_after).await {
+        Ended::Stopped => Ok(Code::Lost.code()),
+        Ended::Exited(code) => {
+            let ended = match args.at_least {
+                Some(at_least) => held.expire_at(lease.acquired_at + at_least).await,
+                None => held.release().await,
+            };
+            if let Err(err) = ended {
+                eprintln!(
+                    "pg-fence: the lease on {} was not released ({}): it ends at its TTL",
+                    lease.key,
+                    crate::exit::describe(&err)
+                );
+            }
+            Ok(code)
+        }
+    }
+}
+
+/// The keep options of pg-fence for a lease of `ttl`: retries bounded by `--retry-for`, and the
+/// local deadline a tenth of the TTL before the server's expiry rather than the client's default
+/// 100 ms. The client's holder stops at once; pg-fence's stops only once the signal has been
+/// delivered and the command scheduled to act on it, which a loaded machine delays by more than
+/// 100 ms. A renewal every third of the TTL still has two retries before that deadline.
+pub fn keep_options(conn: &ConnArgs, ttl: Duration) -> KeepOptions {
+    KeepOptions {
+        retry: Backoff { max_elapsed: Some(conn.retry_for), ..Backoff::default() },
+        margin: Some(ttl / 10),
+        ..KeepOptions::default()
+    }
+}
+
+/// The lease, waiting up to `wait` (None: as long as it takes); `Code::Held` when it is not granted.
+async fn acquire(
+    server: &Server,
+    key: &str,
+    opts: &AcquireOptions,
+    wait: Option<Duration>,
+    keep: KeepOptions,
+) -> Result<HeldLease, Exit> {
+    let end = wait.map(|wait| tokio::time::Instant::now() + wait);
+    loop {
+        let left = end.map_or(WAIT_STEP, |end| end.saturating_duration_since(tokio::time::Instant::now()));
+        match hold(server.clone(), key, &opts.clone().wait(left.min(WAIT_STEP)), keep.clone()).await {
+            Ok(held) => return Ok(held),
+            Err(Error::WaitTimedOut { .. }) if end.is_none_or(|end| tokio::time::Instant::now() < end) => {}
+            Err(Error::WaitTimedOut { .. }) => {
+                return Err(Exit::new(
+                    Code::Held,
+                    format!("{key} is held by {}", holder_text(server, key).await),
+                ))
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+}
+
+/// Why the command is stopped, for stderr.
+pub fn why_lost(key: &str, state: LeaseState) -> String {
+    match state {
+        LeaseState::Unknown => {
+            format!("no answer from the server before the local deadline of the lease on {key} (unreachable)")
+        }
+        state => format!(
+            "the lease on {key} was lost ({})",
+            state.reason().map_or("unknown".into(), |r| r.to_string())
+        ),
+    }
+}
+
+/// "HOST:PID", the default owner and election value.
+pub fn default_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}:{}", host.trim(), std::process::id())
+}
+
+/// Who holds `key` and since when, for people: "OWNER since TIME (fence F)".
+async fn holder_text(server: &Server, key: &str) -> String {
+    let sql = "SELECT string_agg(format('%s since %s (fence %s)', owner, date_trunc('second', acquired_at), fence), ', ' ORDER BY fence) \
+               FROM fence.leases WHERE key = $1 AND live";
+    let asked = async {
+        let conn = server.connect().await.ok()?;
+        conn.query_one(sql, &[&key]).await.ok()?.get::<_, Option<String>>(0)
+    };
+    tokio::time::timeout(Duration::from_secs(5), asked)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| "another holder".into())
+}
+
+/// While waiting on a terminal: who holds the key, on one line rewritten every second.
+async fn show_holder(server: Server, key: String) {
+    loop {
+        eprint!("\r\x1b[Kpg-fence: waiting for {key}, held by {}", holder_text(&server, &key).await);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

@@ -1,0 +1,62 @@
+//! `pg-fence elect` and `pg-fence observe` as real processes: a second candidate takes over when
+//! the first's command ends, and the observer prints each change, vacancy included.
+mod common;
+use common::{sh, Setup, LIMIT};
+
+#[test]
+fn the_next_candidate_leads_when_the_first_command_ends_and_observe_prints_each_change() {
+    let setup = Setup::new("cli_elect", 27910);
+    let mut observer = setup.spawn("observer", &["observe", "scheduler", "--json"]);
+    let mut text = setup.spawn("observer_text", &["observe", "scheduler"]);
+    assert!(
+        common::eventually(LIMIT, || observer.stdout().contains(r#""leader":false"#)),
+        "the vacancy first"
+    );
+
+    let one = "echo $PG_FENCE_OWNER $PG_FENCE_FENCE > one; while [ ! -e go ]; do sleep 0.05; done";
+    let mut first =
+        setup.spawn("first", &[&["elect", "scheduler", "--value", "one", "--"][..], &sh(one)].concat());
+    assert!(setup.appears("one"));
+    let mut second = setup.spawn(
+        "second",
+        &[
+            &["elect", "scheduler", "--value", "two", "--"][..],
+            &sh("echo $PG_FENCE_OWNER $PG_FENCE_FENCE > two; while [ ! -e go2 ]; do sleep 0.05; done"),
+        ]
+        .concat(),
+    );
+    assert!(common::eventually(LIMIT, || observer.stdout().contains(r#""value":"one""#)));
+    assert!(second.running() && !setup.path("two").exists(), "the second candidate waits");
+    setup.touch("go");
+    assert_eq!(first.exit_code(), 0, "{}", first.stderr());
+    // The second leads until the observer has seen it: a leadership shorter than one round trip of
+    // await_change may be seen only as the vacancy after it.
+    assert!(common::eventually(LIMIT, || observer.stdout().contains(r#""value":"two""#)));
+    setup.touch("go2");
+    assert_eq!(second.exit_code(), 0, "{}", second.stderr());
+    let fence = |file: &str| setup.read(file).split_whitespace().nth(1).unwrap().parse::<i64>().unwrap();
+    assert!(setup.read("two").starts_with("two ") && fence("two") > fence("one"));
+
+    // vacancy, one, (vacancy or straight to two), two, vacancy once two resigned.
+    assert!(common::eventually(LIMIT, || observer
+        .stdout()
+        .lines()
+        .filter(|l| l.contains(r#""leader":false"#))
+        .count()
+        >= 2
+        && observer.stdout().contains(r#""value":"two""#)));
+    let lines: Vec<serde_json::Value> =
+        observer.stdout().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let values: Vec<&str> = lines.iter().map(|line| line["value"].as_str().unwrap_or("-")).collect();
+    let (one_at, two_at) =
+        (values.iter().position(|v| *v == "one").unwrap(), values.iter().position(|v| *v == "two").unwrap());
+    assert!(values[0] == "-" && one_at < two_at && values.last() == Some(&"-"), "{values:?}");
+    assert_eq!(lines[two_at]["fence"], fence("two"));
+    assert!(
+        common::eventually(LIMIT, || text.stdout().contains("scheduler: leader two (fence ")),
+        "{}",
+        text.stdout()
+    );
+    assert!(text.stdout().starts_with("scheduler: no leader\n"));
+    assert!(observer.running() && text.running(), "observers run until interrupted");
+}
