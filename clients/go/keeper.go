@@ -149,15 +149,16 @@ func (c *Client) Hold(ctx context.Context, key string, opts HoldOptions) (*KeptL
 	// Taken before the first try: whichever try granted the lease was sent after it.
 	sent := time.Now()
 	var lease *Lease
+	token := opts.Token
 	if opts.SessionBound {
-		lease, err = k.acquireBound(ctx, key, opts.AcquireOptions)
+		lease, token, err = k.acquireBound(ctx, key, opts.AcquireOptions)
 	} else {
 		lease, err = retrying(ctx, k.retry(opts.Wait, opts.Token), func(ctx context.Context, conn *pgx.Conn) (*Lease, error) {
 			return Acquire(ctx, conn, key, opts.AcquireOptions)
 		})
 	}
 	if err != nil || lease == nil {
-		return nil, k.notGranted(err, key, opts.Token)
+		return nil, k.notGranted(err, key, token)
 	}
 	k.kept = kept{lease: lease}
 	return k.start(sent)
@@ -212,10 +213,12 @@ func (k *KeptLease) retry(extra time.Duration, token uuid.UUID) retry {
 // try whose outcome is unknown (its connection broke on this side only, or timed out, while its
 // backend lives on), a retry with that token would get a lease bound to that orphaned backend,
 // ending whenever it does. So each retry first releases the previous try's token, then asks with
-// a fresh one, and the grant is checked to be bound to the session it came on.
-func (k *KeptLease) acquireBound(ctx context.Context, key string, opts AcquireOptions) (*Lease, error) {
-	next, unsure := opts.Token, uuid.Nil
-	return retrying(ctx, k.retry(opts.Wait, opts.Token), func(ctx context.Context, conn *pgx.Conn) (*Lease, error) {
+// a fresh one, and the grant is checked to be bound to the session it came on. The token is the
+// last one sent: when the retries run out, only its grant may still be held, so it is the one the
+// *OutcomeUnknownError carries and the one to release.
+func (k *KeptLease) acquireBound(ctx context.Context, key string, opts AcquireOptions) (*Lease, uuid.UUID, error) {
+	next, unsure, last := opts.Token, uuid.Nil, opts.Token
+	lease, err := retrying(ctx, k.retry(opts.Wait, opts.Token), func(ctx context.Context, conn *pgx.Conn) (*Lease, error) {
 		if unsure != uuid.Nil {
 			if _, err := ReleaseToken(ctx, conn, key, unsure); err != nil {
 				return nil, err
@@ -224,7 +227,7 @@ func (k *KeptLease) acquireBound(ctx context.Context, key string, opts AcquireOp
 		if next == uuid.Nil {
 			next = uuid.New()
 		}
-		opts.Token, unsure, next = next, next, uuid.Nil
+		opts.Token, unsure, last, next = next, next, next, uuid.Nil
 		lease, err := Acquire(ctx, conn, key, opts)
 		if err != nil || lease == nil {
 			return lease, err
@@ -243,6 +246,10 @@ func (k *KeptLease) acquireBound(ctx context.Context, key string, opts AcquireOp
 		unsure = uuid.Nil
 		return lease, nil
 	})
+	if unknown := (*OutcomeUnknownError)(nil); errors.As(err, &unknown) {
+		unknown.Token = last
+	}
+	return lease, last, err
 }
 
 // notGranted is the error of an acquire that got no lease. When the caller gave up, or the
