@@ -326,9 +326,11 @@ func (l *Leadership) Proclaim(ctx context.Context, value string) error {
 	if err := l.kept.Err(); err != nil {
 		return err
 	}
-	l.kept.renewing.Lock()
+	if !l.kept.lockRenewing(ctx) {
+		return ctx.Err()
+	}
 	done, err := l.elector.client.Proclaim(ctx, l.Lease(), value)
-	l.kept.renewing.Unlock()
+	l.kept.unlockRenewing()
 	if err != nil {
 		return err
 	}
@@ -361,8 +363,10 @@ func (l *Leadership) Handoff(ctx context.Context, toIdentity string) (*Leader, e
 
 func (l *Leadership) handoff(ctx context.Context, to string) (*Leader, error) {
 	client, lease := l.elector.client, l.Lease()
-	l.kept.renewing.Lock()
-	defer l.kept.renewing.Unlock()
+	if !l.kept.lockRenewing(ctx) {
+		return nil, ctx.Err()
+	}
+	defer l.kept.unlockRenewing()
 	leader, err := client.Handoff(ctx, lease, to)
 	if leader != nil || err != nil {
 		return leader, err

@@ -121,8 +121,10 @@ type KeptLease struct {
 	deadline  time.Time
 	abandoned bool // stopped without a release: handed off, or left to expire
 
-	// renewing is held around each renewal; an elector's proclaim and hand-off take it too.
-	renewing sync.Mutex
+	// renewing is held around each renewal; an elector's proclaim and hand-off take it too. A
+	// channel, not a mutex: the keeper waits for it only until the deadline, so that a proclaim
+	// hanging while it holds it cannot keep the lease told held past the deadline.
+	renewing chan struct{}
 	// own is the keeper's connection, used by its goroutine, and by Release once that has ended.
 	own ownConn
 
@@ -196,7 +198,7 @@ func (c *Client) newKept(opts HoldOptions) (*KeptLease, error) {
 		return nil, err
 	}
 	k := &KeptLease{client: c, ttl: opts.TTL, span: span, every: every, timeout: timeout,
-		bound: opts.SessionBound, onLost: opts.OnLost, state: StateHeld, done: make(chan struct{}),
+		bound: opts.SessionBound, onLost: opts.OnLost, state: StateHeld, done: make(chan struct{}), renewing: make(chan struct{}, 1),
 		own: ownConn{config: c.Pool.Config().ConnConfig}}
 	k.ctx, k.cancel = context.WithCancelCause(context.Background())
 	k.halt, k.stop = context.WithCancel(context.Background())
@@ -382,16 +384,18 @@ func (k *KeptLease) renewUntilAnswered(ctx context.Context, deadline time.Time) 
 		if !k.bound {
 			limit = min(k.every, limit)
 		}
-		k.renewing.Lock()
+		if !k.lockRenewing(ctx) {
+			return time.Time{}, ctx.Err()
+		}
 		if k.State() != StateHeld {
 			// Handed off, or found lost by a proclaim, meanwhile: the stop follows.
-			k.renewing.Unlock()
+			k.unlockRenewing()
 			<-ctx.Done()
 			return time.Time{}, ctx.Err()
 		}
 		sent := time.Now()
 		_, err := k.tryRenew(ctx, limit)
-		k.renewing.Unlock()
+		k.unlockRenewing()
 		switch {
 		case err == nil:
 			return sent, nil
@@ -409,6 +413,18 @@ func (k *KeptLease) renewUntilAnswered(ctx context.Context, deadline time.Time) 
 		}
 	}
 }
+
+// lockRenewing takes the renewal lock, unless ctx ends first: whether it did.
+func (k *KeptLease) lockRenewing(ctx context.Context) bool {
+	select {
+	case k.renewing <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (k *KeptLease) unlockRenewing() { <-k.renewing }
 
 // retryDelay is the sleep before a renewal's retry n: the client's backoff, capped at a quarter
 // of the renewal period, so that a renewal is tried several times before the deadline and a

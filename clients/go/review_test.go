@@ -48,3 +48,33 @@ func TestASessionBoundHoldWhoseRetriesRanOutLeavesNothingHeld(t *testing.T) {
 		t.Fatalf("the error's token is not the last grant's: %+v", status)
 	}
 }
+
+// A proclaim holds the keeper's renewal lock for as long as it takes: the keeper waiting for that
+// lock must still end the leadership at its local deadline, not when the proclaim gives up.
+func TestAHungProclaimDoesNotKeepALeaderPastItsDeadline(t *testing.T) {
+	t.Parallel()
+	c := reviewCluster(t)
+	proxy := pgtest.NewProxy(t, 27782, c.Port)
+	client := c.Client(t, "review_proclaim", proxy.Port())
+	client.CallTimeout = 6 * time.Second
+	client.Backoff = pgfence.Backoff{MaxAttempts: 1}
+	ctx, k := context.Background(), key(t)
+	cfg := electorConfig(k, "node-a", 2*time.Second)
+	elector := must[*pgfence.Elector](t)(pgfence.NewElector(client, cfg))
+	l := must[*pgfence.Leadership](t)(elector.Campaign(ctx))
+	// A connection in the pool for the proclaim to take, which then hangs with the keeper's.
+	must[int64](t)(client.CurrentFence(ctx, k))
+	proxy.HangExisting()
+	proclaimed := make(chan error, 1)
+	go func() { proclaimed <- l.Proclaim(ctx, "node-a again") }()
+	deadline := l.Kept().Deadline()
+	select {
+	case <-l.Context().Done():
+		if late := time.Since(deadline); late > 500*time.Millisecond {
+			t.Errorf("told %v after the deadline", late)
+		}
+	case err := <-proclaimed:
+		t.Fatalf("the proclaim ended first (%v), the leadership still on at %v past the deadline", err, time.Since(deadline))
+	}
+	<-proclaimed
+}
