@@ -78,3 +78,23 @@ func TestAHungProclaimDoesNotKeepALeaderPastItsDeadline(t *testing.T) {
 	}
 	<-proclaimed
 }
+
+// A release whose reply is lost after the server ended the lease is retried, and the retry finds
+// the token holding nothing: this call still ended the lease, so true, not "it held nothing".
+func TestAReleaseWhoseReplyWasLostSaysItReleased(t *testing.T) {
+	t.Parallel()
+	c := reviewCluster(t)
+	proxy := pgtest.NewProxy(t, 27783, c.Port)
+	client := c.Client(t, "review_release", proxy.Port())
+	ctx, k := context.Background(), key(t)
+	lease := must[*pgfence.Lease](t)(client.Acquire(ctx, k, pgfence.AcquireOptions{TTL: ttl}))
+	proxy.DropReplyAfter(k)
+	released, err := client.Release(ctx, lease)
+	if err != nil || proxy.Dropped() != 1 {
+		t.Fatalf("%v; %d replies lost", err, proxy.Dropped())
+	}
+	if !released {
+		status := must[*pgfence.LeaseStatus](t)(client.Status(ctx, k, lease.Token))
+		t.Fatalf("false, yet this release ended it: %+v", status)
+	}
+}
