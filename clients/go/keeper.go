@@ -509,6 +509,10 @@ func (k *KeptLease) Release(ctx context.Context) (bool, error) {
 		if sendable {
 			ctx, cancel := context.WithTimeout(ctx, k.timeout)
 			defer cancel()
+			// The keeper no longer ends the lease at its deadline: a release that hangs past it
+			// must not leave the lease told held meanwhile.
+			atDeadline := time.AfterFunc(time.Until(k.Deadline()), func() { k.IsHeld() })
+			defer atDeadline.Stop()
 			k.released, k.releaseErr = k.releaseBy(ctx)
 		}
 		k.own.drop()

@@ -98,3 +98,30 @@ func TestAReleaseWhoseReplyWasLostSaysItReleased(t *testing.T) {
 		t.Fatalf("false, yet this release ended it: %+v", status)
 	}
 }
+
+// Close stops the keeper, then releases: while that release hangs (a dead route), the lease's
+// Context must still end at the local deadline, as it would have with the keeper running, not
+// when the release gives up.
+func TestAHungReleaseDoesNotKeepTheLeaseHeldPastItsDeadline(t *testing.T) {
+	t.Parallel()
+	c := reviewCluster(t)
+	proxy := pgtest.NewProxy(t, 27784, c.Port)
+	client := c.Client(t, "review_hung_release", proxy.Port())
+	client.Backoff = pgfence.Backoff{MaxAttempts: 1}
+	opts := hold(2 * time.Second)
+	opts.Timeout = 5 * time.Second
+	kept := must[*pgfence.KeptLease](t)(client.Hold(context.Background(), key(t), opts))
+	held := kept.Context()
+	proxy.HangExisting()
+	closed := make(chan error, 1)
+	go func() { closed <- kept.Close() }()
+	select {
+	case <-held.Done():
+		if late := time.Since(kept.Deadline()); late > 500*time.Millisecond {
+			t.Errorf("told %v after the deadline", late)
+		}
+	case err := <-closed:
+		t.Fatalf("the release ended first (%v), the lease told held %v past its deadline", err, time.Since(kept.Deadline()))
+	}
+	<-closed
+}
