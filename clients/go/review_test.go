@@ -13,15 +13,38 @@ import (
 // The review's cluster and proxies keep to ports 27780-27799, apart from the rest of the suite.
 var reviewCluster = shared("review", 27780)
 
+// reviewProxy is the review's cluster, a proxy on port in front of it, and a client through it
+// that tries each call once (the tests that lose replies set their own backoff).
+func reviewProxy(t *testing.T, port int, app string) (*pgtest.Cluster, *pgtest.Proxy, *pgfence.Client) {
+	c := reviewCluster(t)
+	proxy := pgtest.NewProxy(t, port, c.Port)
+	client := c.Client(t, app, proxy.Port())
+	client.Backoff = pgfence.Backoff{MaxAttempts: 1}
+	return c, proxy, client
+}
+
+// toldByTheDeadline fails unless held ends within 500 ms of the deadline, before the call that
+// hangs (ended) gives up; then waits for that call.
+func toldByTheDeadline(t *testing.T, held <-chan struct{}, deadline time.Time, ended <-chan error) {
+	t.Helper()
+	select {
+	case <-held:
+		if late := time.Since(deadline); late > 500*time.Millisecond {
+			t.Errorf("told %v after the deadline", late)
+		}
+	case err := <-ended:
+		t.Fatalf("the call ended first (%v), the lease told held %v past its deadline", err, time.Since(deadline))
+	}
+	<-ended
+}
+
 // A session-bound Hold draws a fresh token for each retry (the last try's grant would be bound to
 // an orphaned backend): when every try's outcome is unknown, the lease that may be held is the
 // last try's, so that is the token to carry, and to release before Hold returns.
 func TestASessionBoundHoldWhoseRetriesRanOutLeavesNothingHeld(t *testing.T) {
 	t.Parallel()
-	c := reviewCluster(t)
-	proxy := pgtest.NewProxy(t, 27781, c.Port)
+	c, proxy, client := reviewProxy(t, 27781, "review_bound")
 	t.Cleanup(proxy.CloseOrphans)
-	client := c.Client(t, "review_bound", proxy.Port())
 	ctx, k := context.Background(), key(t)
 	// The owner travels in the acquire only, not in the releases between the tries.
 	owner := "owner-" + k
@@ -53,11 +76,8 @@ func TestASessionBoundHoldWhoseRetriesRanOutLeavesNothingHeld(t *testing.T) {
 // lock must still end the leadership at its local deadline, not when the proclaim gives up.
 func TestAHungProclaimDoesNotKeepALeaderPastItsDeadline(t *testing.T) {
 	t.Parallel()
-	c := reviewCluster(t)
-	proxy := pgtest.NewProxy(t, 27782, c.Port)
-	client := c.Client(t, "review_proclaim", proxy.Port())
+	_, proxy, client := reviewProxy(t, 27782, "review_proclaim")
 	client.CallTimeout = 6 * time.Second
-	client.Backoff = pgfence.Backoff{MaxAttempts: 1}
 	ctx, k := context.Background(), key(t)
 	cfg := electorConfig(k, "node-a", 2*time.Second)
 	elector := must[*pgfence.Elector](t)(pgfence.NewElector(client, cfg))
@@ -67,25 +87,15 @@ func TestAHungProclaimDoesNotKeepALeaderPastItsDeadline(t *testing.T) {
 	proxy.HangExisting()
 	proclaimed := make(chan error, 1)
 	go func() { proclaimed <- l.Proclaim(ctx, "node-a again") }()
-	deadline := l.Kept().Deadline()
-	select {
-	case <-l.Context().Done():
-		if late := time.Since(deadline); late > 500*time.Millisecond {
-			t.Errorf("told %v after the deadline", late)
-		}
-	case err := <-proclaimed:
-		t.Fatalf("the proclaim ended first (%v), the leadership still on at %v past the deadline", err, time.Since(deadline))
-	}
-	<-proclaimed
+	toldByTheDeadline(t, l.Context().Done(), l.Kept().Deadline(), proclaimed)
 }
 
 // A release whose reply is lost after the server ended the lease is retried, and the retry finds
 // the token holding nothing: this call still ended the lease, so true, not "it held nothing".
 func TestAReleaseWhoseReplyWasLostSaysItReleased(t *testing.T) {
 	t.Parallel()
-	c := reviewCluster(t)
-	proxy := pgtest.NewProxy(t, 27783, c.Port)
-	client := c.Client(t, "review_release", proxy.Port())
+	_, proxy, client := reviewProxy(t, 27783, "review_release")
+	client.Backoff = pgfence.Backoff{}
 	ctx, k := context.Background(), key(t)
 	lease := must[*pgfence.Lease](t)(client.Acquire(ctx, k, pgfence.AcquireOptions{TTL: ttl}))
 	proxy.DropReplyAfter(k)
@@ -104,10 +114,7 @@ func TestAReleaseWhoseReplyWasLostSaysItReleased(t *testing.T) {
 // when the release gives up.
 func TestAHungReleaseDoesNotKeepTheLeaseHeldPastItsDeadline(t *testing.T) {
 	t.Parallel()
-	c := reviewCluster(t)
-	proxy := pgtest.NewProxy(t, 27784, c.Port)
-	client := c.Client(t, "review_hung_release", proxy.Port())
-	client.Backoff = pgfence.Backoff{MaxAttempts: 1}
+	_, proxy, client := reviewProxy(t, 27784, "review_hung_release")
 	opts := hold(2 * time.Second)
 	opts.Timeout = 5 * time.Second
 	kept := must[*pgfence.KeptLease](t)(client.Hold(context.Background(), key(t), opts))
@@ -115,13 +122,5 @@ func TestAHungReleaseDoesNotKeepTheLeaseHeldPastItsDeadline(t *testing.T) {
 	proxy.HangExisting()
 	closed := make(chan error, 1)
 	go func() { closed <- kept.Close() }()
-	select {
-	case <-held.Done():
-		if late := time.Since(kept.Deadline()); late > 500*time.Millisecond {
-			t.Errorf("told %v after the deadline", late)
-		}
-	case err := <-closed:
-		t.Fatalf("the release ended first (%v), the lease told held %v past its deadline", err, time.Since(kept.Deadline()))
-	}
-	<-closed
+	toldByTheDeadline(t, held.Done(), kept.Deadline(), closed)
 }
