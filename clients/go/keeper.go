@@ -290,19 +290,27 @@ func (k *KeptLease) start(sent time.Time) (*KeptLease, error) {
 }
 
 func (k *KeptLease) run() {
-	defer close(k.done)
 	state, reason := k.renewUntilEnded()
-	if state == "" || !k.end(state, reason) {
+	cause := k.settle(state, reason)
+	// Release waits for the keeper only this far, and the keeper is done with its connection:
+	// OnLost, next, may well close the kept lease.
+	close(k.done)
+	if cause == nil {
 		return
 	}
+	k.tell(cause)
 	// A session-bound lease is lost also when its connection broke on this side only: its
 	// backend may live on, holding the key, until the server notices. A set is lost when one of
 	// its leases is: the others are held for nothing. Harmless otherwise: a token that holds
-	// nothing releases nothing.
+	// nothing releases nothing. On the pool's connections: the keeper's own is given up.
 	if state == StateLost && (k.bound || k.kept.set != nil) {
 		ctx, cancel := context.WithTimeout(context.Background(), k.timeout)
 		defer cancel()
-		_, _ = k.releaseBy(ctx)
+		if k.kept.set != nil {
+			_, _ = k.client.ReleaseAll(ctx, k.kept.set)
+		} else {
+			_, _ = k.client.Release(ctx, k.kept.lease)
+		}
 	}
 }
 
@@ -465,19 +473,32 @@ func (k *KeptLease) tryRenew(ctx context.Context, limit time.Duration) (time.Tim
 
 // end moves a held lease to lost or unknown, cancels its Context and tells OnLost: once.
 func (k *KeptLease) end(state State, reason LossReason) bool {
+	cause := k.settle(state, reason)
+	if cause != nil {
+		k.tell(cause)
+	}
+	return cause != nil
+}
+
+// settle is end without OnLost: the cause to tell, nil when it did not move the lease ("" is no
+// move).
+func (k *KeptLease) settle(state State, reason LossReason) *LeaseLostError {
 	k.mu.Lock()
-	if k.state != StateHeld {
+	if state == "" || k.state != StateHeld {
 		k.mu.Unlock()
-		return false
+		return nil
 	}
 	k.state, k.reason = state, reason
 	k.mu.Unlock()
 	cause := &LeaseLostError{Key: k.kept.label(), Reason: reason}
 	k.cancel(cause)
+	return cause
+}
+
+func (k *KeptLease) tell(cause error) {
 	if k.onLost != nil {
 		k.onLost(cause)
 	}
-	return true
 }
 
 // abandon stops the keeper without a release: the lease was handed off (released), or is left to

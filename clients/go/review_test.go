@@ -124,3 +124,24 @@ func TestAHungReleaseDoesNotKeepTheLeaseHeldPastItsDeadline(t *testing.T) {
 	go func() { closed <- kept.Close() }()
 	toldByTheDeadline(t, held.Done(), kept.Deadline(), closed)
 }
+
+// OnLost is called from the keeper; closing the kept lease there, the natural clean-up, must not
+// wait for the keeper to end, which waits for OnLost.
+func TestClosingAKeptLeaseInOnLostReturns(t *testing.T) {
+	t.Parallel()
+	c, k := reviewCluster(t), key(t)
+	var kept *pgfence.KeptLease
+	closed := make(chan error, 1)
+	opts := hold(1500 * time.Millisecond)
+	opts.OnLost = func(error) { closed <- kept.Close() }
+	kept = must[*pgfence.KeptLease](t)(c.Client(t, "review_onlost").Hold(context.Background(), k, opts))
+	c.Revoke(t, k)
+	select {
+	case err := <-closed:
+		if err != nil || kept.Reason() != pgfence.ReasonRevoked {
+			t.Fatalf("%v, %s", err, kept.Reason())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close in OnLost did not return")
+	}
+}
