@@ -164,7 +164,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Leadership, error) {
 }
 
 func (e *Elector) elected(ctx context.Context, kept *KeptLease) *Leadership {
-	l := &Leadership{elector: e, kept: kept, value: e.cfg.Identity, stopped: make(chan struct{})}
+	l := &Leadership{elector: e, kept: kept, value: e.cfg.Identity, stopped: make(chan struct{}), telling: make(chan struct{})}
 	l.ctx, l.cancel = context.WithCancelCause(ctx)
 	e.mu.Lock()
 	e.leadership = l
@@ -247,6 +247,9 @@ type Leadership struct {
 	handedOff atomic.Bool
 	cancelled atomic.Bool
 	stopped   chan struct{} // closed once OnStoppedLeading was told
+	// telling is closed just before OnStoppedLeading is called: Resign waits for it, not for
+	// stopped, so that OnStoppedLeading may resign too.
+	telling chan struct{}
 }
 
 // watch ends the leadership with its lease, or with the candidate's context, and tells
@@ -276,6 +279,7 @@ func (l *Leadership) watch(ctx context.Context) {
 	l.mu.Lock()
 	l.reason = reason
 	l.mu.Unlock()
+	close(l.telling)
 	if stopped := l.elector.cfg.Callbacks.OnStoppedLeading; stopped != nil {
 		stopped()
 	}
@@ -394,11 +398,11 @@ func (l *Leadership) lostNow(ctx context.Context) error {
 	return &LeaseLostError{Key: l.Lease().Key, Reason: reason}
 }
 
-// Resign releases the leadership, once OnStoppedLeading was told: true when the server said so
-// (StopReleased); false when it had ended already (StopReason says why, and Kept().Reason() what
-// the release found).
+// Resign releases the leadership, once OnStoppedLeading was called (which may itself resign):
+// true when the server said so (StopReleased); false when it had ended already (StopReason says
+// why, and Kept().Reason() what the release found).
 func (l *Leadership) Resign(ctx context.Context) (bool, error) {
 	released, err := l.kept.Release(ctx)
-	<-l.stopped
+	<-l.telling
 	return released, err
 }

@@ -145,3 +145,28 @@ func TestClosingAKeptLeaseInOnLostReturns(t *testing.T) {
 		t.Fatal("Close in OnLost did not return")
 	}
 }
+
+// Resigning in OnStoppedLeading (a clean-up that does not know the leadership already ended) must
+// not wait for OnStoppedLeading to return.
+func TestResigningInOnStoppedLeadingReturns(t *testing.T) {
+	t.Parallel()
+	c, k := reviewCluster(t), key(t)
+	var elector *pgfence.Elector
+	resigned := make(chan error, 1)
+	cfg := electorConfig(k, "node-a", 2*time.Second)
+	cfg.Callbacks.OnStoppedLeading = func() {
+		_, err := elector.Leadership().Resign(context.Background())
+		resigned <- err
+	}
+	elector = must[*pgfence.Elector](t)(pgfence.NewElector(c.Client(t, "review_resign"), cfg))
+	must[*pgfence.Leadership](t)(elector.Campaign(context.Background()))
+	c.Revoke(t, k)
+	select {
+	case err := <-resigned:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Resign in OnStoppedLeading did not return")
+	}
+}
