@@ -287,8 +287,16 @@ func (l *Leadership) watch(ctx context.Context) {
 }
 
 // Context is cancelled the moment the leadership may end; context.Cause says why (a
-// *LeaseLostError, ErrReleased, ErrHandedOff, or the candidate's context's cause).
-func (l *Leadership) Context() context.Context { return l.ctx }
+// *LeaseLostError, ErrReleased, ErrHandedOff, or the candidate's context's cause). Judged by the
+// lease's deadline at the call too, as a kept lease's Context is: the watch that ends it when the
+// lease ends may not have run yet.
+func (l *Leadership) Context() context.Context {
+	// Only once the lease's Context has its cause: a release or a hand-off sets the state first.
+	if !l.kept.IsHeld() && l.kept.ctx.Err() != nil {
+		l.cancel(context.Cause(l.kept.ctx))
+	}
+	return l.ctx
+}
 
 // Kept is the leadership's kept lease.
 func (l *Leadership) Kept() *KeptLease { return l.kept }
