@@ -267,6 +267,7 @@ func (l *Leadership) watch(ctx context.Context) {
 		}
 	}
 	l.cancel(context.Cause(l.kept.ctx))
+	l.kept.settling()
 	reason := StopReleased
 	switch {
 	case l.handedOff.Load():

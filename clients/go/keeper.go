@@ -129,6 +129,10 @@ type KeptLease struct {
 	own ownConn
 
 	releaseOnce sync.Once
+	// releasing: a release was sent, which may end the lease and grant the key to a waiter
+	// before its answer comes: not held from then on. releaseDone is closed once it settled.
+	releasing   bool
+	releaseDone chan struct{}
 	released    bool
 	releaseErr  error
 }
@@ -198,7 +202,7 @@ func (c *Client) newKept(opts HoldOptions) (*KeptLease, error) {
 		return nil, err
 	}
 	k := &KeptLease{client: c, ttl: opts.TTL, span: span, every: every, timeout: timeout,
-		bound: opts.SessionBound, onLost: opts.OnLost, state: StateHeld, done: make(chan struct{}), renewing: make(chan struct{}, 1),
+		bound: opts.SessionBound, onLost: opts.OnLost, state: StateHeld, done: make(chan struct{}), renewing: make(chan struct{}, 1), releaseDone: make(chan struct{}),
 		own: ownConn{config: c.Pool.Config().ConnConfig}}
 	k.ctx, k.cancel = context.WithCancelCause(context.Background())
 	k.halt, k.stop = context.WithCancel(context.Background())
@@ -522,18 +526,17 @@ func (k *KeptLease) abandon(state State, reason LossReason, cause error) {
 // lease already lost is not sent again: false. Later calls return what the first did.
 func (k *KeptLease) Release(ctx context.Context) (bool, error) {
 	k.releaseOnce.Do(func() {
+		defer close(k.releaseDone)
 		k.stop()
 		<-k.done
 		k.mu.Lock()
 		sendable := !k.abandoned && (k.state == StateHeld || k.state == StateUnknown)
+		k.releasing = sendable
 		k.mu.Unlock()
 		if sendable {
+			k.cancel(ErrReleased)
 			ctx, cancel := context.WithTimeout(ctx, k.timeout)
 			defer cancel()
-			// The keeper no longer ends the lease at its deadline: a release that hangs past it
-			// must not leave the lease told held meanwhile.
-			atDeadline := time.AfterFunc(time.Until(k.Deadline()), func() { k.IsHeld() })
-			defer atDeadline.Stop()
 			k.released, k.releaseErr = k.releaseBy(ctx)
 		}
 		k.own.drop()
@@ -582,7 +585,7 @@ func (k *KeptLease) releaseBy(ctx context.Context) (bool, error) {
 	return released, err
 }
 
-// Context is cancelled the moment the lease may be lost, or once it is released; context.Cause
+// Context is cancelled the moment the lease may be lost, or once its release is sent; context.Cause
 // says why: a *LeaseLostError (errors.Is ErrLeaseLost) with its Reason, or ErrReleased.
 func (k *KeptLease) Context() context.Context {
 	k.IsHeld()
@@ -605,7 +608,7 @@ func (k *KeptLease) Err() error {
 // or released.
 func (k *KeptLease) IsHeld() bool {
 	k.mu.Lock()
-	held, late := k.state == StateHeld, !time.Now().Before(k.deadline)
+	held, late := k.state == StateHeld && !k.releasing, !time.Now().Before(k.deadline)
 	k.mu.Unlock()
 	if held && late {
 		k.end(StateUnknown, ReasonUnreachable)
@@ -700,4 +703,14 @@ func (k *KeptLease) refusedBy(err error) error {
 		k.end(StateLost, reason)
 	}
 	return err
+}
+
+// settling waits, when a release was sent, until it settled the state.
+func (k *KeptLease) settling() {
+	k.mu.Lock()
+	releasing := k.releasing
+	k.mu.Unlock()
+	if releasing {
+		<-k.releaseDone
+	}
 }

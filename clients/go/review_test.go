@@ -170,3 +170,22 @@ func TestResigningInOnStoppedLeadingReturns(t *testing.T) {
 		t.Fatal("Resign in OnStoppedLeading did not return")
 	}
 }
+
+// Once the release is sent, the server may end the lease and grant the key to a waiter at once:
+// the lease is no longer told held while the release's answer is awaited.
+func TestALeaseIsNotToldHeldWhileItsReleaseIsAnswered(t *testing.T) {
+	t.Parallel()
+	_, proxy, client := reviewProxy(t, 27785, "review_releasing")
+	opts := hold(10 * time.Second)
+	opts.Timeout = 2 * time.Second
+	kept := must[*pgfence.KeptLease](t)(client.Hold(context.Background(), key(t), opts))
+	held := kept.Context()
+	proxy.HangExisting()
+	closed := make(chan error, 1)
+	go func() { closed <- kept.Close() }()
+	time.Sleep(300 * time.Millisecond)
+	if kept.IsHeld() || held.Err() == nil {
+		t.Errorf("told held while its release is in flight (state %s)", kept.State())
+	}
+	<-closed
+}
