@@ -605,7 +605,7 @@ func (k *KeptLease) Err() error {
 
 // IsHeld is false once the local deadline has passed without a renewal, whether or not the
 // keeper's goroutine has run since (after this process was stopped, say), or the lease was lost
-// or released.
+// or released, or its release was sent.
 func (k *KeptLease) IsHeld() bool {
 	k.mu.Lock()
 	held, late := k.state == StateHeld && !k.releasing, !time.Now().Before(k.deadline)

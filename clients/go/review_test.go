@@ -114,15 +114,22 @@ func TestAReleaseWhoseReplyWasLostSaysItReleased(t *testing.T) {
 // when the release gives up.
 func TestAHungReleaseDoesNotKeepTheLeaseHeldPastItsDeadline(t *testing.T) {
 	t.Parallel()
-	_, proxy, client := reviewProxy(t, 27784, "review_hung_release")
-	opts := hold(2 * time.Second)
-	opts.Timeout = 5 * time.Second
+	kept, held, closed := closingOnAHungRoute(t, 27784, 2*time.Second, 5*time.Second)
+	toldByTheDeadline(t, held.Done(), kept.Deadline(), closed)
+}
+
+// closingOnAHungRoute holds a lease through a proxy, takes its Context, hangs the route and closes
+// the lease in the background: Close's answer comes on the channel.
+func closingOnAHungRoute(t *testing.T, port int, ttl, timeout time.Duration) (*pgfence.KeptLease, context.Context, chan error) {
+	_, proxy, client := reviewProxy(t, port, "review_hung_release")
+	opts := hold(ttl)
+	opts.Timeout = timeout
 	kept := must[*pgfence.KeptLease](t)(client.Hold(context.Background(), key(t), opts))
 	held := kept.Context()
 	proxy.HangExisting()
 	closed := make(chan error, 1)
 	go func() { closed <- kept.Close() }()
-	toldByTheDeadline(t, held.Done(), kept.Deadline(), closed)
+	return kept, held, closed
 }
 
 // OnLost is called from the keeper; closing the kept lease there, the natural clean-up, must not
@@ -175,14 +182,7 @@ func TestResigningInOnStoppedLeadingReturns(t *testing.T) {
 // the lease is no longer told held while the release's answer is awaited.
 func TestALeaseIsNotToldHeldWhileItsReleaseIsAnswered(t *testing.T) {
 	t.Parallel()
-	_, proxy, client := reviewProxy(t, 27785, "review_releasing")
-	opts := hold(10 * time.Second)
-	opts.Timeout = 2 * time.Second
-	kept := must[*pgfence.KeptLease](t)(client.Hold(context.Background(), key(t), opts))
-	held := kept.Context()
-	proxy.HangExisting()
-	closed := make(chan error, 1)
-	go func() { closed <- kept.Close() }()
+	kept, held, closed := closingOnAHungRoute(t, 27785, 10*time.Second, 2*time.Second)
 	time.Sleep(300 * time.Millisecond)
 	if kept.IsHeld() || held.Err() == nil {
 		t.Errorf("told held while its release is in flight (state %s)", kept.State())
