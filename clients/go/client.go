@@ -109,8 +109,22 @@ func (c *Client) Release(ctx context.Context, lease *Lease) (bool, error) {
 }
 
 // ReleaseToken is Release by key and token: what an *OutcomeUnknownError's token may have granted.
+// A retry that finds the token holding nothing asks lease_status: an earlier try whose answer was
+// lost may have been the one that ended it, and then this call did release it.
 func (c *Client) ReleaseToken(ctx context.Context, key string, token uuid.UUID) (bool, error) {
-	return on(ctx, c.retry(0), func(ctx context.Context, q Querier) (bool, error) { return ReleaseToken(ctx, q, key, token) })
+	tries := 0
+	return on(ctx, c.retry(0), func(ctx context.Context, q Querier) (bool, error) {
+		tries++
+		released, err := ReleaseToken(ctx, q, key, token)
+		if err != nil || released || tries == 1 {
+			return released, err
+		}
+		status, err := Status(ctx, q, key, token)
+		if err != nil {
+			return false, err
+		}
+		return !status.Live() && status.Reason == "released", nil
+	})
 }
 
 // ReleaseAll is the one-statement ReleaseAll, retried.

@@ -164,7 +164,7 @@ func (e *Elector) Campaign(ctx context.Context) (*Leadership, error) {
 }
 
 func (e *Elector) elected(ctx context.Context, kept *KeptLease) *Leadership {
-	l := &Leadership{elector: e, kept: kept, value: e.cfg.Identity, stopped: make(chan struct{})}
+	l := &Leadership{elector: e, kept: kept, value: e.cfg.Identity, stopped: make(chan struct{}), telling: make(chan struct{})}
 	l.ctx, l.cancel = context.WithCancelCause(ctx)
 	e.mu.Lock()
 	e.leadership = l
@@ -247,6 +247,9 @@ type Leadership struct {
 	handedOff atomic.Bool
 	cancelled atomic.Bool
 	stopped   chan struct{} // closed once OnStoppedLeading was told
+	// telling is closed just before OnStoppedLeading is called: Resign waits for it, not for
+	// stopped, so that OnStoppedLeading may resign too.
+	telling chan struct{}
 }
 
 // watch ends the leadership with its lease, or with the candidate's context, and tells
@@ -264,6 +267,7 @@ func (l *Leadership) watch(ctx context.Context) {
 		}
 	}
 	l.cancel(context.Cause(l.kept.ctx))
+	l.kept.settling()
 	reason := StopReleased
 	switch {
 	case l.handedOff.Load():
@@ -276,6 +280,7 @@ func (l *Leadership) watch(ctx context.Context) {
 	l.mu.Lock()
 	l.reason = reason
 	l.mu.Unlock()
+	close(l.telling)
 	if stopped := l.elector.cfg.Callbacks.OnStoppedLeading; stopped != nil {
 		stopped()
 	}
@@ -283,8 +288,16 @@ func (l *Leadership) watch(ctx context.Context) {
 }
 
 // Context is cancelled the moment the leadership may end; context.Cause says why (a
-// *LeaseLostError, ErrReleased, ErrHandedOff, or the candidate's context's cause).
-func (l *Leadership) Context() context.Context { return l.ctx }
+// *LeaseLostError, ErrReleased, ErrHandedOff, or the candidate's context's cause). Judged by the
+// lease's deadline at the call too, as a kept lease's Context is: the watch that ends it when the
+// lease ends may not have run yet.
+func (l *Leadership) Context() context.Context {
+	// Only once the lease's Context has its cause: a release or a hand-off sets the state first.
+	if !l.kept.IsHeld() && l.kept.ctx.Err() != nil {
+		l.cancel(context.Cause(l.kept.ctx))
+	}
+	return l.ctx
+}
 
 // Kept is the leadership's kept lease.
 func (l *Leadership) Kept() *KeptLease { return l.kept }
@@ -326,9 +339,11 @@ func (l *Leadership) Proclaim(ctx context.Context, value string) error {
 	if err := l.kept.Err(); err != nil {
 		return err
 	}
-	l.kept.renewing.Lock()
+	if !l.kept.lockRenewing(ctx) {
+		return ctx.Err()
+	}
 	done, err := l.elector.client.Proclaim(ctx, l.Lease(), value)
-	l.kept.renewing.Unlock()
+	l.kept.unlockRenewing()
 	if err != nil {
 		return err
 	}
@@ -361,8 +376,10 @@ func (l *Leadership) Handoff(ctx context.Context, toIdentity string) (*Leader, e
 
 func (l *Leadership) handoff(ctx context.Context, to string) (*Leader, error) {
 	client, lease := l.elector.client, l.Lease()
-	l.kept.renewing.Lock()
-	defer l.kept.renewing.Unlock()
+	if !l.kept.lockRenewing(ctx) {
+		return nil, ctx.Err()
+	}
+	defer l.kept.unlockRenewing()
 	leader, err := client.Handoff(ctx, lease, to)
 	if leader != nil || err != nil {
 		return leader, err
@@ -390,11 +407,11 @@ func (l *Leadership) lostNow(ctx context.Context) error {
 	return &LeaseLostError{Key: l.Lease().Key, Reason: reason}
 }
 
-// Resign releases the leadership, once OnStoppedLeading was told: true when the server said so
-// (StopReleased); false when it had ended already (StopReason says why, and Kept().Reason() what
-// the release found).
+// Resign releases the leadership, once OnStoppedLeading was called (which may itself resign):
+// true when the server said so (StopReleased); false when it had ended already (StopReason says
+// why, and Kept().Reason() what the release found).
 func (l *Leadership) Resign(ctx context.Context) (bool, error) {
 	released, err := l.kept.Release(ctx)
-	<-l.stopped
+	<-l.telling
 	return released, err
 }

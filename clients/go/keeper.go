@@ -121,12 +121,18 @@ type KeptLease struct {
 	deadline  time.Time
 	abandoned bool // stopped without a release: handed off, or left to expire
 
-	// renewing is held around each renewal; an elector's proclaim and hand-off take it too.
-	renewing sync.Mutex
+	// renewing is held around each renewal; an elector's proclaim and hand-off take it too. A
+	// channel, not a mutex: the keeper waits for it only until the deadline, so that a proclaim
+	// hanging while it holds it cannot keep the lease told held past the deadline.
+	renewing chan struct{}
 	// own is the keeper's connection, used by its goroutine, and by Release once that has ended.
 	own ownConn
 
 	releaseOnce sync.Once
+	// releasing: a release was sent, which may end the lease and grant the key to a waiter
+	// before its answer comes: not held from then on. releaseDone is closed once it settled.
+	releasing   bool
+	releaseDone chan struct{}
 	released    bool
 	releaseErr  error
 }
@@ -149,15 +155,16 @@ func (c *Client) Hold(ctx context.Context, key string, opts HoldOptions) (*KeptL
 	// Taken before the first try: whichever try granted the lease was sent after it.
 	sent := time.Now()
 	var lease *Lease
+	token := opts.Token
 	if opts.SessionBound {
-		lease, err = k.acquireBound(ctx, key, opts.AcquireOptions)
+		lease, token, err = k.acquireBound(ctx, key, opts.AcquireOptions)
 	} else {
 		lease, err = retrying(ctx, k.retry(opts.Wait, opts.Token), func(ctx context.Context, conn *pgx.Conn) (*Lease, error) {
 			return Acquire(ctx, conn, key, opts.AcquireOptions)
 		})
 	}
 	if err != nil || lease == nil {
-		return nil, k.notGranted(err, key, opts.Token)
+		return nil, k.notGranted(err, key, token)
 	}
 	k.kept = kept{lease: lease}
 	return k.start(sent)
@@ -195,7 +202,7 @@ func (c *Client) newKept(opts HoldOptions) (*KeptLease, error) {
 		return nil, err
 	}
 	k := &KeptLease{client: c, ttl: opts.TTL, span: span, every: every, timeout: timeout,
-		bound: opts.SessionBound, onLost: opts.OnLost, state: StateHeld, done: make(chan struct{}),
+		bound: opts.SessionBound, onLost: opts.OnLost, state: StateHeld, done: make(chan struct{}), renewing: make(chan struct{}, 1), releaseDone: make(chan struct{}),
 		own: ownConn{config: c.Pool.Config().ConnConfig}}
 	k.ctx, k.cancel = context.WithCancelCause(context.Background())
 	k.halt, k.stop = context.WithCancel(context.Background())
@@ -212,10 +219,12 @@ func (k *KeptLease) retry(extra time.Duration, token uuid.UUID) retry {
 // try whose outcome is unknown (its connection broke on this side only, or timed out, while its
 // backend lives on), a retry with that token would get a lease bound to that orphaned backend,
 // ending whenever it does. So each retry first releases the previous try's token, then asks with
-// a fresh one, and the grant is checked to be bound to the session it came on.
-func (k *KeptLease) acquireBound(ctx context.Context, key string, opts AcquireOptions) (*Lease, error) {
-	next, unsure := opts.Token, uuid.Nil
-	return retrying(ctx, k.retry(opts.Wait, opts.Token), func(ctx context.Context, conn *pgx.Conn) (*Lease, error) {
+// a fresh one, and the grant is checked to be bound to the session it came on. The token is the
+// last one sent: when the retries run out, only its grant may still be held, so it is the one the
+// *OutcomeUnknownError carries and the one to release.
+func (k *KeptLease) acquireBound(ctx context.Context, key string, opts AcquireOptions) (*Lease, uuid.UUID, error) {
+	next, unsure, last := opts.Token, uuid.Nil, opts.Token
+	lease, err := retrying(ctx, k.retry(opts.Wait, opts.Token), func(ctx context.Context, conn *pgx.Conn) (*Lease, error) {
 		if unsure != uuid.Nil {
 			if _, err := ReleaseToken(ctx, conn, key, unsure); err != nil {
 				return nil, err
@@ -224,7 +233,7 @@ func (k *KeptLease) acquireBound(ctx context.Context, key string, opts AcquireOp
 		if next == uuid.Nil {
 			next = uuid.New()
 		}
-		opts.Token, unsure, next = next, next, uuid.Nil
+		opts.Token, unsure, last, next = next, next, next, uuid.Nil
 		lease, err := Acquire(ctx, conn, key, opts)
 		if err != nil || lease == nil {
 			return lease, err
@@ -243,6 +252,10 @@ func (k *KeptLease) acquireBound(ctx context.Context, key string, opts AcquireOp
 		unsure = uuid.Nil
 		return lease, nil
 	})
+	if unknown := (*OutcomeUnknownError)(nil); errors.As(err, &unknown) {
+		unknown.Token = last
+	}
+	return lease, last, err
 }
 
 // notGranted is the error of an acquire that got no lease. When the caller gave up, or the
@@ -281,19 +294,27 @@ func (k *KeptLease) start(sent time.Time) (*KeptLease, error) {
 }
 
 func (k *KeptLease) run() {
-	defer close(k.done)
 	state, reason := k.renewUntilEnded()
-	if state == "" || !k.end(state, reason) {
+	cause := k.settle(state, reason)
+	// Release waits for the keeper only this far, and the keeper is done with its connection:
+	// OnLost, next, may well close the kept lease.
+	close(k.done)
+	if cause == nil {
 		return
 	}
+	k.tell(cause)
 	// A session-bound lease is lost also when its connection broke on this side only: its
 	// backend may live on, holding the key, until the server notices. A set is lost when one of
 	// its leases is: the others are held for nothing. Harmless otherwise: a token that holds
-	// nothing releases nothing.
+	// nothing releases nothing. On the pool's connections: the keeper's own is given up.
 	if state == StateLost && (k.bound || k.kept.set != nil) {
 		ctx, cancel := context.WithTimeout(context.Background(), k.timeout)
 		defer cancel()
-		_, _ = k.releaseBy(ctx)
+		if k.kept.set != nil {
+			_, _ = k.client.ReleaseAll(ctx, k.kept.set)
+		} else {
+			_, _ = k.client.Release(ctx, k.kept.lease)
+		}
 	}
 }
 
@@ -375,16 +396,18 @@ func (k *KeptLease) renewUntilAnswered(ctx context.Context, deadline time.Time) 
 		if !k.bound {
 			limit = min(k.every, limit)
 		}
-		k.renewing.Lock()
+		if !k.lockRenewing(ctx) {
+			return time.Time{}, ctx.Err()
+		}
 		if k.State() != StateHeld {
 			// Handed off, or found lost by a proclaim, meanwhile: the stop follows.
-			k.renewing.Unlock()
+			k.unlockRenewing()
 			<-ctx.Done()
 			return time.Time{}, ctx.Err()
 		}
 		sent := time.Now()
 		_, err := k.tryRenew(ctx, limit)
-		k.renewing.Unlock()
+		k.unlockRenewing()
 		switch {
 		case err == nil:
 			return sent, nil
@@ -402,6 +425,18 @@ func (k *KeptLease) renewUntilAnswered(ctx context.Context, deadline time.Time) 
 		}
 	}
 }
+
+// lockRenewing takes the renewal lock, unless ctx ends first: whether it did.
+func (k *KeptLease) lockRenewing(ctx context.Context) bool {
+	select {
+	case k.renewing <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (k *KeptLease) unlockRenewing() { <-k.renewing }
 
 // retryDelay is the sleep before a renewal's retry n: the client's backoff, capped at a quarter
 // of the renewal period, so that a renewal is tried several times before the deadline and a
@@ -442,19 +477,32 @@ func (k *KeptLease) tryRenew(ctx context.Context, limit time.Duration) (time.Tim
 
 // end moves a held lease to lost or unknown, cancels its Context and tells OnLost: once.
 func (k *KeptLease) end(state State, reason LossReason) bool {
+	cause := k.settle(state, reason)
+	if cause != nil {
+		k.tell(cause)
+	}
+	return cause != nil
+}
+
+// settle is end without OnLost: the cause to tell, nil when it did not move the lease ("" is no
+// move).
+func (k *KeptLease) settle(state State, reason LossReason) *LeaseLostError {
 	k.mu.Lock()
-	if k.state != StateHeld {
+	if state == "" || k.state != StateHeld {
 		k.mu.Unlock()
-		return false
+		return nil
 	}
 	k.state, k.reason = state, reason
 	k.mu.Unlock()
 	cause := &LeaseLostError{Key: k.kept.label(), Reason: reason}
 	k.cancel(cause)
+	return cause
+}
+
+func (k *KeptLease) tell(cause error) {
 	if k.onLost != nil {
 		k.onLost(cause)
 	}
-	return true
 }
 
 // abandon stops the keeper without a release: the lease was handed off (released), or is left to
@@ -478,12 +526,15 @@ func (k *KeptLease) abandon(state State, reason LossReason, cause error) {
 // lease already lost is not sent again: false. Later calls return what the first did.
 func (k *KeptLease) Release(ctx context.Context) (bool, error) {
 	k.releaseOnce.Do(func() {
+		defer close(k.releaseDone)
 		k.stop()
 		<-k.done
 		k.mu.Lock()
 		sendable := !k.abandoned && (k.state == StateHeld || k.state == StateUnknown)
+		k.releasing = sendable
 		k.mu.Unlock()
 		if sendable {
+			k.cancel(ErrReleased)
 			ctx, cancel := context.WithTimeout(ctx, k.timeout)
 			defer cancel()
 			k.released, k.releaseErr = k.releaseBy(ctx)
@@ -534,7 +585,7 @@ func (k *KeptLease) releaseBy(ctx context.Context) (bool, error) {
 	return released, err
 }
 
-// Context is cancelled the moment the lease may be lost, or once it is released; context.Cause
+// Context is cancelled the moment the lease may be lost, or once its release is sent; context.Cause
 // says why: a *LeaseLostError (errors.Is ErrLeaseLost) with its Reason, or ErrReleased.
 func (k *KeptLease) Context() context.Context {
 	k.IsHeld()
@@ -554,10 +605,10 @@ func (k *KeptLease) Err() error {
 
 // IsHeld is false once the local deadline has passed without a renewal, whether or not the
 // keeper's goroutine has run since (after this process was stopped, say), or the lease was lost
-// or released.
+// or released, or its release was sent.
 func (k *KeptLease) IsHeld() bool {
 	k.mu.Lock()
-	held, late := k.state == StateHeld, !time.Now().Before(k.deadline)
+	held, late := k.state == StateHeld && !k.releasing, !time.Now().Before(k.deadline)
 	k.mu.Unlock()
 	if held && late {
 		k.end(StateUnknown, ReasonUnreachable)
@@ -652,4 +703,14 @@ func (k *KeptLease) refusedBy(err error) error {
 		k.end(StateLost, reason)
 	}
 	return err
+}
+
+// settling waits, when a release was sent, until it settled the state.
+func (k *KeptLease) settling() {
+	k.mu.Lock()
+	releasing := k.releasing
+	k.mu.Unlock()
+	if releasing {
+		<-k.releaseDone
+	}
 }
