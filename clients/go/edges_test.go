@@ -10,13 +10,14 @@ import (
 	"pgfence.io/pgfence/internal/pgtest"
 )
 
-// The review's cluster and proxies keep to ports 27780-27799, apart from the rest of the suite.
-var reviewCluster = shared("review", 27780)
+// These edge cases (hung calls, callbacks that close or resign, a lost release reply) keep to
+// ports 27780-27799.
+var edgesCluster = shared("edges", 27780)
 
-// reviewProxy is the review's cluster, a proxy on port in front of it, and a client through it
+// edgesProxy is their cluster, a proxy on port in front of it, and a client through it
 // that tries each call once (the tests that lose replies set their own backoff).
-func reviewProxy(t *testing.T, port int, app string) (*pgtest.Cluster, *pgtest.Proxy, *pgfence.Client) {
-	c := reviewCluster(t)
+func edgesProxy(t *testing.T, port int, app string) (*pgtest.Cluster, *pgtest.Proxy, *pgfence.Client) {
+	c := edgesCluster(t)
 	proxy := pgtest.NewProxy(t, port, c.Port)
 	client := c.Client(t, app, proxy.Port())
 	client.Backoff = pgfence.Backoff{MaxAttempts: 1}
@@ -43,7 +44,7 @@ func toldByTheDeadline(t *testing.T, held <-chan struct{}, deadline time.Time, e
 // last try's, so that is the token to carry, and to release before Hold returns.
 func TestASessionBoundHoldWhoseRetriesRanOutLeavesNothingHeld(t *testing.T) {
 	t.Parallel()
-	c, proxy, client := reviewProxy(t, 27781, "review_bound")
+	c, proxy, client := edgesProxy(t, 27781, "edges_bound")
 	t.Cleanup(proxy.CloseOrphans)
 	ctx, k := context.Background(), key(t)
 	// The owner travels in the acquire only, not in the releases between the tries.
@@ -66,7 +67,7 @@ func TestASessionBoundHoldWhoseRetriesRanOutLeavesNothingHeld(t *testing.T) {
 		fence := c.SQL(t, "SELECT fence FROM fence.leases WHERE key = $1 AND live", k)
 		t.Fatalf("%s live lease left held behind the error (fence %s; the error carries token %s)", live, fence, unknown.Token)
 	}
-	check := c.Client(t, "review_bound_check")
+	check := c.Client(t, "edges_bound_check")
 	if status := must[*pgfence.LeaseStatus](t)(check.Status(ctx, k, unknown.Token)); status.Fence == 0 || status.Fence != status.CurrentFence {
 		t.Fatalf("the error's token is not the last grant's: %+v", status)
 	}
@@ -76,7 +77,7 @@ func TestASessionBoundHoldWhoseRetriesRanOutLeavesNothingHeld(t *testing.T) {
 // lock must still end the leadership at its local deadline, not when the proclaim gives up.
 func TestAHungProclaimDoesNotKeepALeaderPastItsDeadline(t *testing.T) {
 	t.Parallel()
-	_, proxy, client := reviewProxy(t, 27782, "review_proclaim")
+	_, proxy, client := edgesProxy(t, 27782, "edges_proclaim")
 	client.CallTimeout = 6 * time.Second
 	ctx, k := context.Background(), key(t)
 	cfg := electorConfig(k, "node-a", 2*time.Second)
@@ -94,7 +95,7 @@ func TestAHungProclaimDoesNotKeepALeaderPastItsDeadline(t *testing.T) {
 // the token holding nothing: this call still ended the lease, so true, not "it held nothing".
 func TestAReleaseWhoseReplyWasLostSaysItReleased(t *testing.T) {
 	t.Parallel()
-	_, proxy, client := reviewProxy(t, 27783, "review_release")
+	_, proxy, client := edgesProxy(t, 27783, "edges_release")
 	client.Backoff = pgfence.Backoff{}
 	ctx, k := context.Background(), key(t)
 	lease := must[*pgfence.Lease](t)(client.Acquire(ctx, k, pgfence.AcquireOptions{TTL: ttl}))
@@ -121,7 +122,7 @@ func TestAHungReleaseDoesNotKeepTheLeaseHeldPastItsDeadline(t *testing.T) {
 // closingOnAHungRoute holds a lease through a proxy, takes its Context, hangs the route and closes
 // the lease in the background: Close's answer comes on the channel.
 func closingOnAHungRoute(t *testing.T, port int, ttl, timeout time.Duration) (*pgfence.KeptLease, context.Context, chan error) {
-	_, proxy, client := reviewProxy(t, port, "review_hung_release")
+	_, proxy, client := edgesProxy(t, port, "edges_hung_release")
 	opts := hold(ttl)
 	opts.Timeout = timeout
 	kept := must[*pgfence.KeptLease](t)(client.Hold(context.Background(), key(t), opts))
@@ -136,12 +137,12 @@ func closingOnAHungRoute(t *testing.T, port int, ttl, timeout time.Duration) (*p
 // wait for the keeper to end, which waits for OnLost.
 func TestClosingAKeptLeaseInOnLostReturns(t *testing.T) {
 	t.Parallel()
-	c, k := reviewCluster(t), key(t)
+	c, k := edgesCluster(t), key(t)
 	var kept *pgfence.KeptLease
 	closed := make(chan error, 1)
 	opts := hold(1500 * time.Millisecond)
 	opts.OnLost = func(error) { closed <- kept.Close() }
-	kept = must[*pgfence.KeptLease](t)(c.Client(t, "review_onlost").Hold(context.Background(), k, opts))
+	kept = must[*pgfence.KeptLease](t)(c.Client(t, "edges_onlost").Hold(context.Background(), k, opts))
 	c.Revoke(t, k)
 	select {
 	case err := <-closed:
@@ -157,7 +158,7 @@ func TestClosingAKeptLeaseInOnLostReturns(t *testing.T) {
 // not wait for OnStoppedLeading to return.
 func TestResigningInOnStoppedLeadingReturns(t *testing.T) {
 	t.Parallel()
-	c, k := reviewCluster(t), key(t)
+	c, k := edgesCluster(t), key(t)
 	var elector *pgfence.Elector
 	resigned := make(chan error, 1)
 	cfg := electorConfig(k, "node-a", 2*time.Second)
@@ -165,7 +166,7 @@ func TestResigningInOnStoppedLeadingReturns(t *testing.T) {
 		_, err := elector.Leadership().Resign(context.Background())
 		resigned <- err
 	}
-	elector = must[*pgfence.Elector](t)(pgfence.NewElector(c.Client(t, "review_resign"), cfg))
+	elector = must[*pgfence.Elector](t)(pgfence.NewElector(c.Client(t, "edges_resign"), cfg))
 	must[*pgfence.Leadership](t)(elector.Campaign(context.Background()))
 	c.Revoke(t, k)
 	select {

@@ -12,8 +12,8 @@ import (
 // Kept leases, set and session-bound ones, and electors leave no goroutine behind once closed or
 // cancelled.
 func TestNothingIsLeftRunningAfterCloseAndCancel(t *testing.T) {
-	c := reviewCluster(t)
-	client := c.Client(t, "review_leak")
+	c := edgesCluster(t)
+	client := c.Client(t, "edges_leak")
 	ctx, k := context.Background(), key(t)
 	must[int64](t)(client.CurrentFence(ctx, k))
 	before := runtime.NumGoroutine()
