@@ -43,6 +43,16 @@ fn signal_group(group: libc::pid_t, signal: libc::c_int) {
     unsafe { libc::killpg(group, signal) };
 }
 
+/// How often a group whose leader has ended is looked at: it cannot be waited for.
+const GROUP_POLL: Duration = Duration::from_millis(50);
+
+/// Whether no process is left in the process group `group`.
+fn group_gone(group: libc::pid_t) -> bool {
+    // SAFETY: signal 0 sends nothing; it only asks whether the group has a process left.
+    let asked = unsafe { libc::killpg(group, 0) };
+    asked != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
 async fn exit_code(child: &mut tokio::process::Child) -> i32 {
     match child.wait().await {
         Ok(status) => status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
@@ -68,11 +78,18 @@ impl Child {
         signal_group(group, libc::SIGTERM);
         let killed = tokio::time::sleep(kill_after);
         tokio::pin!(killed);
+        // The command's end is not its group's: what it started and that ignores SIGTERM would run
+        // on without the lease, so the group is waited for, and killed at the deadline.
+        let mut leader_ended = false;
         loop {
             tokio::select! {
-                _ = exit_code(&mut child) => return Ended::Stopped,
+                _ = exit_code(&mut child), if !leader_ended => leader_ended = true,
+                _ = tokio::time::sleep(GROUP_POLL), if leader_ended => {}
                 signal = forwarded.next() => signal_group(group, signal),
                 _ = &mut killed => break,
+            }
+            if leader_ended && group_gone(group) {
+                return Ended::Stopped;
             }
         }
         eprintln!("pg-fence: the command still ran {:?} after SIGTERM: sending SIGKILL", kill_after);

@@ -1,0 +1,31 @@
+//! Loss handling at its edges, on ports 27950-27959: a group that outlives its leader, signals that
+//! reach pg-fence before the command has started.
+mod common;
+use common::{sh, Setup};
+use std::time::Duration;
+
+/// Whether `pid` runs (a zombie no longer does).
+fn alive(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+}
+
+#[test]
+fn a_lost_lease_kills_the_whole_group_even_when_its_leader_ends_on_sigterm() {
+    let setup = Setup::new("cli_group_kill", 27950);
+    // The shell ends on SIGTERM; the sleep it started, in its group, ignores it.
+    let script = "(trap '' TERM; exec sleep 300) & echo $! > kid; trap 'exit 0' TERM; touch started; wait";
+    let mut run =
+        setup.spawn("run", &[&["run", "--kill-after", "1s", "job", "--"][..], &sh(script)].concat());
+    assert!(setup.appears("started") && setup.appears("kid"));
+    let kid: i32 = setup.read("kid").trim().parse().unwrap();
+    assert_eq!(setup.run("revoke", &["revoke", "job"]).0, 0);
+    assert_eq!(run.exit_code(), 76, "{}", run.stderr());
+    assert!(
+        common::eventually(Duration::from_secs(2), || !alive(kid)),
+        "the group's sleep still runs after pg-fence exited: {}",
+        run.stderr()
+    );
+    // SAFETY: kill only sends a signal; cleanup of a failed run.
+    unsafe { libc::kill(kid, libc::SIGKILL) };
+}
