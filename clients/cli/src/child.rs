@@ -22,11 +22,9 @@ pub struct Child {
     forwarded: Forwarded,
 }
 
-/// Starts `command` with `env` added to pg-fence's own environment. 127 when it cannot be found,
-/// 126 when it cannot be run, as a shell says.
-pub fn spawn(command: &[String], env: &[(&str, String)]) -> Result<Child, Exit> {
-    // Caught before the command starts, so that none sent meanwhile is lost.
-    let forwarded = Forwarded::new();
+/// Starts `command` with `env` added to pg-fence's own environment, the signals `forwarded`
+/// catches going to it. 127 when it cannot be found, 126 when it cannot be run, as a shell says.
+pub fn spawn(command: &[String], env: &[(&str, String)], forwarded: Forwarded) -> Result<Child, Exit> {
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]).envs(env.iter().map(|(name, value)| (name, value))).process_group(0);
     let child = tokio::process::Command::from(cmd).spawn().map_err(|err| {
@@ -99,13 +97,15 @@ impl Child {
     }
 }
 
-/// The signals pg-fence passes on to the command, caught from before the command starts.
-struct Forwarded {
+/// The signals pg-fence passes on to the command. Caught from before the key is asked for: by
+/// default they would end pg-fence in the middle of a wait the server goes on with, or between the
+/// grant and the command's start, leaving a lease nobody uses until its TTL.
+pub struct Forwarded {
     streams: Vec<(libc::c_int, tokio::signal::unix::Signal)>,
 }
 
 impl Forwarded {
-    fn new() -> Forwarded {
+    pub fn new() -> Forwarded {
         let kinds = [
             (libc::SIGINT, SignalKind::interrupt()),
             (libc::SIGTERM, SignalKind::terminate()),
@@ -118,13 +118,22 @@ impl Forwarded {
         Forwarded { streams }
     }
 
-    async fn next(&mut self) -> libc::c_int {
+    pub async fn next(&mut self) -> libc::c_int {
         let (first, rest) = self.streams.split_at_mut(1);
         let (second, third) = rest.split_at_mut(1);
         tokio::select! {
             _ = first[0].1.recv() => first[0].0,
             _ = second[0].1.recv() => second[0].0,
             _ = third[0].1.recv() => third[0].0,
+        }
+    }
+
+    /// A signal already caught, without waiting for one.
+    pub async fn caught(&mut self) -> Option<libc::c_int> {
+        tokio::select! {
+            biased;
+            signal = self.next() => Some(signal),
+            _ = std::future::ready(()) => None,
         }
     }
 }

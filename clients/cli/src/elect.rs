@@ -18,7 +18,7 @@ pub async fn elect(args: ElectArgs, conn: &ConnArgs, server: Server) -> Result<i
         ("PG_FENCE_FENCE", leadership.fence().to_string()),
         ("PG_FENCE_OWNER", value),
     ];
-    let child = match child::spawn(&args.supervise.command, &env) {
+    let child = match child::spawn(&args.supervise.command, &env, child::Forwarded::new()) {
         Ok(child) => child,
         Err(exit) => {
             leadership.resign().await.ok();

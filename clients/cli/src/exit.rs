@@ -23,6 +23,8 @@ pub enum Code {
     NotHeld,
     /// The command could not be started: 127 not found, 126 not runnable (as a shell says).
     Command(i32),
+    /// pg-fence was sent this signal before the command started: 128 + N, as a shell says.
+    Signalled(i32),
 }
 
 impl Code {
@@ -35,6 +37,7 @@ impl Code {
             Code::Lost => 76,
             Code::NotHeld => 1,
             Code::Command(code) => code,
+            Code::Signalled(signal) => 128 + signal,
         }
     }
 }

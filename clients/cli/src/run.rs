@@ -4,9 +4,15 @@ use crate::args::{ConnArgs, RunArgs};
 use crate::child::{self, Ended};
 use crate::connect::Server;
 use crate::exit::{Code, Exit};
-use pg_fence_client::{hold, AcquireOptions, Backoff, Connector, Error, HeldLease, KeepOptions, LeaseState};
+use pg_fence_client::{
+    hold, AcquireOptions, Backoff, BoxError, Connector, Error, HeldLease, KeepOptions, LeaseState,
+};
 use std::io::IsTerminal;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio_postgres::CancelToken;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 /// How long one acquire waits on the server before it is asked again (it keeps its place in the
 /// key's queue by waiting again at once): "wait as long as it takes" in bounded statements.
@@ -14,17 +20,32 @@ const WAIT_STEP: Duration = Duration::from_secs(60);
 
 pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
     let owner = args.owner.clone().unwrap_or_else(default_name);
-    let opts =
-        AcquireOptions::new(args.supervise.ttl).owner(&owner).shared(args.shared).permits(args.permits);
+    // The token chosen here, so that a lease the server grants to an interrupted wait can be released.
+    let token = Uuid::new_v4();
+    let opts = AcquireOptions::new(args.supervise.ttl)
+        .owner(&owner)
+        .shared(args.shared)
+        .permits(args.permits)
+        .token(token);
     let wait = if args.no_wait { Some(Duration::ZERO) } else { args.wait };
     let showing = (wait != Some(Duration::ZERO) && std::io::stderr().is_terminal())
         .then(|| tokio::spawn(show_holder(server.clone(), args.key.clone())));
-    let held = acquire(&server, &args.key, &opts, wait, keep_options(conn, args.supervise.ttl)).await;
+    let mut signals = child::Forwarded::new();
+    let tracking = Tracking { server: server.clone(), cancel: Arc::default() };
+    let keep = keep_options(conn, args.supervise.ttl);
+    let held = tokio::select! {
+        held = acquire(&tracking, &args.key, &opts, wait, keep) => held,
+        signal = signals.next() => Err(abandon(&tracking, &args.key, token, signal).await),
+    };
     if let Some(showing) = showing {
         showing.abort();
         eprintln!();
     }
     let held = held?;
+    if let Some(signal) = signals.caught().await {
+        held.release().await.ok();
+        return Err(interrupted(&args.key, signal));
+    }
     let lease = held.lease().clone();
     let mut env = vec![
         ("PG_FENCE_KEY", lease.key.clone()),
@@ -34,7 +55,7 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
     if args.export_token {
         env.push(("PG_FENCE_TOKEN", lease.token.to_string()));
     }
-    let child = match child::spawn(&args.supervise.command, &env) {
+    let child = match child::spawn(&args.supervise.command, &env, signals) {
         Ok(child) => child,
         Err(exit) => {
             held.release().await.ok();
@@ -74,9 +95,54 @@ pub fn keep_options(conn: &ConnArgs, ttl: Duration) -> KeepOptions {
     }
 }
 
+/// The server, keeping the cancel token of the connection it made last: the one an acquire waits
+/// on, which the server does not leave when pg-fence exits, but only when cancelled.
+#[derive(Clone)]
+struct Tracking {
+    server: Server,
+    cancel: Arc<Mutex<Option<CancelToken>>>,
+}
+
+impl Connector for Tracking {
+    type Conn = <Server as Connector>::Conn;
+
+    async fn connect(&self) -> Result<Self::Conn, BoxError> {
+        let conn = self.server.connect().await?;
+        *self.cancel.lock().unwrap() = Some(conn.cancel_token());
+        Ok(conn)
+    }
+
+    fn closed(conn: &Self::Conn) -> Option<CancellationToken> {
+        Server::closed(conn)
+    }
+}
+
+/// After `signal` stopped the acquire of `key` with `token`: cancels the wait on the server, then
+/// releases what it may have granted meanwhile. Bounded, as pg-fence was asked to stop.
+async fn abandon(tracking: &Tracking, key: &str, token: Uuid, signal: libc::c_int) -> Exit {
+    const LIMIT: Duration = Duration::from_secs(5);
+    let cancel = tracking.cancel.lock().unwrap().take();
+    if let Some(cancel) = cancel {
+        tokio::time::timeout(LIMIT, cancel.cancel_query(tracking.server.tls.clone())).await.ok();
+    }
+    let release = async {
+        let conn = tracking.server.connect().await.ok()?;
+        let sql = "SELECT fence.lease_release($1, $2::text::uuid)";
+        conn.query_one(sql, &[&key, &token.to_string()]).await.ok()
+    };
+    if tokio::time::timeout(LIMIT, release).await.ok().flatten().is_none() {
+        eprintln!("pg-fence: the wait for {key} was not cancelled: a lease it got ends at its TTL");
+    }
+    interrupted(key, signal)
+}
+
+fn interrupted(key: &str, signal: libc::c_int) -> Exit {
+    Exit::new(Code::Signalled(signal), format!("signal {signal} before the command started: {key} not held"))
+}
+
 /// The lease, waiting up to `wait` (None: as long as it takes); `Code::Held` when it is not granted.
 async fn acquire(
-    server: &Server,
+    server: &Tracking,
     key: &str,
     opts: &AcquireOptions,
     wait: Option<Duration>,
@@ -91,7 +157,7 @@ async fn acquire(
             Err(Error::WaitTimedOut { .. }) => {
                 return Err(Exit::new(
                     Code::Held,
-                    format!("{key} is held by {}", holder_text(server, key).await),
+                    format!("{key} is held by {}", holder_text(&server.server, key).await),
                 ))
             }
             Err(err) => return Err(err.into()),

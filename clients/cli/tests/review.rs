@@ -1,7 +1,7 @@
 //! Loss handling at its edges, on ports 27950-27959: a group that outlives its leader, signals that
 //! reach pg-fence before the command has started.
 mod common;
-use common::{sh, Setup};
+use common::{sh, Setup, LIMIT};
 use std::time::Duration;
 
 /// Whether `pid` runs (a zombie no longer does).
@@ -28,4 +28,25 @@ fn a_lost_lease_kills_the_whole_group_even_when_its_leader_ends_on_sigterm() {
     );
     // SAFETY: kill only sends a signal; cleanup of a failed run.
     unsafe { libc::kill(kid, libc::SIGKILL) };
+}
+
+#[test]
+fn a_signal_while_waiting_for_the_key_leaves_no_lease_and_starts_nothing() {
+    let setup = Setup::new("cli_wait_signal", 27951);
+    let mut holder = setup.hold_until("holder", &["--ttl", "30s", "job"], "started", "go");
+    let mut waiter = setup.spawn("waiter", &["run", "--ttl", "30s", "job", "--", "touch", "waiter_ran"]);
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Extension'";
+    assert!(common::eventually(LIMIT, || setup.query_i64(waiting) == 1), "{}", waiter.stderr());
+    common::signal(waiter.pid(), "-INT");
+    let code = waiter.exit_code();
+    setup.touch("go");
+    assert_eq!(holder.exit_code(), 0, "{}", holder.stderr());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live"),
+        0,
+        "no lease left behind by the interrupted wait"
+    );
+    assert!(!setup.path("waiter_ran").exists());
+    assert_eq!(code, 130, "128 + SIGINT: {}", waiter.stderr());
 }
