@@ -50,3 +50,16 @@ fn a_signal_while_waiting_for_the_key_leaves_no_lease_and_starts_nothing() {
     assert!(!setup.path("waiter_ran").exists());
     assert_eq!(code, 130, "128 + SIGINT: {}", waiter.stderr());
 }
+
+#[test]
+fn durations_too_long_to_count_are_bad_usage_and_reach_no_server() {
+    for option in ["--wait", "--ttl", "--kill-after", "--at-least", "--retry-for"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_pg-fence"))
+            .args(["--dsn", "host=127.0.0.1 port=27949", "run", option, "1e19", "job", "--", "true"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{option} 1e19: {stderr}");
+        assert!(!stderr.contains("connect"), "{option} 1e19: {stderr}");
+    }
+}
