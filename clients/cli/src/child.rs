@@ -25,6 +25,13 @@ pub struct Child {
 /// Starts `command` with `env` added to pg-fence's own environment, the signals `forwarded`
 /// catches going to it. 127 when it cannot be found, 126 when it cannot be run, as a shell says.
 pub fn spawn(command: &[String], env: &[(&str, String)], forwarded: Forwarded) -> Result<Child, Exit> {
+    // The group's processes whose parent ends come to pg-fence rather than to init, which may
+    // never reap them (a container's): the group then ends when its last process does.
+    // SAFETY: prctl only sets a flag of this process.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
+    };
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]).envs(env.iter().map(|(name, value)| (name, value))).process_group(0);
     let child = tokio::process::Command::from(cmd).spawn().map_err(|err| {
@@ -44,8 +51,13 @@ fn signal_group(group: libc::pid_t, signal: libc::c_int) {
 /// How often a group whose leader has ended is looked at: it cannot be waited for.
 const GROUP_POLL: Duration = Duration::from_millis(50);
 
-/// Whether no process is left in the process group `group`.
+/// Whether no process is left in the process group `group`, once its leader has been reaped.
 fn group_gone(group: libc::pid_t) -> bool {
+    // Those whose parent ended are pg-fence's children (see `spawn`): reaped here, as a zombie
+    // counts as a member until it is.
+    // SAFETY: waitpid on the group only reaps pg-fence's own children in it, the leader being
+    // reaped already.
+    while unsafe { libc::waitpid(-group, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
     // SAFETY: signal 0 sends nothing; it only asks whether the group has a process left.
     let asked = unsafe { libc::killpg(group, 0) };
     asked != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
@@ -65,11 +77,18 @@ impl Child {
     pub async fn supervise(self, lost: impl Future<Output = String>, kill_after: Duration) -> Ended {
         let Child { mut child, group, mut forwarded } = self;
         tokio::pin!(lost);
+        // What the command left running in its group (a job it put in the background) is part of
+        // it: the lease is kept, and the loss handled, until the group has ended too.
+        let mut ended = None;
         let why = loop {
             tokio::select! {
-                code = exit_code(&mut child) => return Ended::Exited(code),
+                code = exit_code(&mut child), if ended.is_none() => ended = Some(code),
+                _ = tokio::time::sleep(GROUP_POLL), if ended.is_some() => {}
                 signal = forwarded.next() => signal_group(group, signal),
                 why = &mut lost => break why,
+            }
+            if let Some(code) = ended.filter(|_| group_gone(group)) {
+                return Ended::Exited(code);
             }
         };
         eprintln!("pg-fence: {why}: sending SIGTERM to the command");

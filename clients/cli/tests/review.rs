@@ -63,3 +63,14 @@ fn durations_too_long_to_count_are_bad_usage_and_reach_no_server() {
         assert!(!stderr.contains("connect"), "{option} 1e19: {stderr}");
     }
 }
+
+#[test]
+fn the_lease_is_kept_until_what_the_command_left_in_its_group_has_ended() {
+    let setup = Setup::new("cli_group_left", 27952);
+    // The shell exits at once; the job it started in the background runs on in its group.
+    let script = "(sleep 1; touch job_done) & exit 4";
+    let (code, _, stderr) = setup.run("run", &[&["run", "job", "--"][..], &sh(script)].concat());
+    assert_eq!(code, 4, "the command's own status: {stderr}");
+    assert!(setup.path("job_done").exists(), "pg-fence released the lease while the job still ran");
+    assert_eq!(setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live"), 0);
+}
