@@ -2,14 +2,16 @@
 //! libpq's defaults. tokio-postgres reads no environment and no password file, and knows neither
 //! sslmode verify-ca/verify-full, sslrootcert nor service files, so all of these are read here.
 use crate::exit::{Code, Exit};
-use pg_fence_client::TlsConfig;
+use pg_fence_client::{BoxError, Connector, TlsConfig};
 use postgres_native_tls::MakeTlsConnector;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
-use tokio_postgres::Config;
+use tokio_postgres::{CancelToken, Config};
+use tokio_util::sync::CancellationToken;
 
 /// The server pg-fence talks to: the config, and the TLS connector its sslmode asks for.
 pub type Server = TlsConfig<MakeTlsConnector>;
@@ -74,6 +76,46 @@ pub fn server(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result
     });
     let tls = tls_connector(mode, root.as_deref())?;
     Ok(TlsConfig { config, tls: MakeTlsConnector::new(tls) })
+}
+
+/// How long pg-fence, asked to stop while it waits for a key, tries to end that wait on the server.
+pub const ABANDON_LIMIT: Duration = Duration::from_secs(5);
+
+/// The server, keeping the cancel token of the connection it made last: the one an acquire waits
+/// on, which the server does not leave when pg-fence exits, but only when cancelled.
+#[derive(Clone)]
+pub struct Tracking {
+    pub server: Server,
+    last: Arc<Mutex<Option<CancelToken>>>,
+}
+
+impl Tracking {
+    pub fn new(server: Server) -> Tracking {
+        Tracking { server, last: Arc::default() }
+    }
+
+    /// Cancels the statement of the last connection made, if any, within ABANDON_LIMIT.
+    pub async fn cancel(&self) {
+        let last = self.last.lock().unwrap().take();
+        if let Some(cancel) = last {
+            let tls = self.server.tls.clone();
+            tokio::time::timeout(ABANDON_LIMIT, cancel.cancel_query(tls)).await.ok();
+        }
+    }
+}
+
+impl Connector for Tracking {
+    type Conn = <Server as Connector>::Conn;
+
+    async fn connect(&self) -> Result<Self::Conn, BoxError> {
+        let conn = self.server.connect().await?;
+        *self.last.lock().unwrap() = Some(conn.cancel_token());
+        Ok(conn)
+    }
+
+    fn closed(conn: &Self::Conn) -> Option<CancellationToken> {
+        Server::closed(conn)
+    }
 }
 
 fn tls_connector(mode: Mode, root: Option<&Path>) -> Result<native_tls::TlsConnector, Exit> {

@@ -2,16 +2,11 @@
 //! it when the command ends (or leave it to expire with `--at-least`).
 use crate::args::{ConnArgs, RunArgs};
 use crate::child::{self, Ended};
-use crate::connect::Server;
+use crate::connect::{Server, Tracking, ABANDON_LIMIT};
 use crate::exit::{Code, Exit};
-use pg_fence_client::{
-    hold, AcquireOptions, Backoff, BoxError, Connector, Error, HeldLease, KeepOptions, LeaseState,
-};
+use pg_fence_client::{hold, AcquireOptions, Backoff, Connector, Error, HeldLease, KeepOptions, LeaseState};
 use std::io::IsTerminal;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio_postgres::CancelToken;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// How long one acquire waits on the server before it is asked again (it keeps its place in the
@@ -31,7 +26,7 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
     let showing = (wait != Some(Duration::ZERO) && std::io::stderr().is_terminal())
         .then(|| tokio::spawn(show_holder(server.clone(), args.key.clone())));
     let mut signals = child::Forwarded::new();
-    let tracking = Tracking { server: server.clone(), cancel: Arc::default() };
+    let tracking = Tracking::new(server.clone());
     let keep = keep_options(conn, args.supervise.ttl);
     let held = tokio::select! {
         held = acquire(&tracking, &args.key, &opts, wait, keep) => held,
@@ -95,48 +90,23 @@ pub fn keep_options(conn: &ConnArgs, ttl: Duration) -> KeepOptions {
     }
 }
 
-/// The server, keeping the cancel token of the connection it made last: the one an acquire waits
-/// on, which the server does not leave when pg-fence exits, but only when cancelled.
-#[derive(Clone)]
-struct Tracking {
-    server: Server,
-    cancel: Arc<Mutex<Option<CancelToken>>>,
-}
-
-impl Connector for Tracking {
-    type Conn = <Server as Connector>::Conn;
-
-    async fn connect(&self) -> Result<Self::Conn, BoxError> {
-        let conn = self.server.connect().await?;
-        *self.cancel.lock().unwrap() = Some(conn.cancel_token());
-        Ok(conn)
-    }
-
-    fn closed(conn: &Self::Conn) -> Option<CancellationToken> {
-        Server::closed(conn)
-    }
-}
-
 /// After `signal` stopped the acquire of `key` with `token`: cancels the wait on the server, then
 /// releases what it may have granted meanwhile. Bounded, as pg-fence was asked to stop.
 async fn abandon(tracking: &Tracking, key: &str, token: Uuid, signal: libc::c_int) -> Exit {
-    const LIMIT: Duration = Duration::from_secs(5);
-    let cancel = tracking.cancel.lock().unwrap().take();
-    if let Some(cancel) = cancel {
-        tokio::time::timeout(LIMIT, cancel.cancel_query(tracking.server.tls.clone())).await.ok();
-    }
+    tracking.cancel().await;
     let release = async {
         let conn = tracking.server.connect().await.ok()?;
         let sql = "SELECT fence.lease_release($1, $2::text::uuid)";
         conn.query_one(sql, &[&key, &token.to_string()]).await.ok()
     };
-    if tokio::time::timeout(LIMIT, release).await.ok().flatten().is_none() {
+    if tokio::time::timeout(ABANDON_LIMIT, release).await.ok().flatten().is_none() {
         eprintln!("pg-fence: the wait for {key} was not cancelled: a lease it got ends at its TTL");
     }
     interrupted(key, signal)
 }
 
-fn interrupted(key: &str, signal: libc::c_int) -> Exit {
+/// pg-fence's exit on `signal`, before the command started.
+pub fn interrupted(key: &str, signal: libc::c_int) -> Exit {
     Exit::new(Code::Signalled(signal), format!("signal {signal} before the command started: {key} not held"))
 }
 

@@ -30,11 +30,14 @@ fn a_lost_lease_kills_the_whole_group_even_when_its_leader_ends_on_sigterm() {
     unsafe { libc::kill(kid, libc::SIGKILL) };
 }
 
-#[test]
-fn a_signal_while_waiting_for_the_key_leaves_no_lease_and_starts_nothing() {
-    let setup = Setup::new("cli_wait_signal", 27951);
-    let mut holder = setup.hold_until("holder", &["--ttl", "30s", "job"], "started", "go");
-    let mut waiter = setup.spawn("waiter", &["run", "--ttl", "30s", "job", "--", "touch", "waiter_ran"]);
+/// The holder `hold` (`run` or `elect` ARGS -- a command that runs until `go` exists) and a second
+/// pg-fence `wait` (ARGS, its command touching `ran`) of the same key, which gets SIGINT while it
+/// waits on the server; then the holder ends. The key must be free, and `ran` not made.
+fn interrupt_while_waiting(setup: &Setup, hold: &[&str], wait: &[&str], key: &str) {
+    let script = "touch started; while [ ! -e go ]; do sleep 0.05; done";
+    let mut holder = setup.spawn("holder", &[hold, &["--"], &sh(script)].concat());
+    assert!(setup.appears("started"), "{}", holder.stderr());
+    let mut waiter = setup.spawn("waiter", &[wait, &["--", "touch", "ran"]].concat());
     let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Extension'";
     assert!(common::eventually(LIMIT, || setup.query_i64(waiting) == 1), "{}", waiter.stderr());
     common::signal(waiter.pid(), "-INT");
@@ -42,13 +45,16 @@ fn a_signal_while_waiting_for_the_key_leaves_no_lease_and_starts_nothing() {
     setup.touch("go");
     assert_eq!(holder.exit_code(), 0, "{}", holder.stderr());
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(
-        setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live"),
-        0,
-        "no lease left behind by the interrupted wait"
-    );
-    assert!(!setup.path("waiter_ran").exists());
+    let live = format!("SELECT count(*) FROM fence.leases WHERE key = '{key}' AND live");
+    assert_eq!(setup.query_i64(&live), 0, "no lease left behind by the interrupted wait");
+    assert!(!setup.path("ran").exists());
     assert_eq!(code, 130, "128 + SIGINT: {}", waiter.stderr());
+}
+
+#[test]
+fn a_signal_while_waiting_for_the_key_leaves_no_lease_and_starts_nothing() {
+    let setup = Setup::new("cli_wait_signal", 27951);
+    interrupt_while_waiting(&setup, &["run", "--ttl", "30s", "job"], &["run", "--ttl", "30s", "job"], "job");
 }
 
 #[test]
@@ -73,4 +79,12 @@ fn the_lease_is_kept_until_what_the_command_left_in_its_group_has_ended() {
     assert_eq!(code, 4, "the command's own status: {stderr}");
     assert!(setup.path("job_done").exists(), "pg-fence released the lease while the job still ran");
     assert_eq!(setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live"), 0);
+}
+
+#[test]
+fn a_signal_while_campaigning_leaves_no_leader_behind() {
+    let setup = Setup::new("cli_elect_signal", 27953);
+    let (one, two) =
+        (["elect", "--ttl", "30s", "sched", "--value", "one"], ["elect", "--ttl", "30s", "sched"]);
+    interrupt_while_waiting(&setup, &one, &two, "sched");
 }
