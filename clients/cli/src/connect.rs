@@ -327,8 +327,11 @@ fn config(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         config.application_name(env("PGAPPNAME").unwrap_or_else(|| APPLICATION_NAME.into()));
     }
     if config.get_connect_timeout().is_none() {
-        if let Some(secs) = env("PGCONNECT_TIMEOUT").and_then(|secs| secs.parse().ok()) {
-            config.connect_timeout(Duration::from_secs(secs));
+        // libpq's reading: 0 (or less) waits indefinitely, where the driver would time out at once,
+        // and 1 is taken as 2.
+        let secs = env("PGCONNECT_TIMEOUT").and_then(|secs| secs.trim().parse::<i64>().ok());
+        if let Some(secs) = secs.filter(|secs| *secs > 0) {
+            config.connect_timeout(Duration::from_secs(secs.max(2) as u64));
         }
     }
     if let Some(attrs) = env("PGTARGETSESSIONATTRS") {
@@ -433,6 +436,15 @@ mod tests {
         assert_eq!(sockets.get_hosts(), [Host::Unix("/tmp".into())]);
         assert_eq!(sockets.get_user(), Some("me"));
         assert_eq!(sockets.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
+    }
+
+    #[test]
+    fn a_connect_timeout_of_zero_is_no_timeout_and_below_two_seconds_two() {
+        let timeout =
+            |secs| from(None, &[("PGCONNECT_TIMEOUT", secs)]).unwrap().get_connect_timeout().copied();
+        assert_eq!(timeout("0"), None, "as libpq: wait indefinitely");
+        assert_eq!(timeout("1"), Some(Duration::from_secs(2)), "as libpq: at least 2 s");
+        assert_eq!(timeout("10"), Some(Duration::from_secs(10)));
     }
 
     #[test]
