@@ -91,7 +91,7 @@ impl Child {
                 return Ended::Exited(code);
             }
         };
-        eprintln!("pg-fence: {why}: sending SIGTERM to the command");
+        crate::sayln!("pg-fence: {why}: sending SIGTERM to the command");
         signal_group(group, libc::SIGTERM);
         let killed = tokio::time::sleep(kill_after);
         tokio::pin!(killed);
@@ -109,7 +109,7 @@ impl Child {
                 return Ended::Stopped;
             }
         }
-        eprintln!("pg-fence: the command still ran {:?} after SIGTERM: sending SIGKILL", kill_after);
+        crate::sayln!("pg-fence: the command still ran {:?} after SIGTERM: sending SIGKILL", kill_after);
         signal_group(group, libc::SIGKILL);
         exit_code(&mut child).await;
         Ended::Stopped

@@ -374,7 +374,7 @@ fn pgpass(file: &Path, config: &Config) -> Option<String> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(file).ok()?;
     if meta.permissions().mode() & 0o077 != 0 {
-        eprintln!("pg-fence: password file {} has group or world access; ignored", file.display());
+        crate::sayln!("pg-fence: password file {} has group or world access; ignored", file.display());
         return None;
     }
     let host = match config.get_hosts().first()? {

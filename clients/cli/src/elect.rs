@@ -44,7 +44,7 @@ pub async fn elect(args: ElectArgs, conn: &ConnArgs, server: Server) -> Result<i
         Ended::Stopped => Ok(Code::Lost.code()),
         Ended::Exited(code) => {
             if let Err(err) = leadership.resign().await {
-                eprintln!(
+                crate::sayln!(
                     "pg-fence: the leadership of {} was not released ({}): it ends at its TTL",
                     args.name,
                     crate::exit::describe(&err)
@@ -70,7 +70,7 @@ async fn abandon(tracking: &Tracking, name: &str, value: &str, signal: libc::c_i
         Some(())
     };
     if tokio::time::timeout(ABANDON_LIMIT, released).await.ok().flatten().is_none() {
-        eprintln!("pg-fence: the campaign for {name} may have been granted a lease: it ends at its TTL");
+        crate::sayln!("pg-fence: the campaign for {name} may have been granted a lease: it ends at its TTL");
     }
     interrupted(name, signal)
 }

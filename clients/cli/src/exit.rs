@@ -3,6 +3,26 @@
 //! (as `flock -E` and `consul lock` let it); a command that exits with one of these numbers itself
 //! cannot be told apart, which the README says.
 use pg_fence_client::Error;
+
+/// `eprint!`, but a stderr nobody reads (a closed pipe) is ignored rather than a panic: a panic
+/// there would end pg-fence before it stops the command whose lease was lost.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` as `say!` writes it.
+#[macro_export]
+macro_rules! sayln {
+    () => { $crate::say!("\n") };
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
 use std::fmt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,7 +25,7 @@ fn main() {
     let code = match dispatch(cli) {
         Ok(code) => code,
         Err(exit) => {
-            eprintln!("pg-fence: {exit}");
+            crate::sayln!("pg-fence: {exit}");
             exit.code.code()
         }
     };

@@ -34,7 +34,7 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
     };
     if let Some(showing) = showing {
         showing.abort();
-        eprintln!();
+        crate::sayln!();
     }
     let held = held?;
     if let Some(signal) = signals.caught().await {
@@ -66,7 +66,7 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
                 None => held.release().await,
             };
             if let Err(err) = ended {
-                eprintln!(
+                crate::sayln!(
                     "pg-fence: the lease on {} was not released ({}): it ends at its TTL",
                     lease.key,
                     crate::exit::describe(&err)
@@ -100,7 +100,7 @@ async fn abandon(tracking: &Tracking, key: &str, token: Uuid, signal: libc::c_in
         conn.query_one(sql, &[&key, &token.to_string()]).await.ok()
     };
     if tokio::time::timeout(ABANDON_LIMIT, release).await.ok().flatten().is_none() {
-        eprintln!("pg-fence: the wait for {key} was not cancelled: a lease it got ends at its TTL");
+        crate::sayln!("pg-fence: the wait for {key} was not cancelled: a lease it got ends at its TTL");
     }
     interrupted(key, signal)
 }
@@ -172,7 +172,7 @@ async fn holder_text(server: &Server, key: &str) -> String {
 /// While waiting on a terminal: who holds the key, on one line rewritten every second.
 async fn show_holder(server: Server, key: String) {
     loop {
-        eprint!("\r\x1b[Kpg-fence: waiting for {key}, held by {}", holder_text(&server, &key).await);
+        crate::say!("\r\x1b[Kpg-fence: waiting for {key}, held by {}", holder_text(&server, &key).await);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -88,3 +88,28 @@ fn a_signal_while_campaigning_leaves_no_leader_behind() {
         (["elect", "--ttl", "30s", "sched", "--value", "one"], ["elect", "--ttl", "30s", "sched"]);
     interrupt_while_waiting(&setup, &one, &two, "sched");
 }
+
+#[test]
+fn a_closed_stderr_does_not_keep_a_lost_lease_from_stopping_the_command() {
+    let setup = Setup::new("cli_closed_stderr", 27954);
+    // The command's own stderr elsewhere: a write to the closed pipe would end it with SIGPIPE.
+    let script =
+        "exec 2>/dev/null; trap 'touch stopped; exit 3' TERM; touch started; while :; do sleep 0.05; done";
+    let mut cmd = setup.pg_fence(&[&["run", "--kill-after", "30s", "job", "--"][..], &sh(script)].concat());
+    // Whoever read pg-fence's stderr (a pipe to a logger) has gone.
+    let mut run =
+        cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    drop(run.stderr.take());
+    assert!(setup.appears("started"));
+    assert_eq!(setup.run("revoke", &["revoke", "job"]).0, 0);
+    let stopped = common::eventually(Duration::from_secs(10), || setup.path("stopped").exists());
+    let code = common::eventually(Duration::from_secs(10), || run.try_wait().unwrap().is_some())
+        .then(|| run.wait().unwrap().code());
+    if !stopped {
+        // The command ran on: the harness's cleanup does not know this pg-fence.
+        common::pids_running("trap 'touch stopped").into_iter().for_each(|pid| common::signal(pid, "-KILL"));
+    }
+    run.kill().ok();
+    assert!(stopped, "the command got no SIGTERM; pg-fence exited {code:?}");
+    assert_eq!(code, Some(Some(76)));
+}
