@@ -113,3 +113,27 @@ fn a_closed_stderr_does_not_keep_a_lost_lease_from_stopping_the_command() {
     assert!(stopped, "the command got no SIGTERM; pg-fence exited {code:?}");
     assert_eq!(code, Some(Some(76)));
 }
+
+#[test]
+fn leases_watch_into_a_reader_that_has_gone_ends_quietly() {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    let setup = Setup::new("cli_closed_stdout", 27955);
+    let mut holder = setup.hold_until("holder", &["job"], "started", "go");
+    let mut cmd = setup.pg_fence(&["leases", "--json", "--watch", "--interval", "100ms"]);
+    let mut watch =
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    // As `| head -1` reads.
+    let mut line = String::new();
+    std::io::BufReader::new(watch.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.contains(r#""key":"job""#), "{line}");
+    let ended = common::eventually(LIMIT, || watch.try_wait().unwrap().is_some());
+    watch.kill().ok();
+    let status = watch.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut watch.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(ended && status.signal() == Some(libc::SIGPIPE), "{status:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    setup.touch("go");
+    assert_eq!(holder.exit_code(), 0);
+}
