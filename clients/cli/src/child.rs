@@ -20,6 +20,61 @@ pub struct Child {
     child: tokio::process::Child,
     group: libc::pid_t,
     forwarded: Forwarded,
+    terminal: Terminal,
+}
+
+/// The terminal, given to the command's group when pg-fence had it in the foreground: a group of
+/// its own is otherwise a background job, stopped (SIGTTIN) at its first read of the terminal (a
+/// prompt) while its lease is renewed for ever. Taken back when dropped, once the group has ended.
+struct Terminal(Option<libc::c_int>);
+
+impl Terminal {
+    /// The first of stdin, stdout and stderr that is a terminal with pg-fence's group in front.
+    fn foreground() -> Terminal {
+        // SAFETY: isatty, tcgetpgrp and getpgrp only read.
+        Terminal(
+            (0..3).find(|&fd| unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == libc::getpgrp() }),
+        )
+    }
+
+    /// In the command, between fork and exec (async-signal-safe calls only): its group in front.
+    /// From the background that raises SIGTTOU, blocked meanwhile.
+    fn take(fd: libc::c_int) {
+        // SAFETY: a local signal set, and the calling process's own mask and terminal.
+        unsafe {
+            let (mut set, mut old) = (std::mem::zeroed(), std::mem::zeroed());
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTTOU);
+            libc::sigprocmask(libc::SIG_BLOCK, &set, &mut old);
+            libc::tcsetpgrp(fd, libc::getpgrp());
+            libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        }
+    }
+
+    /// In pg-fence, once the command runs: the same from this side (whichever comes first), and
+    /// SIGTTOU ignored from now on, so that pg-fence, in the background, still writes its messages
+    /// under `stty tostop` and takes the terminal back.
+    fn give(&self, group: libc::pid_t) {
+        if let Some(fd) = self.0 {
+            // SAFETY: this process's disposition of SIGTTOU, and its terminal's foreground group.
+            unsafe {
+                libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(fd, group);
+            }
+        }
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        if let Some(fd) = self.0 {
+            // SAFETY: as in `give`.
+            unsafe {
+                libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(fd, libc::getpgrp());
+            }
+        }
+    }
 }
 
 /// Starts `command` with `env` added to pg-fence's own environment, the signals `forwarded`
@@ -34,12 +89,23 @@ pub fn spawn(command: &[String], env: &[(&str, String)], forwarded: Forwarded) -
     };
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]).envs(env.iter().map(|(name, value)| (name, value))).process_group(0);
+    let terminal = Terminal::foreground();
+    if let Some(fd) = terminal.0 {
+        // SAFETY: `Terminal::take` makes only async-signal-safe calls.
+        unsafe {
+            cmd.pre_exec(move || {
+                Terminal::take(fd);
+                Ok(())
+            })
+        };
+    }
     let child = tokio::process::Command::from(cmd).spawn().map_err(|err| {
         let code = if err.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
         Exit::new(Code::Command(code), format!("cannot run {}: {err}", command[0]))
     })?;
     let group = child.id().expect("a child just spawned has its pid") as libc::pid_t;
-    Ok(Child { child, group, forwarded })
+    terminal.give(group);
+    Ok(Child { child, group, forwarded, terminal })
 }
 
 /// Sends `signal` to the process group `group`.
@@ -75,7 +141,7 @@ impl Child {
     /// completes first (with why, for stderr), sends SIGTERM to the group and SIGKILL `kill_after`
     /// later if it is still running, and returns once it has ended.
     pub async fn supervise(self, lost: impl Future<Output = String>, kill_after: Duration) -> Ended {
-        let Child { mut child, group, mut forwarded } = self;
+        let Child { mut child, group, mut forwarded, terminal: _back } = self;
         tokio::pin!(lost);
         // What the command left running in its group (a job it put in the background) is part of
         // it: the lease is kept, and the loss handled, until the group has ended too.

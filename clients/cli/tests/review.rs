@@ -137,3 +137,19 @@ fn leases_watch_into_a_reader_that_has_gone_ends_quietly() {
     setup.touch("go");
     assert_eq!(holder.exit_code(), 0);
 }
+
+#[test]
+fn on_a_terminal_the_command_can_read_it() {
+    let setup = Setup::new("cli_terminal_read", 27956);
+    // A command that reads the terminal (a prompt): from a background group it would be stopped
+    // by SIGTTIN, its lease renewed for ever.
+    let script = "read answer < /dev/tty; touch read";
+    let mut run = setup.spawn_on_terminal("run", &[&["run", "job", "--"][..], &sh(script)].concat());
+    let read = common::eventually(Duration::from_secs(10), || setup.path("read").exists());
+    let states: Vec<String> = common::pids_running("read answer")
+        .iter()
+        .map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default())
+        .collect();
+    assert!(read, "the command could not read its terminal: {states:?} {}", run.stdout());
+    assert_eq!(run.exit_code(), 0, "{}", run.stdout());
+}
