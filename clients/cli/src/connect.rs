@@ -61,8 +61,16 @@ pub fn server(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result
     // libpq's order: the DSN, then the service, then the environment.
     let env = |name: &str| service.get(name).cloned().or_else(|| env(name));
     let mut config = config(dsn.as_deref(), &env)?;
+    // A DSN's sslmode that the driver read itself (quoted, or with spaces around `=`): require or
+    // disable, as its prefer cannot be told from its default. Else PGSSLMODE would override it,
+    // and a require become a prefer that falls back to plaintext.
+    let read = match config.get_ssl_mode() {
+        SslMode::Require => Some("require".to_owned()),
+        SslMode::Disable => Some("disable".to_owned()),
+        _ => None,
+    };
     let mode = Mode::parse(
-        &taken.remove("sslmode").or_else(|| env("PGSSLMODE")).unwrap_or_else(|| "prefer".into()),
+        &taken.remove("sslmode").or(read).or_else(|| env("PGSSLMODE")).unwrap_or_else(|| "prefer".into()),
     )?;
     let root =
         taken.remove("sslrootcert").or_else(|| env("PGSSLROOTCERT")).map(PathBuf::from).or_else(|| {
@@ -472,6 +480,14 @@ mod tests {
         let missing = [("PGSSLMODE", "verify-ca"), ("PGSSLROOTCERT", "/nonexistent/root.crt")];
         assert_eq!(mode(None, &missing).unwrap_err().code, Code::Usage, "a root that cannot be read");
 
+        for dsn in ["host=db sslmode = require", "host=db sslmode='require'"] {
+            let with_env = mode(Some(dsn), &[("PGSSLMODE", "disable")]);
+            assert_eq!(
+                (mode(Some(dsn), &[]).unwrap(), with_env.unwrap()),
+                (SslMode::Require, SslMode::Require),
+                "{dsn}"
+            );
+        }
         let (rest, taken) =
             take_options("host=db  sslmode=verify-full user=app sslrootcert=/etc/ca.crt password='a  b'");
         assert_eq!(rest, "host=db   user=app  password='a  b'");
