@@ -6,6 +6,8 @@ use crate::connect::{Server, Tracking, ABANDON_LIMIT};
 use crate::exit::{Code, Exit};
 use pg_fence_client::{hold, AcquireOptions, Backoff, Connector, Error, HeldLease, KeepOptions, LeaseState};
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -23,8 +25,9 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
         .permits(args.permits)
         .token(token);
     let wait = if args.no_wait { Some(Duration::ZERO) } else { args.wait };
+    let shown = Arc::new(AtomicBool::new(false));
     let showing = (wait != Some(Duration::ZERO) && std::io::stderr().is_terminal())
-        .then(|| tokio::spawn(show_holder(server.clone(), args.key.clone())));
+        .then(|| tokio::spawn(show_holder(server.clone(), args.key.clone(), shown.clone())));
     let mut signals = child::Forwarded::new();
     let tracking = Tracking::new(server.clone());
     let keep = keep_options(conn, args.supervise.ttl);
@@ -34,7 +37,9 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
     };
     if let Some(showing) = showing {
         showing.abort();
-        crate::sayln!();
+        if shown.load(Ordering::SeqCst) {
+            crate::sayln!();
+        }
     }
     let held = held?;
     if let Some(signal) = signals.caught().await {
@@ -169,10 +174,14 @@ async fn holder_text(server: &Server, key: &str) -> String {
         .unwrap_or_else(|| "another holder".into())
 }
 
-/// While waiting on a terminal: who holds the key, on one line rewritten every second.
-async fn show_holder(server: Server, key: String) {
+/// While waiting on a terminal: who holds the key, on one line rewritten every second; `shown` once
+/// written. Not before a second has passed: a key granted at once is not waited for, and would be
+/// said to be held by "another holder" (nobody's).
+async fn show_holder(server: Server, key: String, shown: Arc<AtomicBool>) {
     loop {
-        crate::say!("\r\x1b[Kpg-fence: waiting for {key}, held by {}", holder_text(&server, &key).await);
         tokio::time::sleep(Duration::from_secs(1)).await;
+        let holder = holder_text(&server, &key).await;
+        shown.store(true, Ordering::SeqCst);
+        crate::say!("\r\x1b[Kpg-fence: waiting for {key}, held by {holder}");
     }
 }

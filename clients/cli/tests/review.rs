@@ -153,3 +153,11 @@ fn on_a_terminal_the_command_can_read_it() {
     assert!(read, "the command could not read its terminal: {states:?} {}", run.stdout());
     assert_eq!(run.exit_code(), 0, "{}", run.stdout());
 }
+
+#[test]
+fn on_a_terminal_a_free_key_is_not_said_to_be_held() {
+    let setup = Setup::new("cli_terminal_free", 27957);
+    let mut run = setup.spawn_on_terminal("run", &["run", "job", "--", "echo", "ran"]);
+    assert_eq!(run.exit_code(), 0, "{}", run.stdout());
+    assert_eq!(run.stdout().trim(), "ran", "nothing but the command's output");
+}
