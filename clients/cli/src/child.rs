@@ -89,6 +89,22 @@ pub fn spawn(command: &[String], env: &[(&str, String)], forwarded: Forwarded) -
     };
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]).envs(env.iter().map(|(name, value)| (name, value))).process_group(0);
+    // SAFETY: getpid only reads.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: between fork and exec, async-signal-safe calls only (prctl, getppid, kill).
+    unsafe {
+        cmd.pre_exec(move || {
+            // pg-fence killed (SIGKILL, the OOM killer) renews the lease no more: the command is
+            // told at once, not left to run past its expiry. Unless pg-fence died before this.
+            // (It comes when the thread that forked ends: the main thread, which runs `block_on`.)
+            #[cfg(target_os = "linux")]
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            if libc::getppid() != parent {
+                libc::kill(libc::getpid(), libc::SIGTERM);
+            }
+            Ok(())
+        })
+    };
     let terminal = Terminal::foreground();
     if let Some(fd) = terminal.0 {
         // SAFETY: `Terminal::take` makes only async-signal-safe calls.

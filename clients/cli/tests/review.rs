@@ -161,3 +161,18 @@ fn on_a_terminal_a_free_key_is_not_said_to_be_held() {
     assert_eq!(run.exit_code(), 0, "{}", run.stdout());
     assert_eq!(run.stdout().trim(), "ran", "nothing but the command's output");
 }
+
+#[test]
+fn a_killed_pg_fence_leaves_its_command_a_sigterm() {
+    let setup = Setup::new("cli_killed", 27958);
+    let script = "trap 'touch stopped; exit 3' TERM; touch started; while :; do sleep 0.05; done";
+    let mut run = setup.spawn("run", &[&["run", "--ttl", "30s", "job", "--"][..], &sh(script)].concat());
+    assert!(setup.appears("started"));
+    // The OOM killer's way: nothing of pg-fence runs after it.
+    common::signal(run.pid(), "-KILL");
+    run.exit_code();
+    assert!(
+        common::eventually(Duration::from_secs(5), || setup.path("stopped").exists()),
+        "the command runs on without anyone renewing its lease"
+    );
+}
