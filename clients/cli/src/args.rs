@@ -187,7 +187,7 @@ pub struct LeasesArgs {
     #[arg(long)]
     pub watch: bool,
     /// With --watch: how often
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = positive_duration)]
     pub interval: Duration,
 }
 
@@ -221,6 +221,14 @@ pub fn duration(text: &str) -> Result<Duration, String> {
     match parsed > LONGEST {
         true => Err("longer than 100 years".into()),
         false => Ok(parsed),
+    }
+}
+
+/// `duration`, above zero: a pause that must pause.
+pub fn positive_duration(text: &str) -> Result<Duration, String> {
+    match duration(text)? {
+        Duration::ZERO => Err("must be above zero".into()),
+        positive => Ok(positive),
     }
 }
 

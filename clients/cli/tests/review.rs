@@ -176,3 +176,22 @@ fn a_killed_pg_fence_leaves_its_command_a_sigterm() {
         "the command runs on without anyone renewing its lease"
     );
 }
+
+#[test]
+fn a_watch_interval_of_zero_is_bad_usage() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_pg-fence"))
+        .args([
+            "--dsn",
+            "host=127.0.0.1 port=27949",
+            "--retry-for",
+            "0s",
+            "leases",
+            "--watch",
+            "--interval",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "a loop without pause on the server: {stderr}");
+}
