@@ -133,6 +133,32 @@ fn signal_group(group: libc::pid_t, signal: libc::c_int) {
 /// How often a group whose leader has ended is looked at: it cannot be waited for.
 const GROUP_POLL: Duration = Duration::from_millis(50);
 
+/// How often orphans that came to pg-fence (see `spawn`) are reaped while the command runs.
+const REAP_EVERY: Duration = Duration::from_secs(1);
+
+/// Reaps pg-fence's children that have ended but `leader`, whose status is the runtime's to take:
+/// orphans of the command, which would otherwise pile up as zombies as long as it runs.
+fn reap_orphans(leader: libc::pid_t) {
+    loop {
+        // SAFETY: a local siginfo; WNOWAIT only looks, so the leader's status is left in place.
+        let ended = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let looked =
+                libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT);
+            if looked == 0 {
+                info.si_pid()
+            } else {
+                0
+            }
+        };
+        if ended == 0 || ended == leader {
+            return;
+        }
+        // SAFETY: reaps the one ended child just looked at, which is not the leader.
+        unsafe { libc::waitpid(ended, std::ptr::null_mut(), libc::WNOHANG) };
+    }
+}
+
 /// Whether no process is left in the process group `group`, once its leader has been reaped.
 fn group_gone(group: libc::pid_t) -> bool {
     // Those whose parent ended are pg-fence's children (see `spawn`): reaped here, as a zombie
@@ -165,6 +191,7 @@ impl Child {
         let why = loop {
             tokio::select! {
                 code = exit_code(&mut child), if ended.is_none() => ended = Some(code),
+                _ = tokio::time::sleep(REAP_EVERY), if ended.is_none() => reap_orphans(group),
                 _ = tokio::time::sleep(GROUP_POLL), if ended.is_some() => {}
                 signal = forwarded.next() => signal_group(group, signal),
                 why = &mut lost => break why,

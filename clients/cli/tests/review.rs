@@ -195,3 +195,33 @@ fn a_watch_interval_of_zero_is_bad_usage() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(64), "a loop without pause on the server: {stderr}");
 }
+
+#[test]
+fn orphans_of_the_command_do_not_pile_up_as_zombies_while_it_runs() {
+    let setup = Setup::new("cli_orphans", 27955);
+    // Each subshell ends at once, leaving its sleep to its adoptive parent, pg-fence.
+    let script = "for i in 1 2 3 4 5 6 7 8; do (sleep 0.01 &); done; touch started; while [ ! -e go ]; do sleep 0.05; done";
+    let mut run = setup.spawn("run", &[&["run", "job", "--"][..], &sh(script)].concat());
+    assert!(setup.appears("started"));
+    let zombies = || {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", run.pid())).into_iter().flatten().flatten();
+        let children: Vec<String> = tasks
+            .flat_map(|task| {
+                let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+                text.split_whitespace().map(str::to_owned).collect::<Vec<_>>()
+            })
+            .collect();
+        children
+            .iter()
+            .filter(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+            .count()
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let left = zombies();
+    setup.touch("go");
+    assert_eq!(run.exit_code(), 0, "{}", run.stderr());
+    assert_eq!(left, 0, "zombie children of pg-fence while its command runs");
+}
