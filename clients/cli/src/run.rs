@@ -4,7 +4,9 @@ use crate::args::{ConnArgs, RunArgs};
 use crate::child::{self, Ended};
 use crate::connect::{Server, Tracking, ABANDON_LIMIT};
 use crate::exit::{Code, Exit};
-use pg_fence_client::{hold, AcquireOptions, Backoff, Connector, Error, HeldLease, KeepOptions, LeaseState};
+use pg_fence_client::{
+    hold, AcquireOptions, Backoff, Connector, Error, HeldLease, KeepOptions, LeaseState, LossReason,
+};
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -66,10 +68,25 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
     match child.supervise(lost, args.supervise.kill_after).await {
         Ended::Stopped => Ok(Code::Lost.code()),
         Ended::Exited(code) => {
+            let state = held.watch();
             let ended = match args.at_least {
                 Some(at_least) => held.expire_at(lease.acquired_at + at_least).await,
                 None => held.release().await,
             };
+            // Lost between two renewals, which pg-fence hears of only at the next: the command ran
+            // on after it, and another may have held the key meanwhile. Not a success.
+            let lost = match &ended {
+                Ok(false) => state.borrow().reason(),
+                Err(Error::LeaseLost { reason, .. }) => Some(reason.unwrap_or(LossReason::Unknown)),
+                _ => None,
+            };
+            if let Some(reason) = lost {
+                crate::sayln!(
+                    "pg-fence: the lease on {} was lost before the command ended ({reason}); it exited {code}",
+                    lease.key
+                );
+                return Ok(Code::Lost.code());
+            }
             if let Err(err) = ended {
                 crate::sayln!(
                     "pg-fence: the lease on {} was not released ({}): it ends at its TTL",

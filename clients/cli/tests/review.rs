@@ -225,3 +225,25 @@ fn orphans_of_the_command_do_not_pile_up_as_zombies_while_it_runs() {
     assert_eq!(run.exit_code(), 0, "{}", run.stderr());
     assert_eq!(left, 0, "zombie children of pg-fence while its command runs");
 }
+
+#[test]
+fn a_lease_lost_before_the_command_ended_is_said_and_not_taken_for_success() {
+    let setup = Setup::new("cli_lost_unnoticed", 27956);
+    for at_least in [&[][..], &["--at-least", "1m"]] {
+        for file in ["started", "go"] {
+            let _ = std::fs::remove_file(setup.path(file));
+        }
+        // Revoked between two renewals: the command ends before pg-fence would have heard of it.
+        let mut run =
+            setup.hold_until("run", &[at_least, &["--ttl", "30s", "job"]].concat(), "started", "go");
+        assert_eq!(setup.run("revoke", &["revoke", "job"]).0, 0);
+        setup.touch("go");
+        let code = run.exit_code();
+        let stderr = run.stderr();
+        assert!(
+            stderr.contains("the lease on job was lost before the command ended"),
+            "{at_least:?}: {stderr}"
+        );
+        assert_eq!(code, 76, "{at_least:?}: {stderr}");
+    }
+}
