@@ -4,7 +4,7 @@ use crate::args::{ConnArgs, ElectArgs};
 use crate::child::{self, Ended};
 use crate::connect::{Server, Tracking, ABANDON_LIMIT};
 use crate::exit::{Code, Exit};
-use crate::run::{default_name, interrupted, keep_options, why_lost};
+use crate::run::{default_name, interrupted, keep_options, lost_before_end, why_lost};
 use pg_fence_client::{AcquireOptions, Connector, ElectOptions, Elector};
 use std::time::Duration;
 
@@ -43,7 +43,11 @@ pub async fn elect(args: ElectArgs, conn: &ConnArgs, server: Server) -> Result<i
     match child.supervise(lost, args.supervise.kill_after).await {
         Ended::Stopped => Ok(Code::Lost.code()),
         Ended::Exited(code) => {
-            if let Err(err) = leadership.resign().await {
+            let resigned = leadership.resign().await;
+            if let Ok(false) = resigned {
+                return Ok(lost_before_end(&format!("the leadership of {}", args.name), code));
+            }
+            if let Err(err) = resigned {
                 crate::sayln!(
                     "pg-fence: the leadership of {} was not released ({}): it ends at its TTL",
                     args.name,

@@ -73,19 +73,13 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
                 Some(at_least) => held.expire_at(lease.acquired_at + at_least).await,
                 None => held.release().await,
             };
-            // Lost between two renewals, which pg-fence hears of only at the next: the command ran
-            // on after it, and another may have held the key meanwhile. Not a success.
             let lost = match &ended {
                 Ok(false) => state.borrow().reason(),
                 Err(Error::LeaseLost { reason, .. }) => Some(reason.unwrap_or(LossReason::Unknown)),
                 _ => None,
             };
             if let Some(reason) = lost {
-                crate::sayln!(
-                    "pg-fence: the lease on {} was lost before the command ended ({reason}); it exited {code}",
-                    lease.key
-                );
-                return Ok(Code::Lost.code());
+                return Ok(lost_before_end(&format!("the lease on {} ({reason})", lease.key), code));
             }
             if let Err(err) = ended {
                 crate::sayln!(
@@ -97,6 +91,14 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
             Ok(code)
         }
     }
+}
+
+/// What was held (`what`, "the lease on KEY (why)") was lost before the command ended with `code`,
+/// found at its release: pg-fence hears of a loss at the next renewal, and the command ran on
+/// after it (another may have held the key meanwhile). Said, and not a success: status 76.
+pub fn lost_before_end(what: &str, code: i32) -> i32 {
+    crate::sayln!("pg-fence: {what} was lost before the command ended; it exited {code}");
+    Code::Lost.code()
 }
 
 /// The keep options of pg-fence for a lease of `ttl`: retries bounded by `--retry-for`, and the

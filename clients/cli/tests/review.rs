@@ -240,10 +240,22 @@ fn a_lease_lost_before_the_command_ended_is_said_and_not_taken_for_success() {
         setup.touch("go");
         let code = run.exit_code();
         let stderr = run.stderr();
-        assert!(
-            stderr.contains("the lease on job was lost before the command ended"),
-            "{at_least:?}: {stderr}"
-        );
+        assert!(stderr.contains("was lost before the command ended"), "{at_least:?}: {stderr}");
         assert_eq!(code, 76, "{at_least:?}: {stderr}");
     }
+}
+
+#[test]
+fn a_leadership_lost_before_the_command_ended_is_said_and_not_taken_for_success() {
+    let setup = Setup::new("cli_lost_leader", 27957);
+    let script = "touch started; while [ ! -e go ]; do sleep 0.05; done";
+    let mut elect =
+        setup.spawn("elect", &[&["elect", "--ttl", "30s", "sched", "--"][..], &sh(script)].concat());
+    assert!(setup.appears("started"));
+    assert_eq!(setup.run("revoke", &["revoke", "sched"]).0, 0);
+    setup.touch("go");
+    let code = elect.exit_code();
+    let stderr = elect.stderr();
+    assert!(stderr.contains("the leadership of sched was lost before the command ended"), "{stderr}");
+    assert_eq!(code, 76, "{stderr}");
 }
