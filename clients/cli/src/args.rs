@@ -187,7 +187,7 @@ pub struct LeasesArgs {
     #[arg(long)]
     pub watch: bool,
     /// With --watch: how often
-    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = positive_duration)]
     pub interval: Duration,
 }
 
@@ -206,12 +206,30 @@ pub struct JsonArg {
     pub json: bool,
 }
 
-/// "30s", "1m 30s", "500ms", "2h"; a bare number is seconds.
+/// The longest duration taken: a deadline that far off must still be an instant of this host
+/// (some hundreds of years are; 1e19 s panics) and an interval of the server's.
+const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// "30s", "1m 30s", "500ms", "2h"; a bare number is seconds. At most 100 years.
 pub fn duration(text: &str) -> Result<Duration, String> {
-    if let Ok(secs) = text.parse::<f64>() {
-        return Duration::try_from_secs_f64(secs).map_err(|err| err.to_string());
+    let parsed = match text.parse::<f64>() {
+        Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|err| err.to_string())?,
+        Err(_) => {
+            humantime::parse_duration(text).map_err(|err| format!("{err} (as in 30s, 1m30s, 500ms)"))?
+        }
+    };
+    match parsed > LONGEST {
+        true => Err("longer than 100 years".into()),
+        false => Ok(parsed),
     }
-    humantime::parse_duration(text).map_err(|err| format!("{err} (as in 30s, 1m30s, 500ms)"))
+}
+
+/// `duration`, above zero: a pause that must pause.
+pub fn positive_duration(text: &str) -> Result<Duration, String> {
+    match duration(text)? {
+        Duration::ZERO => Err("must be above zero".into()),
+        positive => Ok(positive),
+    }
 }
 
 #[cfg(test)]
@@ -230,5 +248,6 @@ mod tests {
         assert_eq!(duration("1.5"), Ok(Duration::from_millis(1500)));
         assert_eq!(duration("1m 30s"), Ok(Duration::from_secs(90)));
         assert!(duration("soon").is_err() && duration("-1").is_err());
+        assert!(duration("1e19").is_err() && duration("200y").is_err() && duration("50y").is_ok());
     }
 }

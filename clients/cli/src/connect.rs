@@ -2,14 +2,16 @@
 //! libpq's defaults. tokio-postgres reads no environment and no password file, and knows neither
 //! sslmode verify-ca/verify-full, sslrootcert nor service files, so all of these are read here.
 use crate::exit::{Code, Exit};
-use pg_fence_client::TlsConfig;
+use pg_fence_client::{BoxError, Connector, TlsConfig};
 use postgres_native_tls::MakeTlsConnector;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
-use tokio_postgres::Config;
+use tokio_postgres::{CancelToken, Config};
+use tokio_util::sync::CancellationToken;
 
 /// The server pg-fence talks to: the config, and the TLS connector its sslmode asks for.
 pub type Server = TlsConfig<MakeTlsConnector>;
@@ -59,8 +61,16 @@ pub fn server(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result
     // libpq's order: the DSN, then the service, then the environment.
     let env = |name: &str| service.get(name).cloned().or_else(|| env(name));
     let mut config = config(dsn.as_deref(), &env)?;
+    // A DSN's sslmode that the driver read itself (quoted, or with spaces around `=`): require or
+    // disable, as its prefer cannot be told from its default. Else PGSSLMODE would override it,
+    // and a require become a prefer that falls back to plaintext.
+    let read = match config.get_ssl_mode() {
+        SslMode::Require => Some("require".to_owned()),
+        SslMode::Disable => Some("disable".to_owned()),
+        _ => None,
+    };
     let mode = Mode::parse(
-        &taken.remove("sslmode").or_else(|| env("PGSSLMODE")).unwrap_or_else(|| "prefer".into()),
+        &taken.remove("sslmode").or(read).or_else(|| env("PGSSLMODE")).unwrap_or_else(|| "prefer".into()),
     )?;
     let root =
         taken.remove("sslrootcert").or_else(|| env("PGSSLROOTCERT")).map(PathBuf::from).or_else(|| {
@@ -74,6 +84,46 @@ pub fn server(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result
     });
     let tls = tls_connector(mode, root.as_deref())?;
     Ok(TlsConfig { config, tls: MakeTlsConnector::new(tls) })
+}
+
+/// How long pg-fence, asked to stop while it waits for a key, tries to end that wait on the server.
+pub const ABANDON_LIMIT: Duration = Duration::from_secs(5);
+
+/// The server, keeping the cancel token of the connection it made last: the one an acquire waits
+/// on, which the server does not leave when pg-fence exits, but only when cancelled.
+#[derive(Clone)]
+pub struct Tracking {
+    pub server: Server,
+    last: Arc<Mutex<Option<CancelToken>>>,
+}
+
+impl Tracking {
+    pub fn new(server: Server) -> Tracking {
+        Tracking { server, last: Arc::default() }
+    }
+
+    /// Cancels the statement of the last connection made, if any, within ABANDON_LIMIT.
+    pub async fn cancel(&self) {
+        let last = self.last.lock().unwrap().take();
+        if let Some(cancel) = last {
+            let tls = self.server.tls.clone();
+            tokio::time::timeout(ABANDON_LIMIT, cancel.cancel_query(tls)).await.ok();
+        }
+    }
+}
+
+impl Connector for Tracking {
+    type Conn = <Server as Connector>::Conn;
+
+    async fn connect(&self) -> Result<Self::Conn, BoxError> {
+        let conn = self.server.connect().await?;
+        *self.last.lock().unwrap() = Some(conn.cancel_token());
+        Ok(conn)
+    }
+
+    fn closed(conn: &Self::Conn) -> Option<CancellationToken> {
+        Server::closed(conn)
+    }
 }
 
 fn tls_connector(mode: Mode, root: Option<&Path>) -> Result<native_tls::TlsConnector, Exit> {
@@ -285,8 +335,11 @@ fn config(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         config.application_name(env("PGAPPNAME").unwrap_or_else(|| APPLICATION_NAME.into()));
     }
     if config.get_connect_timeout().is_none() {
-        if let Some(secs) = env("PGCONNECT_TIMEOUT").and_then(|secs| secs.parse().ok()) {
-            config.connect_timeout(Duration::from_secs(secs));
+        // libpq's reading: 0 (or less) waits indefinitely, where the driver would time out at once,
+        // and 1 is taken as 2.
+        let secs = env("PGCONNECT_TIMEOUT").and_then(|secs| secs.trim().parse::<i64>().ok());
+        if let Some(secs) = secs.filter(|secs| *secs > 0) {
+            config.connect_timeout(Duration::from_secs(secs.max(2) as u64));
         }
     }
     if let Some(attrs) = env("PGTARGETSESSIONATTRS") {
@@ -329,7 +382,7 @@ fn pgpass(file: &Path, config: &Config) -> Option<String> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(file).ok()?;
     if meta.permissions().mode() & 0o077 != 0 {
-        eprintln!("pg-fence: password file {} has group or world access; ignored", file.display());
+        crate::sayln!("pg-fence: password file {} has group or world access; ignored", file.display());
         return None;
     }
     let host = match config.get_hosts().first()? {
@@ -394,6 +447,15 @@ mod tests {
     }
 
     #[test]
+    fn a_connect_timeout_of_zero_is_no_timeout_and_below_two_seconds_two() {
+        let timeout =
+            |secs| from(None, &[("PGCONNECT_TIMEOUT", secs)]).unwrap().get_connect_timeout().copied();
+        assert_eq!(timeout("0"), None, "as libpq: wait indefinitely");
+        assert_eq!(timeout("1"), Some(Duration::from_secs(2)), "as libpq: at least 2 s");
+        assert_eq!(timeout("10"), Some(Duration::from_secs(10)));
+    }
+
+    #[test]
     fn what_the_driver_cannot_do_is_refused() {
         assert_eq!(from(None, &[("PGTARGETSESSIONATTRS", "standby")]).unwrap_err().code, Code::Usage);
     }
@@ -418,6 +480,14 @@ mod tests {
         let missing = [("PGSSLMODE", "verify-ca"), ("PGSSLROOTCERT", "/nonexistent/root.crt")];
         assert_eq!(mode(None, &missing).unwrap_err().code, Code::Usage, "a root that cannot be read");
 
+        for dsn in ["host=db sslmode = require", "host=db sslmode='require'"] {
+            let with_env = mode(Some(dsn), &[("PGSSLMODE", "disable")]);
+            assert_eq!(
+                (mode(Some(dsn), &[]).unwrap(), with_env.unwrap()),
+                (SslMode::Require, SslMode::Require),
+                "{dsn}"
+            );
+        }
         let (rest, taken) =
             take_options("host=db  sslmode=verify-full user=app sslrootcert=/etc/ca.crt password='a  b'");
         assert_eq!(rest, "host=db   user=app  password='a  b'");

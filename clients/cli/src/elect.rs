@@ -2,23 +2,37 @@
 //! when the leadership is lost), resign when it ends.
 use crate::args::{ConnArgs, ElectArgs};
 use crate::child::{self, Ended};
-use crate::connect::Server;
+use crate::connect::{Server, Tracking, ABANDON_LIMIT};
 use crate::exit::{Code, Exit};
-use crate::run::{default_name, keep_options, why_lost};
-use pg_fence_client::{AcquireOptions, ElectOptions, Elector};
+use crate::run::{default_name, interrupted, keep_options, lost_before_end, why_lost};
+use pg_fence_client::{AcquireOptions, Connector, ElectOptions, Elector};
+use std::time::Duration;
 
 pub async fn elect(args: ElectArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
     let value = args.value.unwrap_or_else(default_name);
     let opts = ElectOptions::new(AcquireOptions::new(args.supervise.ttl))
         .keep(keep_options(conn, args.supervise.ttl));
-    let elector = Elector::new(server, &args.name, opts);
-    let leadership = elector.campaign(&value).await?;
+    let mut signals = child::Forwarded::new();
+    let tracking = Tracking::new(server);
+    let elector = Elector::new(tracking.clone(), &args.name, opts);
+    let campaigned = tokio::select! {
+        leadership = elector.campaign(&value) => Ok(leadership),
+        signal = signals.next() => Err(signal),
+    };
+    let leadership = match campaigned {
+        Ok(leadership) => leadership?,
+        Err(signal) => return Err(abandon(&tracking, &args.name, &value, signal).await),
+    };
+    if let Some(signal) = signals.caught().await {
+        leadership.resign().await.ok();
+        return Err(interrupted(&args.name, signal));
+    }
     let env = [
         ("PG_FENCE_KEY", args.name.clone()),
         ("PG_FENCE_FENCE", leadership.fence().to_string()),
         ("PG_FENCE_OWNER", value),
     ];
-    let child = match child::spawn(&args.supervise.command, &env) {
+    let child = match child::spawn(&args.supervise.command, &env, signals) {
         Ok(child) => child,
         Err(exit) => {
             leadership.resign().await.ok();
@@ -29,8 +43,12 @@ pub async fn elect(args: ElectArgs, conn: &ConnArgs, server: Server) -> Result<i
     match child.supervise(lost, args.supervise.kill_after).await {
         Ended::Stopped => Ok(Code::Lost.code()),
         Ended::Exited(code) => {
-            if let Err(err) = leadership.resign().await {
-                eprintln!(
+            let resigned = leadership.resign().await;
+            if let Ok(false) = resigned {
+                return Ok(lost_before_end(&format!("the leadership of {}", args.name), code));
+            }
+            if let Err(err) = resigned {
+                crate::sayln!(
                     "pg-fence: the leadership of {} was not released ({}): it ends at its TTL",
                     args.name,
                     crate::exit::describe(&err)
@@ -39,4 +57,24 @@ pub async fn elect(args: ElectArgs, conn: &ConnArgs, server: Server) -> Result<i
             Ok(code)
         }
     }
+}
+
+/// After `signal` stopped the campaign for `name`: cancels its wait on the server, so that no grant
+/// follows, then waits (bounded) until no lease of this candidate's `value` is live. The dropped
+/// campaign releases what it was granted, in a task that pg-fence's exit would cut short; until
+/// then observers would see a leader that runs nothing.
+async fn abandon(tracking: &Tracking, name: &str, value: &str, signal: libc::c_int) -> Exit {
+    tracking.cancel().await;
+    let sql = "SELECT count(*) FROM fence.leases WHERE key = $1 AND owner = $2 AND live";
+    let released = async {
+        let conn = tracking.server.connect().await.ok()?;
+        while conn.query_one(sql, &[&name, &value]).await.ok()?.get::<_, i64>(0) > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Some(())
+    };
+    if tokio::time::timeout(ABANDON_LIMIT, released).await.ok().flatten().is_none() {
+        crate::sayln!("pg-fence: the campaign for {name} may have been granted a lease: it ends at its TTL");
+    }
+    interrupted(name, signal)
 }

@@ -3,6 +3,26 @@
 //! (as `flock -E` and `consul lock` let it); a command that exits with one of these numbers itself
 //! cannot be told apart, which the README says.
 use pg_fence_client::Error;
+
+/// `eprint!`, but a stderr nobody reads (a closed pipe) is ignored rather than a panic: a panic
+/// there would end pg-fence before it stops the command whose lease was lost.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` as `say!` writes it.
+#[macro_export]
+macro_rules! sayln {
+    () => { $crate::say!("\n") };
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
 use std::fmt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +43,8 @@ pub enum Code {
     NotHeld,
     /// The command could not be started: 127 not found, 126 not runnable (as a shell says).
     Command(i32),
+    /// pg-fence was sent this signal before the command started: 128 + N, as a shell says.
+    Signalled(i32),
 }
 
 impl Code {
@@ -35,6 +57,7 @@ impl Code {
             Code::Lost => 76,
             Code::NotHeld => 1,
             Code::Command(code) => code,
+            Code::Signalled(signal) => 128 + signal,
         }
     }
 }

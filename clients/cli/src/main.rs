@@ -25,7 +25,7 @@ fn main() {
     let code = match dispatch(cli) {
         Ok(code) => code,
         Err(exit) => {
-            eprintln!("pg-fence: {exit}");
+            crate::sayln!("pg-fence: {exit}");
             exit.code.code()
         }
     };
@@ -33,6 +33,12 @@ fn main() {
 }
 
 fn dispatch(cli: Cli) -> Result<i32, Exit> {
+    if !matches!(cli.command, Command::Run(_) | Command::Elect(_)) {
+        // What only prints ends, as other tools do, when its reader has gone (`| head`), instead
+        // of panicking. Not run and elect: they must outlive their output to stop their command.
+        // SAFETY: sets this process's disposition of SIGPIPE, before any thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let mut stdout = std::io::stdout();
     match cli.command {
         Command::Completions { shell } => {

@@ -2,11 +2,16 @@
 //! it when the command ends (or leave it to expire with `--at-least`).
 use crate::args::{ConnArgs, RunArgs};
 use crate::child::{self, Ended};
-use crate::connect::Server;
+use crate::connect::{Server, Tracking, ABANDON_LIMIT};
 use crate::exit::{Code, Exit};
-use pg_fence_client::{hold, AcquireOptions, Backoff, Connector, Error, HeldLease, KeepOptions, LeaseState};
+use pg_fence_client::{
+    hold, AcquireOptions, Backoff, Connector, Error, HeldLease, KeepOptions, LeaseState, LossReason,
+};
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+use uuid::Uuid;
 
 /// How long one acquire waits on the server before it is asked again (it keeps its place in the
 /// key's queue by waiting again at once): "wait as long as it takes" in bounded statements.
@@ -14,17 +19,35 @@ const WAIT_STEP: Duration = Duration::from_secs(60);
 
 pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
     let owner = args.owner.clone().unwrap_or_else(default_name);
-    let opts =
-        AcquireOptions::new(args.supervise.ttl).owner(&owner).shared(args.shared).permits(args.permits);
+    // The token chosen here, so that a lease the server grants to an interrupted wait can be released.
+    let token = Uuid::new_v4();
+    let opts = AcquireOptions::new(args.supervise.ttl)
+        .owner(&owner)
+        .shared(args.shared)
+        .permits(args.permits)
+        .token(token);
     let wait = if args.no_wait { Some(Duration::ZERO) } else { args.wait };
+    let shown = Arc::new(AtomicBool::new(false));
     let showing = (wait != Some(Duration::ZERO) && std::io::stderr().is_terminal())
-        .then(|| tokio::spawn(show_holder(server.clone(), args.key.clone())));
-    let held = acquire(&server, &args.key, &opts, wait, keep_options(conn, args.supervise.ttl)).await;
+        .then(|| tokio::spawn(show_holder(server.clone(), args.key.clone(), shown.clone())));
+    let mut signals = child::Forwarded::new();
+    let tracking = Tracking::new(server.clone());
+    let keep = keep_options(conn, args.supervise.ttl);
+    let held = tokio::select! {
+        held = acquire(&tracking, &args.key, &opts, wait, keep) => held,
+        signal = signals.next() => Err(abandon(&tracking, &args.key, token, signal).await),
+    };
     if let Some(showing) = showing {
         showing.abort();
-        eprintln!();
+        if shown.load(Ordering::SeqCst) {
+            crate::sayln!();
+        }
     }
     let held = held?;
+    if let Some(signal) = signals.caught().await {
+        held.release().await.ok();
+        return Err(interrupted(&args.key, signal));
+    }
     let lease = held.lease().clone();
     let mut env = vec![
         ("PG_FENCE_KEY", lease.key.clone()),
@@ -34,7 +57,7 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
     if args.export_token {
         env.push(("PG_FENCE_TOKEN", lease.token.to_string()));
     }
-    let child = match child::spawn(&args.supervise.command, &env) {
+    let child = match child::spawn(&args.supervise.command, &env, signals) {
         Ok(child) => child,
         Err(exit) => {
             held.release().await.ok();
@@ -45,12 +68,21 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
     match child.supervise(lost, args.supervise.kill_after).await {
         Ended::Stopped => Ok(Code::Lost.code()),
         Ended::Exited(code) => {
+            let state = held.watch();
             let ended = match args.at_least {
                 Some(at_least) => held.expire_at(lease.acquired_at + at_least).await,
                 None => held.release().await,
             };
+            let lost = match &ended {
+                Ok(false) => state.borrow().reason(),
+                Err(Error::LeaseLost { reason, .. }) => Some(reason.unwrap_or(LossReason::Unknown)),
+                _ => None,
+            };
+            if let Some(reason) = lost {
+                return Ok(lost_before_end(&format!("the lease on {} ({reason})", lease.key), code));
+            }
             if let Err(err) = ended {
-                eprintln!(
+                crate::sayln!(
                     "pg-fence: the lease on {} was not released ({}): it ends at its TTL",
                     lease.key,
                     crate::exit::describe(&err)
@@ -59,6 +91,14 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
             Ok(code)
         }
     }
+}
+
+/// What was held (`what`, "the lease on KEY (why)") was lost before the command ended with `code`,
+/// found at its release: pg-fence hears of a loss at the next renewal, and the command ran on
+/// after it (another may have held the key meanwhile). Said, and not a success: status 76.
+pub fn lost_before_end(what: &str, code: i32) -> i32 {
+    crate::sayln!("pg-fence: {what} was lost before the command ended; it exited {code}");
+    Code::Lost.code()
 }
 
 /// The keep options of pg-fence for a lease of `ttl`: retries bounded by `--retry-for`, and the
@@ -74,9 +114,29 @@ pub fn keep_options(conn: &ConnArgs, ttl: Duration) -> KeepOptions {
     }
 }
 
+/// After `signal` stopped the acquire of `key` with `token`: cancels the wait on the server, then
+/// releases what it may have granted meanwhile. Bounded, as pg-fence was asked to stop.
+async fn abandon(tracking: &Tracking, key: &str, token: Uuid, signal: libc::c_int) -> Exit {
+    tracking.cancel().await;
+    let release = async {
+        let conn = tracking.server.connect().await.ok()?;
+        let sql = "SELECT fence.lease_release($1, $2::text::uuid)";
+        conn.query_one(sql, &[&key, &token.to_string()]).await.ok()
+    };
+    if tokio::time::timeout(ABANDON_LIMIT, release).await.ok().flatten().is_none() {
+        crate::sayln!("pg-fence: the wait for {key} was not cancelled: a lease it got ends at its TTL");
+    }
+    interrupted(key, signal)
+}
+
+/// pg-fence's exit on `signal`, before the command started.
+pub fn interrupted(key: &str, signal: libc::c_int) -> Exit {
+    Exit::new(Code::Signalled(signal), format!("signal {signal} before the command started: {key} not held"))
+}
+
 /// The lease, waiting up to `wait` (None: as long as it takes); `Code::Held` when it is not granted.
 async fn acquire(
-    server: &Server,
+    server: &Tracking,
     key: &str,
     opts: &AcquireOptions,
     wait: Option<Duration>,
@@ -91,7 +151,7 @@ async fn acquire(
             Err(Error::WaitTimedOut { .. }) => {
                 return Err(Exit::new(
                     Code::Held,
-                    format!("{key} is held by {}", holder_text(server, key).await),
+                    format!("{key} is held by {}", holder_text(&server.server, key).await),
                 ))
             }
             Err(err) => return Err(err.into()),
@@ -133,10 +193,14 @@ async fn holder_text(server: &Server, key: &str) -> String {
         .unwrap_or_else(|| "another holder".into())
 }
 
-/// While waiting on a terminal: who holds the key, on one line rewritten every second.
-async fn show_holder(server: Server, key: String) {
+/// While waiting on a terminal: who holds the key, on one line rewritten every second; `shown` once
+/// written. Not before a second has passed: a key granted at once is not waited for, and would be
+/// said to be held by "another holder" (nobody's).
+async fn show_holder(server: Server, key: String, shown: Arc<AtomicBool>) {
     loop {
-        eprint!("\r\x1b[Kpg-fence: waiting for {key}, held by {}", holder_text(&server, &key).await);
         tokio::time::sleep(Duration::from_secs(1)).await;
+        let holder = holder_text(&server, &key).await;
+        shown.store(true, Ordering::SeqCst);
+        crate::say!("\r\x1b[Kpg-fence: waiting for {key}, held by {holder}");
     }
 }
