@@ -47,6 +47,7 @@ pub extern "C-unwind" fn _PG_init() {
     no_rust_backtraces_in_errors();
     pg::settings::init();
     stats::init();
+    leases::next_in_line::init();
     sweeper::launcher::register();
 }
 

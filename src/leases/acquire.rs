@@ -4,7 +4,7 @@
 use super::kinds::Kind;
 use super::modes::LeaseMode;
 use super::notify::{self, Event};
-use super::{durability, ended, fences, handoff, row, sessions, token_hash, waiting};
+use super::{durability, ended, fences, handoff, next_in_line, row, sessions, token_hash, waiting};
 use crate::locks::keylock::{self, Mode};
 use crate::pg::spi_plans::{execute, execute_first};
 use crate::pg::{clock, input, installed};
@@ -12,8 +12,9 @@ use crate::stats::{self, Counter};
 use pgrx::datum::Interval;
 use pgrx::pg_sys::panic::ErrorReportable;
 use pgrx::prelude::*;
-use pgrx::Uuid;
+use pgrx::{PgTryBuilder, Uuid};
 use std::cell::RefCell;
+use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
 /// A grant of a key's slot whose row in `$table` exists: a new fence (see `fences`), but only when
@@ -169,6 +170,9 @@ fn acquire_in_mode(
         durability::skip_flush_if_alone(wal_before);
         return Some(lease);
     }
+    // A waiter's token is chosen before it waits, so that a release can grant the key in its name
+    // (see `next_in_line`).
+    let token = token.or_else(|| (wait > 0).then(new_token));
     let request = Request { lock_delay, ..Request::new(key, ttl, owner, session_bound, kind, token, mode) };
     let lease = request.acquire(wait);
     stats::bump(match (&lease, kind) {
@@ -221,6 +225,10 @@ fn lease_acquire(
     acquire(key, ttl, owner, wait, session_bound, Some(true), None)
 }
 
+fn new_token() -> Uuid {
+    Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes())
+}
+
 /// A lease among a key's rows: its kind, slot and fence.
 type LeaseId = (Kind, i32, i64);
 
@@ -237,6 +245,9 @@ pub(super) struct Request<'a> {
     pub(super) lock_delay: i64,
     /// The owner whose waiting acquire is to claim the lease (see `handoff`), or None.
     pub(super) handed_to: Option<String>,
+    /// The waiting backend's session, for a session-bound lease a release grants on its behalf (see
+    /// `next_in_line`); None: this backend's.
+    pub(super) holder_session: Option<(i32, i64)>,
     /// When this call first saw each session-bound lease's session gone (by kind, slot and fence),
     /// its end not yet recorded: what its lock-delay counts from (see `ended`).
     first_seen_gone: RefCell<Vec<(LeaseId, i64)>>,
@@ -262,6 +273,7 @@ impl<'a> Request<'a> {
             mode,
             lock_delay: 0,
             handed_to: None,
+            holder_session: None,
             first_seen_gone: RefCell::new(Vec::new()),
         }
     }
@@ -358,6 +370,35 @@ impl<'a> Request<'a> {
     }
 
     fn wait_and_grant(&self, deadline: Instant) -> Option<Lease> {
+        let session = self.session_bound.then(sessions::hold_session_lock);
+        if !next_in_line::post(self, session) {
+            return self.wait_in_line(deadline);
+        }
+        let waited = PgTryBuilder::new(AssertUnwindSafe(|| self.wait_in_line(deadline)))
+            .catch_others(|error| {
+                next_in_line::withdraw_on_error();
+                error.rethrow()
+            })
+            .execute();
+        let granted_since = || self.token.and_then(|token| self.granted_by_a_release(token));
+        next_in_line::withdraw(waited, granted_since)
+    }
+
+    /// A lease of this call's token that a release granted (see `next_in_line`), or an earlier try
+    /// of this same acquire (its reply lost, its call still queued): made as durable as a grant of
+    /// this call's own, and this call's answer.
+    fn granted_by_a_release(&self, token: Uuid) -> Option<Lease> {
+        let lease = lease_held_with(self.key, token)?;
+        if self.session_bound {
+            sessions::bound(self.key);
+        }
+        if self.kind == Kind::Durable {
+            durability::wait_until_durable(next_in_line::granted_at_lsn());
+        }
+        Some(lease)
+    }
+
+    fn wait_in_line(&self, deadline: Instant) -> Option<Lease> {
         handoff::stand(self);
         if !waiting::enter(self.key, deadline) {
             handoff::step_down(self);
@@ -376,9 +417,8 @@ impl<'a> Request<'a> {
                 break None;
             }
             keylock::unlock(self.key, Mode::Change);
-            // An earlier try of this same acquire (its reply lost, its call still queued here) may
-            // have been granted meanwhile: that lease is this call's answer.
-            if let Some(lease) = self.token.and_then(|token| lease_held_with(self.key, token)) {
+            // A release may have granted the key to this call's token (see `next_in_line`).
+            if let Some(lease) = self.token.and_then(|token| self.granted_by_a_release(token)) {
                 break Some(lease);
             }
             if let Some(lease) = handoff::claim(self) {
@@ -439,8 +479,9 @@ impl<'a> Request<'a> {
         // The first grant after a reset of the fast leases waits for the clock (see `fences`): the
         // lease starts after that wait, not before it.
         let now = clock::now().max(now);
-        let token = self.token.unwrap_or_else(|| Uuid::from_bytes(*uuid::Uuid::new_v4().as_bytes()));
-        let session = self.session_bound.then(sessions::hold_session_lock);
+        let token = self.token.unwrap_or_else(new_token);
+        let session =
+            self.session_bound.then(|| self.holder_session.unwrap_or_else(sessions::hold_session_lock));
         let args = [
             self.key.into(),
             self.owner.as_str().into(),
@@ -477,7 +518,7 @@ impl<'a> Request<'a> {
             fences::check_first_grant(fence);
         }
         self.settle(&rows, slot, fence, now);
-        if self.session_bound {
+        if self.session_bound && self.holder_session.is_none() {
             sessions::bound(self.key);
         }
         if self.kind == Kind::Durable {

@@ -66,6 +66,24 @@ pub fn skip_flush_if_alone(position_before_change: u64) {
     });
 }
 
+/// Waits until the WAL up to `lsn`, another transaction's commit that granted a lease this one
+/// returns, is flushed and, as the commit of a grant would, on the synchronous standby. That
+/// commit waited for both already, unless its wait for the standby was cancelled: then this one
+/// waits instead (a cancel of it warns as that commit's would).
+pub fn wait_until_durable(lsn: u64) {
+    if lsn == 0 {
+        return;
+    }
+    if sync_level() < pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH {
+        set_local_synchronous_commit(c"on");
+    }
+    // SAFETY: both return at once for WAL already flushed and replicated, as nearly always here.
+    unsafe {
+        pg_sys::XLogFlush(lsn);
+        pg_sys::SyncRepWaitForLSN(lsn, true);
+    }
+}
+
 /// End of the last WAL record this transaction wrote; 0 when it has written none (PostgreSQL
 /// resets it when each transaction ends). Taken before a change for `skip_flush_if_alone`.
 pub fn wal_position() -> u64 {

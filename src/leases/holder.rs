@@ -4,8 +4,8 @@
 use super::kinds::Kind;
 use super::notify::{self, Event};
 use super::{
-    durability, lock_key_if_it_can_succeed, row, sessions, token_hash, token_holds, unseen_by_the_statement,
-    waiting,
+    durability, lock_key_if_it_can_succeed, next_in_line, row, sessions, token_hash, token_holds,
+    unseen_by_the_statement, waiting,
 };
 use crate::locks::keylock::{self, Mode};
 use crate::pg::spi_plans::execute_first;
@@ -129,6 +129,7 @@ pub(super) fn release_checked(key: &str, token: Uuid) -> bool {
             sessions::unbound(key);
             waiting::wake_at_commit(key);
             notify::send(Event::Released, key, fence);
+            next_in_line::grant_to_head(key);
         }
         None => keylock::unlock(key, Mode::Change),
     }

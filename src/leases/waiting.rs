@@ -62,6 +62,11 @@ pub fn someone_waiting(key: &str) -> bool {
     !room_holders(room_of(key)).is_empty()
 }
 
+/// The backend first in line for the key, if another one is.
+pub fn head(key: &str) -> Option<compat::ProcSlot> {
+    room_holders(room_of(key)).into_iter().next()
+}
+
 /// Forgets earlier wake-ups: call before looking at the key, then `sleep`. A wake-up that comes in
 /// between makes `sleep` return at once, so none is lost.
 pub fn arm() {

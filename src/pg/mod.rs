@@ -1,7 +1,7 @@
 //! PostgreSQL plumbing that every concept uses and that knows nothing of leases: the server's clock,
 //! the pg_fence.* settings, statements prepared once per backend, how errors are raised (PostgreSQL's
 //! and pg_fence's own PF class), argument checks, what differs between major versions, which
-//! version's SQL objects are installed, and reading a table's one row without a statement.
+//! version's SQL objects are installed, reading a table's one row without a statement, and shared memory sized by the settings.
 //!
 //! Depends on nothing else in the crate.
 pub mod clock;
@@ -12,4 +12,5 @@ pub mod installed;
 pub mod one_row;
 pub mod own_errors;
 pub mod settings;
+pub mod shmem;
 pub mod spi_plans;

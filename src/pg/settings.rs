@@ -24,6 +24,9 @@ static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// Whether those announcements name the key.
 static NOTIFY_KEYS: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// Whether a release grants the key to the first waiter in the same transaction.
+static HAND_OFF_IN_RELEASE: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// How long, in milliseconds, a guard may hold back a waiting grant before the sweeper worker ends
 /// its backend (0: never).
 static GUARD_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -68,6 +71,15 @@ pub fn init() {
           is for measuring what counting costs.",
         &TRACK_STATS,
         GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_fence.hand_off_in_release",
+        c"A release grants the key to the first waiter in line, in the release's own transaction.",
+        c"On by default; it needs pg_fence in shared_preload_libraries. Off, a release wakes the \
+          first waiter, which grants itself in its own transaction. Applies to the releasing session.",
+        &HAND_OFF_IN_RELEASE,
+        GucContext::Userset,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
@@ -145,6 +157,10 @@ pub fn guard_timeout() -> Option<Duration> {
 
 pub fn stats() -> bool {
     TRACK_STATS.get()
+}
+
+pub fn hand_off_in_release() -> bool {
+    HAND_OFF_IN_RELEASE.get()
 }
 
 pub fn notify() -> bool {

@@ -22,7 +22,12 @@ fn torture_seconds() -> u64 {
 fn leases_and_fenced_writes_keep_their_invariants_through_faults_and_crashes() {
     // Commit timestamps order the history; the lazy WAL writer leaves asynchronous commits
     // (releases) unflushed for long, so that a crash can lose acknowledged releases.
-    let settings = ["track_commit_timestamp=on", "wal_writer_delay=10s", "wal_writer_flush_after=1GB"];
+    let settings = [
+        "track_commit_timestamp=on",
+        "wal_writer_delay=10s",
+        "wal_writer_flush_after=1GB",
+        "shared_preload_libraries=pg_fence",
+    ];
     let cluster = Cluster::start("torture", 27001, &settings);
     let connect = || cluster.try_connect();
     let crash_and_restart = || {

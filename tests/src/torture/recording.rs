@@ -41,7 +41,7 @@ const SCHEMA: &str = r#"
         held        boolean     NOT NULL,  -- token_hash IS NOT NULL
         acquired_at timestamptz NOT NULL,
         expires_at  timestamptz NOT NULL,
-        by          text        NOT NULL,  -- application_name of the session
+        by          text        NOT NULL,  -- application_name of the session (a grant's: its owner)
         durable     boolean     NOT NULL,  -- false: a fast lease's row (fence.fast_lease_state)
         -- when the server that made the change started: a fast lease ends when the server does
         server_start timestamptz NOT NULL DEFAULT pg_catalog.pg_postmaster_start_time()
@@ -55,7 +55,11 @@ const SCHEMA: &str = r#"
         INSERT INTO public.torture_leases
                (key, slot, shared, permits, fence, kind, held, acquired_at, expires_at, by, durable)
         VALUES (NEW.key, NEW.slot, NEW.shared, NEW.permits, NEW.fence, kind, NEW.token_hash IS NOT NULL,
-                NEW.acquired_at, NEW.expires_at, current_setting('application_name'),
+                NEW.acquired_at, NEW.expires_at,
+                -- A release may grant the key to the first waiter in its own transaction
+                -- (src/leases/next_in_line.rs): a grant is the acquirer's, whose application_name
+                -- is its default owner.
+                CASE WHEN kind = 'grant' THEN NEW.owner ELSE current_setting('application_name') END,
                 TG_TABLE_NAME = 'lease_state');
         -- pg_fence commits a release without a WAL flush when the release is all its transaction
         -- writes. This insert is a second write, which would make the release's commit flush; keep
