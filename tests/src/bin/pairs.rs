@@ -11,8 +11,10 @@
 //! (the same, its release committed without waiting for a flush: one flush per pair, as pg_fence
 //! spends, but none of pg_fence's code), sql_lease_unlogged (the same lease in an unlogged table:
 //! the floor under fast leases, no WAL but commit records), advisory (pg_advisory_lock/unlock), redis (SET NX PX +
-//! compare-and-delete script). PORT is PostgreSQL's,
-//! or Redis's for redis; PAIRS_DATABASE names the database (default postgres). KEYS: a number N,
+//! compare-and-delete script), etcd (the lock of etcd's clientv3/concurrency Mutex over gRPC: a
+//! transaction that creates the key only if absent, under the client's session lease, then a delete;
+//! only when built with the `etcd` feature). PORT is PostgreSQL's, or Redis's for redis, or etcd's
+//! client port for etcd; PAIRS_DATABASE names the database (default postgres). KEYS: a number N,
 //! for random keys of k1..kN; `reused`, for 100 keys per client, each client its own (client c:
 //! k(100c+1)..k(100c+100)); or `new`, for a key never used before at every pair.
 //! Output: "SYSTEM CLIENTS pairs/s p50_ms p99_ms refused".
@@ -54,6 +56,8 @@ enum Session {
     /// pgbench -M prepared does).
     Postgres(Box<Client>, System, [postgres::Statement; 2]),
     Redis(Resp, String),
+    #[cfg(feature = "etcd")]
+    Etcd(Box<etcd::Session>),
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -70,7 +74,8 @@ enum System {
 }
 
 impl Session {
-    fn connect(system: &str, port: u16) -> Session {
+    /// `run`: how long the client will run (the etcd session's lease must outlive it).
+    fn connect(system: &str, port: u16, run: Duration) -> Session {
         let pg = |system| {
             let database = std::env::var("PAIRS_DATABASE").unwrap_or_else(|_| "postgres".into());
             let mut client = bench::connect(port, &database);
@@ -124,6 +129,13 @@ impl Session {
                 let sha = resp.command(&["SCRIPT", "LOAD", REDIS_RELEASE]);
                 Session::Redis(resp, sha)
             }
+            #[cfg(feature = "etcd")]
+            "etcd" => Session::Etcd(Box::new(etcd::Session::connect(port, run))),
+            #[cfg(not(feature = "etcd"))]
+            "etcd" => {
+                let _ = run;
+                panic!("etcd: pairs was built without the `etcd` feature (cargo build --features etcd)")
+            }
             other => panic!("unknown system {other}"),
         }
     }
@@ -174,6 +186,8 @@ impl Session {
                 }
                 granted
             }
+            #[cfg(feature = "etcd")]
+            Session::Etcd(session) => session.pair(&key),
         }
     }
 }
@@ -253,6 +267,93 @@ impl Resp {
     }
 }
 
+#[cfg(feature = "etcd")]
+mod etcd {
+    use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+    use std::time::Duration;
+    use uuid::Uuid;
+
+    /// One etcd client, as a concurrency.Session is: a connection and one lease that every key it
+    /// takes is attached to, so that its keys go when the client dies.
+    pub struct Session {
+        /// pairs.rs's clients are threads: each drives its own gRPC connection on a runtime of its
+        /// own, so that no client waits for another's thread.
+        runtime: tokio::runtime::Runtime,
+        client: Client,
+        lease: i64,
+    }
+
+    impl Session {
+        pub fn connect(port: u16, run: Duration) -> Session {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let (client, lease) = runtime.block_on(async {
+                let mut client = Client::connect([format!("http://127.0.0.1:{port}")], None)
+                    .await
+                    .expect("connect to etcd");
+                // concurrency.Session keeps its lease (60 s by default) alive in the background; a
+                // lease that outlives the run instead keeps those keep-alives, which do not go
+                // through Raft, from competing with the pairs.
+                let ttl = 60 + run.as_secs() as i64;
+                let lease = client.lease_grant(ttl, None).await.expect("etcd lease grant").id();
+                (client, lease)
+            });
+            Session { runtime, client, lease }
+        }
+
+        /// Acquire as concurrency.Mutex's tryAcquire does (one transaction: if the key's
+        /// create_revision is 0, that is it does not exist, put it under our lease and read it back;
+        /// else read the holder), then release. Mutex.Unlock deletes its key plainly, which is safe
+        /// there because its key names its own lease; these keys are shared between clients, so the
+        /// release is a transaction that deletes the key only if its create_revision is still the
+        /// one our acquire made. Either way a pair is two Raft commits, each waiting for an fsync of
+        /// etcd's WAL (one fsync each with one client; concurrent commits share one).
+        pub fn pair(&mut self, key: &str) -> bool {
+            let token = Uuid::from_u128(rand::random()).to_string();
+            let Session { runtime, client, lease } = self;
+            runtime.block_on(async {
+                let acquire = Txn::new()
+                    .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                    .and_then([
+                        TxnOp::put(key, token.as_str(), Some(PutOptions::new().with_lease(*lease))),
+                        TxnOp::get(key, None),
+                    ])
+                    .or_else([TxnOp::get(key, None)]);
+                let response = client.txn(acquire).await.expect("etcd acquire");
+                // A broken path must not pass for a fast one: a grant must have created our key, a
+                // refusal must have found someone else's.
+                let revision = response.header().expect("etcd txn header").revision();
+                let responses = response.op_responses();
+                let Some(TxnOpResponse::Get(got)) = responses.last() else {
+                    panic!("etcd acquire: no read-back in {responses:?}")
+                };
+                let [held] = got.kvs() else {
+                    panic!("etcd acquire of {key}: {} keys read back", got.kvs().len())
+                };
+                if !response.succeeded() {
+                    assert_ne!(held.value(), token.as_bytes(), "etcd acquire of {key}: refused, yet ours");
+                    return false;
+                }
+                assert!(
+                    held.value() == token.as_bytes()
+                        && held.lease() == *lease
+                        && held.create_revision() == revision,
+                    "etcd acquire of {key}: granted, but the key is not the one we created: {held:?}"
+                );
+                let release = Txn::new()
+                    .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+                    .and_then([TxnOp::delete(key, None)]);
+                let response = client.txn(release).await.expect("etcd release");
+                let deleted = match response.op_responses().as_slice() {
+                    [TxnOpResponse::Delete(deleted)] if response.succeeded() => deleted.deleted(),
+                    other => panic!("etcd release of {key}: not ours any more ({other:?})"),
+                };
+                assert_eq!(deleted, 1, "etcd release of {key}: {deleted} keys deleted");
+                true
+            })
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let [_, system, clients, seconds, keys, port] = &args[..] else {
@@ -267,7 +368,7 @@ fn main() {
         .map(|client| {
             let (system, refused, keys) = (system.clone(), refused.clone(), keys.clone());
             thread::spawn(move || {
-                let mut session = Session::connect(&system, port);
+                let mut session = Session::connect(&system, port, duration);
                 let mut rng = rand::thread_rng();
                 let mut latencies_us = Vec::new();
                 let end = Instant::now() + duration;
