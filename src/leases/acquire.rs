@@ -374,14 +374,17 @@ impl<'a> Request<'a> {
         if !next_in_line::post(self, session) {
             return self.wait_in_line(deadline);
         }
-        let waited = PgTryBuilder::new(AssertUnwindSafe(|| self.wait_in_line(deadline)))
-            .catch_others(|error| {
-                next_in_line::withdraw_on_error();
-                error.rethrow()
-            })
-            .execute();
-        let granted_since = || self.token.and_then(|token| self.granted_by_a_release(token));
-        next_in_line::withdraw(waited, granted_since)
+        // Withdrawn on every path, errors included, the wait for a release that chose it too.
+        PgTryBuilder::new(AssertUnwindSafe(|| {
+            let waited = self.wait_in_line(deadline);
+            let granted_since = || self.token.and_then(|token| self.granted_by_a_release(token));
+            next_in_line::withdraw(waited, granted_since)
+        }))
+        .catch_others(|error| {
+            next_in_line::withdraw_on_error();
+            error.rethrow()
+        })
+        .execute()
     }
 
     /// A lease of this call's token that a release granted (see `next_in_line`), or an earlier try

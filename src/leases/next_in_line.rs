@@ -11,40 +11,48 @@
 //!   same key lock: the waiter's token, TTL and session, a fence above the old one. Its commit
 //!   flushes that grant as any grant's does. The head, woken after that commit, finds its own
 //!   token's lease (the look every waiter makes for a retried acquire) and returns it; its own
-//!   transaction writes nothing. The release hands off only what a grant of the head's own would
-//!   do at once: no wait for writers under the old fence, and nothing under REPEATABLE READ, whose
-//!   grants may fail with 40001. Otherwise the head is only woken, as before.
+//!   transaction writes nothing.
+//! - Both calls must be whole transactions of their own (autocommit, not in a transaction block):
+//!   the grant belongs to the release's transaction, so a waiter that could still roll its call
+//!   back, or a release that could stay open (or be prepared) after choosing, does not take part.
+//!   Nor does anything under REPEATABLE READ, whose grants may fail with 40001.
+//! - The release grants in a subtransaction of its own: whatever goes wrong in the waiter's grant
+//!   (a row lock, no room after all) leaves the release as it was, and only wakes the head, which
+//!   grants itself as before. It waits for no writer under the old fence.
 //! - Each entry's state is one atomic word: EMPTY, WAITING, CHOSEN (a release is granting on its
-//!   behalf) and ABANDONED (its waiter left while chosen), with a generation that changes at every
-//!   post, so a chooser's late reset never touches a later post. Only the waiter writes its
-//!   post, while its entry is EMPTY; a chooser reads it only after moving it to CHOSEN.
-//! - The chooser puts the entry back to WAITING when its transaction ends, committed or not
-//!   (the grant is then in the table, or gone). A waiter whose wait runs out withdraws its post; if
-//!   it is CHOSEN, it first waits for that release's transaction to end and returns the lease if it
-//!   was granted: a waiter never walks away from a grant made for it. Only an error that ends the
-//!   waiting call itself (a cancel, statement_timeout) in the instant between the choice and the
-//!   release's commit leaves such a lease behind, which runs out its TTL as any lease whose reply
-//!   was lost (a retry with the acquire's token gets it).
+//!   behalf), GRANTED (a release committed a grant for it; no other release chooses it again) and
+//!   ABANDONED (its waiter left while chosen), with a generation that changes at every post, so a
+//!   chooser's late move never touches a later post. Only the waiter writes its post, while its
+//!   entry is EMPTY; a chooser reads it only after moving it to CHOSEN.
+//! - The chooser's commit moves the entry to GRANTED, its rollback back to WAITING. A waiter whose
+//!   wait runs out while it is CHOSEN waits for the release's statement to end (the key lock) and
+//!   returns the lease if it was granted: a waiter never walks away from a grant made for it. An
+//!   error that ends the waiting call meanwhile (a cancel, statement_timeout) leaves such a lease
+//!   behind, which runs out its TTL as any lease whose reply was lost (a retry with the acquire's
+//!   token gets it).
 //! - A waiter that gets its lease this way makes sure its grant is as durable as its own would be:
 //!   flushed and on the synchronous standby (the release's commit waited for both, unless its wait
 //!   for the standby was cancelled).
 use super::acquire::{Lease, Request};
 use super::kinds::Kind;
 use super::modes::LeaseMode;
-use super::waiting;
+use super::{row, waiting};
 use crate::locks::keylock::{self, Mode};
 use crate::pg::compat;
 use crate::pg::shmem::Region;
-use crate::pg::{input, settings};
+use crate::pg::{clock, input, settings};
 use pgrx::pg_sys;
-use pgrx::{register_xact_callback, PgXactCallbackEvent, Uuid};
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::{register_xact_callback, PgSqlErrorCode, PgTryBuilder, PgXactCallbackEvent, Uuid};
 use std::cell::{Cell, RefCell, UnsafeCell};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const EMPTY: u64 = 0;
 const WAITING: u64 = 1;
 const CHOSEN: u64 = 2;
-const ABANDONED: u64 = 3;
+const GRANTED: u64 = 3;
+const ABANDONED: u64 = 4;
 
 /// A state word: the generation of the post above the low byte, the state in it.
 fn word(generation: u64, state: u64) -> u64 {
@@ -125,7 +133,17 @@ thread_local! {
 /// call still chosen), and the wait goes on without. The request must carry its token.
 pub(super) fn post(request: &Request, session: Option<(i32, i64)>) -> bool {
     let (Some(entry), Some(token)) = (my_entry(), request.token) else { return false };
-    let current = entry.state.load(Ordering::Acquire);
+    if !a_transaction_of_its_own() {
+        return false;
+    }
+    let mut current = entry.state.load(Ordering::Acquire);
+    if matches!(state_of(current), WAITING | GRANTED) {
+        // Left by an earlier call of this backend that ended without withdrawing it.
+        let empty = word(current >> 8, EMPTY);
+        if entry.state.compare_exchange(current, empty, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            current = empty;
+        }
+    }
     if state_of(current) != EMPTY {
         return false;
     }
@@ -171,7 +189,7 @@ pub(super) fn withdraw(granted: Option<Lease>, granted_since: impl Fn() -> Optio
     loop {
         let current = entry.state.load(Ordering::Acquire);
         match state_of(current) {
-            WAITING => {
+            WAITING | GRANTED => {
                 if entry
                     .state
                     .compare_exchange(current, word(current >> 8, EMPTY), Ordering::AcqRel, Ordering::Acquire)
@@ -182,9 +200,9 @@ pub(super) fn withdraw(granted: Option<Lease>, granted_since: impl Fn() -> Optio
                 }
             }
             CHOSEN => {
-                // The chooser holds the key lock until its transaction ends, and puts the post back
-                // before it lets go. Holding that lock, nobody is choosing: a post still CHOSEN is
-                // one whose chooser ended without putting it back, never a new choice.
+                // The chooser holds the key lock until its statement (its whole transaction) ends,
+                // and moves the post on before it lets go. Holding that lock, nobody is choosing: a
+                // post still CHOSEN is one whose chooser ended without moving it, never a new choice.
                 let key = posted_key(entry);
                 keylock::lock(&key, Mode::Change);
                 let waiting = word(current >> 8, WAITING);
@@ -202,7 +220,7 @@ pub(super) fn withdraw_on_error() {
     let Some(entry) = my_entry() else { return };
     let current = entry.state.load(Ordering::Acquire);
     let next = match state_of(current) {
-        WAITING => EMPTY,
+        WAITING | GRANTED => EMPTY,
         CHOSEN => ABANDONED,
         _ => return,
     };
@@ -237,9 +255,8 @@ pub(super) fn granted_at_lsn() -> u64 {
 /// queue, if that head posted a request that a grant can serve at once. Returns whether it did.
 pub(super) fn grant_to_head(key: &str) -> bool {
     // SAFETY: the backend's isolation level for the current transaction.
-    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32
-        || !settings::hand_off_in_release()
-    {
+    let read_committed = unsafe { pg_sys::XactIsoLevel } < pg_sys::XACT_REPEATABLE_READ as i32;
+    if !read_committed || !a_transaction_of_its_own() || !settings::hand_off_in_release() {
         return false;
     }
     let Some(head) = waiting::head(key) else { return false };
@@ -252,15 +269,61 @@ pub(super) fn grant_to_head(key: &str) -> bool {
     if entry.state.compare_exchange(current, chosen, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return false;
     }
+    // From here on the entry goes back at this transaction's end, whatever happens.
+    remember_chosen(entry, chosen);
     // SAFETY: CHOSEN: the waiter leaves the post as it is.
     let post = unsafe { *entry.post.get() };
-    let granted = post.asks_for(key, head) && grant_for(key, &post);
-    if granted {
-        remember_chosen(entry, chosen);
-    } else {
+    let granted =
+        post.asks_for(key, head) && in_a_subtransaction(|| grant_briefly(key, &post)).unwrap_or(false);
+    if !granted {
+        forget_chosen(entry);
         put_back_entry(entry, chosen, false);
     }
     granted
+}
+
+/// Whether the current call is its transaction's only statement: not in a transaction block (nor
+/// in a subtransaction of one).
+fn a_transaction_of_its_own() -> bool {
+    // SAFETY: reads the backend's transaction state.
+    unsafe { !pg_sys::IsTransactionBlock() && pg_sys::GetCurrentTransactionNestLevel() == 1 }
+}
+
+/// Runs `f` in a subtransaction: None, with everything it did undone, when it raised an error
+/// other than a cancel or a shutdown (which go on up to the caller).
+fn in_a_subtransaction<R>(f: impl FnOnce() -> R) -> Option<R> {
+    // SAFETY: the sequence PL/pgSQL's exec_stmt_block uses around an EXCEPTION block, as in
+    // `keylock`: memory context and resource owner restored on both paths.
+    unsafe {
+        let memory = pg_sys::CurrentMemoryContext;
+        let resource_owner = pg_sys::CurrentResourceOwner;
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(memory);
+        let result = PgTryBuilder::new(AssertUnwindSafe(|| {
+            let result = f();
+            pg_sys::ReleaseCurrentSubTransaction();
+            Some(result)
+        }))
+        .catch_others(|error| {
+            pg_sys::MemoryContextSwitchTo(memory);
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+            match &error {
+                CaughtError::PostgresError(report)
+                    if !matches!(
+                        report.sql_error_code(),
+                        PgSqlErrorCode::ERRCODE_QUERY_CANCELED | PgSqlErrorCode::ERRCODE_ADMIN_SHUTDOWN
+                    ) =>
+                {
+                    None
+                }
+                _ => error.rethrow(),
+            }
+        })
+        .execute();
+        pg_sys::MemoryContextSwitchTo(memory);
+        pg_sys::CurrentResourceOwner = resource_owner;
+        result
+    }
 }
 
 impl Post {
@@ -277,6 +340,20 @@ impl Post {
     }
 }
 
+/// `grant_for`, waiting at most LOCK_WAIT_MS for any lock it meets (a row a sweep holds): the
+/// release does not wait on the waiter's behalf.
+fn grant_briefly(key: &str, post: &Post) -> bool {
+    // SAFETY: a GUC nesting level of this subtransaction's, undone before it ends.
+    let level = unsafe { pg_sys::NewGUCNestLevel() };
+    settings::set_server_setting(c"lock_timeout", LOCK_WAIT_MS, pg_sys::GucAction::GUC_ACTION_SAVE);
+    let granted = grant_for(key, post);
+    // SAFETY: as above.
+    unsafe { pg_sys::AtEOXact_GUC(true, level) };
+    granted
+}
+
+const LOCK_WAIT_MS: &std::ffi::CStr = c"50";
+
 /// Grants `key` to the request `post` under the release's key lock, as the waiter would at once.
 fn grant_for(key: &str, post: &Post) -> bool {
     let owner = String::from_utf8_lossy(&post.owner[..post.owner_len as usize]).into_owned();
@@ -284,6 +361,9 @@ fn grant_for(key: &str, post: &Post) -> bool {
     let kind = Kind::of(post.durable);
     let token = Some(Uuid::from_bytes(post.token));
     let mut request = Request::new(key, post.ttl, owner, post.session_bound, kind, token, mode);
+    if row::held_with(key, &super::token_hash(Uuid::from_bytes(post.token)), clock::now()).is_some() {
+        return false; // it holds the key already (a retry of an acquire that was granted)
+    }
     request.lock_delay = post.lock_delay;
     request.holder_session = post.session_bound.then_some(post.session);
     // The release holds the key lock in Change mode; an exclusive grant needs it in Grant mode,
@@ -298,9 +378,6 @@ fn remember_chosen(entry: &'static Entry, chosen: u64) {
     });
     if first {
         register_xact_callback(PgXactCallbackEvent::Commit, || put_back(true));
-        // A prepared transaction's grant is settled later, elsewhere: its waiter is not kept
-        // waiting for it (see the module's comment).
-        register_xact_callback(PgXactCallbackEvent::Prepare, || put_back(false));
         register_xact_callback(PgXactCallbackEvent::Abort, || put_back(false));
     }
 }
@@ -313,15 +390,21 @@ fn put_back(committed: bool) {
     }
 }
 
-/// `entry`, chosen as `chosen`, back to WAITING, or EMPTY if its waiter left meanwhile.
+fn forget_chosen(entry: &'static Entry) {
+    CHOSEN_HERE.with_borrow_mut(|list| list.retain(|(each, _)| !std::ptr::eq(*each, entry)));
+}
+
+/// `entry`, chosen as `chosen`, on to GRANTED after a commit, else back to WAITING; EMPTY if its
+/// waiter left meanwhile.
 fn put_back_entry(entry: &Entry, chosen: u64, committed: bool) {
     if committed {
         // SAFETY: the end of this transaction's commit record, set before the callbacks run.
         entry.granted_at_lsn.store(unsafe { pg_sys::XactLastCommitEnd }, Ordering::Release);
     }
     let generation = chosen >> 8;
-    let (waiting, abandoned) = (word(generation, WAITING), word(generation, ABANDONED));
-    if entry.state.compare_exchange(chosen, waiting, Ordering::AcqRel, Ordering::Acquire).is_err() {
+    let next = word(generation, if committed { GRANTED } else { WAITING });
+    let abandoned = word(generation, ABANDONED);
+    if entry.state.compare_exchange(chosen, next, Ordering::AcqRel, Ordering::Acquire).is_err() {
         let _ = entry.state.compare_exchange(
             abandoned,
             word(generation, EMPTY),

@@ -44,13 +44,33 @@ fn holder(client: &mut Client, key: &str) -> Option<(String, i64)> {
         .map(|row| (row.get(0), row.get(1)))
 }
 
-fn release_in(client: &mut Client, lease: &Lease) {
-    client.batch_execute("BEGIN").unwrap();
-    assert!(lease.release(client), "the holder could not release");
+/// Releases `lease` in a statement of its own (a DO block, autocommit), which then records the
+/// key's live holder as it sees it, sleeps `then_sleep` seconds, and raises an error if `fail`:
+/// the holder it saw, or None when it failed.
+fn release_alone(client: &mut Client, lease: &Lease, then_sleep: f64, fail: bool) -> Option<(String, i64)> {
+    client
+        .batch_execute("CREATE TEMP TABLE IF NOT EXISTS seen (owner text, fence bigint); TRUNCATE seen")
+        .unwrap();
+    let block = format!(
+        "DO $$ BEGIN
+            PERFORM fence.lease_release('{key}', '{token}');
+            INSERT INTO seen SELECT owner, fence FROM fence.leases WHERE key = '{key}' AND live;
+            PERFORM pg_sleep({then_sleep});
+            IF {fail} THEN RAISE EXCEPTION 'the release fails'; END IF;
+         END $$",
+        key = lease.key,
+        token = lease.token
+    );
+    let result = client.batch_execute(&block);
+    assert_eq!(result.is_err(), fail, "{result:?}");
+    if fail {
+        return None;
+    }
+    client.query_opt("SELECT owner, fence FROM seen ORDER BY fence DESC LIMIT 1", &[]).unwrap().map(|row| (row.get(0), row.get(1)))
 }
 
 /// The release grants the key to the waiter in the release's own transaction: that transaction
-/// sees the waiter's lease, with a higher fence, before it commits; the waiter returns it once the
+/// sees the waiter's lease, with a higher fence, before it ends; the waiter returns it once the
 /// release commits, with its own token, and its acquired_at is the release's. With the setting off,
 /// the release only ends the lease (the test's own check that it can fail).
 #[test]
@@ -66,14 +86,7 @@ fn a_release_grants_the_key_to_the_first_in_line_in_its_own_transaction() {
             &mut observer,
             Acquire::new(key, "1 minute").owner("next").wait("30 seconds"),
         );
-        release_in(&mut holder_client, &held);
-        let seen_in_release = holder(&mut holder_client, key);
-        let release_clock: f64 = holder_client
-            .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
-            .unwrap()
-            .get(0);
-        assert!(!waiting.is_finished(), "the waiter returned before the release committed");
-        holder_client.batch_execute("COMMIT").unwrap();
+        let seen_in_release = release_alone(&mut holder_client, &held, 0.0, false);
         let (mut client, granted) = waiting.join().unwrap();
         let granted = granted.expect("the waiter was not granted the key");
         assert!(granted.fence > held.fence, "fence {} after {}", granted.fence, held.fence);
@@ -83,7 +96,6 @@ fn a_release_grants_the_key_to_the_first_in_line_in_its_own_transaction() {
                 Some(("next".to_string(), granted.fence)),
                 "not granted in the release"
             );
-            assert!(granted.acquired_at <= release_clock, "granted after the release's transaction");
         } else {
             assert_eq!(seen_in_release, None, "granted in the release with the setting off");
         }
@@ -92,8 +104,44 @@ fn a_release_grants_the_key_to_the_first_in_line_in_its_own_transaction() {
     }
 }
 
-/// A release rolled back, or rolled back to a savepoint, grants nothing: the waiter keeps waiting,
-/// the holder keeps the key; the release that commits grants it.
+/// Only calls that are whole transactions take part: a release in a transaction block, or a waiter
+/// in one, is served as before, and the waiter's ROLLBACK undoes its grant.
+#[test]
+fn calls_in_transaction_blocks_do_not_take_part() {
+    let cluster = preloaded("next_blocks", 27666);
+    let (mut holder_client, mut observer) = (cluster.connect(), cluster.connect());
+    let held = acquire(&mut holder_client, "b", "1 minute").unwrap();
+    let (_, waiting) = first_in_line(
+        &cluster,
+        &mut observer,
+        Acquire::new("b", "1 minute").owner("next").wait("30 seconds"),
+    );
+    holder_client.batch_execute("BEGIN").unwrap();
+    assert!(held.release(&mut holder_client));
+    assert_eq!(holder(&mut holder_client, "b"), None, "a release in a transaction block handed the key");
+    holder_client.batch_execute("COMMIT").unwrap();
+    assert!(waiting.join().unwrap().1.is_some_and(|lease| lease.release(&mut holder_client)));
+
+    let held = acquire(&mut holder_client, "b", "1 minute").unwrap();
+    let mut client = cluster.connect();
+    let pid = backend_pid(&mut client);
+    let waiting = thread::spawn(move || {
+        client.batch_execute("BEGIN").unwrap();
+        let lease = Acquire::new("b", "1 minute").wait("30 seconds").run(&mut client);
+        client.batch_execute("ROLLBACK").unwrap();
+        lease
+    });
+    assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)), "the waiter never went to sleep");
+    assert!(
+        release_alone(&mut holder_client, &held, 0.0, false).is_none(),
+        "a waiter in a block was handed the key"
+    );
+    assert!(waiting.join().unwrap().is_some(), "the waiter was not granted the key");
+    assert_eq!(holder(&mut observer, "b"), None, "the waiter's ROLLBACK did not undo its grant");
+}
+
+/// A release whose statement fails grants nothing: the waiter keeps waiting, the holder keeps the
+/// key; the release that commits grants it.
 #[test]
 fn a_release_rolled_back_grants_nothing() {
     let cluster = preloaded("next_rollback", 27661);
@@ -101,12 +149,7 @@ fn a_release_rolled_back_grants_nothing() {
     let held = acquire(&mut holder_client, "k", "1 minute").unwrap();
     let (pid, waiting) =
         first_in_line(&cluster, &mut observer, Acquire::new("k", "1 minute").owner("next").wait("1 minute"));
-    release_in(&mut holder_client, &held);
-    holder_client.batch_execute("ROLLBACK").unwrap();
-    holder_client.batch_execute("BEGIN; SAVEPOINT s").unwrap();
-    assert!(held.release(&mut holder_client));
-    assert_eq!(holder(&mut holder_client, "k").map(|(owner, _)| owner), Some("next".into()));
-    holder_client.batch_execute("ROLLBACK TO SAVEPOINT s; COMMIT").unwrap();
+    release_alone(&mut holder_client, &held, 0.0, true);
     assert!(eventually(GENEROUS, || sleeping(&mut observer, pid)), "the waiter stopped waiting");
     assert!(!waiting.is_finished(), "granted by a release that was rolled back");
     assert_eq!(
@@ -115,14 +158,14 @@ fn a_release_rolled_back_grants_nothing() {
         "the holder lost the key"
     );
     held.renew(&mut holder_client, "1 minute").expect("the holder lost the key to a rolled-back release");
-    assert!(held.release(&mut holder_client));
+    assert!(release_alone(&mut holder_client, &held, 0.0, false).is_some());
     let granted = waiting.join().unwrap().1.expect("not granted by the release that committed");
     assert!(granted.fence > held.fence);
 }
 
-/// A waiter whose wait runs out while a release that chose it is still open waits for that
+/// A waiter whose wait runs out while the release that chose it is still running waits for that
 /// release's outcome: committed, the lease is its answer (nothing is left behind under a token
-/// nobody has); rolled back, NULL, and the key is the holder's.
+/// nobody has); failed, NULL, and the key is the holder's.
 #[test]
 fn a_wait_that_runs_out_during_the_release_takes_its_outcome() {
     let cluster = preloaded("next_deadline", 27662);
@@ -136,10 +179,8 @@ fn a_wait_that_runs_out_during_the_release_takes_its_outcome() {
             &mut observer,
             Acquire::new(key, "1 minute").owner("next").wait("2 seconds"),
         );
-        release_in(&mut holder_client, &held);
-        thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
-        assert!(!waiting.is_finished(), "the waiter left while the release that chose it was open");
-        holder_client.batch_execute(if commit { "COMMIT" } else { "ROLLBACK" }).unwrap();
+        let sleep = 3.0 - started.elapsed().as_secs_f64();
+        release_alone(&mut holder_client, &held, sleep, !commit);
         let (_, granted) = waiting.join().unwrap();
         let now_held = holder(&mut observer, key);
         if commit {
@@ -151,6 +192,40 @@ fn a_wait_that_runs_out_during_the_release_takes_its_outcome() {
             assert!(held.release(&mut holder_client));
         }
     }
+}
+
+/// Two releases of a semaphore's permits in quick succession hand one permit to the first waiter,
+/// not two: the second release finds the post granted already, and the next waiter gets its permit.
+#[test]
+fn a_waiter_is_handed_one_permit() {
+    let cluster = preloaded("next_permits", 27667);
+    let (mut holder_client, mut observer) = (cluster.connect(), cluster.connect());
+    let permit = |owner: &'static str| Acquire::new("sem", "1 minute").permits(2).owner(owner);
+    let (a, b) = (permit("a").run(&mut holder_client).unwrap(), permit("b").run(&mut holder_client).unwrap());
+    let (_, first) = first_in_line(&cluster, &mut observer, permit("w1").wait("30 seconds"));
+    let mut second_client = cluster.connect();
+    let second_pid = backend_pid(&mut second_client);
+    let second = thread::spawn(move || permit("w2").wait("30 seconds").run(&mut second_client));
+    assert!(
+        eventually(GENEROUS, || wait_event(&mut observer, second_pid).0.as_deref() == Some("Lock")),
+        "the second waiter never queued"
+    );
+    let mut other = cluster.connect();
+    let other_release = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(200));
+        assert!(b.release(&mut other));
+    });
+    release_alone(&mut holder_client, &a, 0.5, false);
+    other_release.join().unwrap();
+    let first = first.join().unwrap().1.expect("the first waiter got no permit");
+    let second = second.join().unwrap().expect("the second waiter got no permit");
+    let holders: Vec<String> = observer
+        .query("SELECT owner FROM fence.leases WHERE key = 'sem' AND live ORDER BY owner", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(holders, ["w1", "w2"], "fences {} and {}", first.fence, second.fence);
 }
 
 /// The handed lease is the waiter's own kind, mode and session: a session-bound waiter's lease
