@@ -48,6 +48,7 @@ pub extern "C-unwind" fn _PG_init() {
     pg::settings::init();
     stats::init();
     leases::next_in_line::init();
+    leases::memory::init();
     sweeper::launcher::register();
 }
 

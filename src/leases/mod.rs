@@ -31,6 +31,7 @@ pub mod durability;
 pub mod fences;
 pub mod handoff;
 pub mod holder;
+pub mod memory;
 pub mod next_in_line;
 pub mod notify;
 pub mod observe;

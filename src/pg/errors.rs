@@ -185,6 +185,25 @@ pub fn prepare_after_fast_grant() -> ! {
     )
 }
 
+/// A change to a fast lease in shared memory, in a transaction then prepared.
+pub fn prepare_after_fast_change() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+        "cannot PREPARE a transaction that changed a fast lease".into(),
+        "Acquire, renew and release fast leases (durable => false) outside two-phase transactions, or use durable ones.",
+    )
+}
+
+/// Shared memory has no row left for another fast lease's key.
+pub fn fast_leases_full(capacity: u32) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        format!("no room for another fast lease: all {capacity} rows of pg_fence.fast_leases are in use"),
+        "Release fast leases you no longer need (the sweeper frees the rows of ended ones after \
+         pg_fence.retain_ended), use a durable lease, or raise pg_fence.fast_leases and restart the server.",
+    )
+}
+
 /// lease_handoff waited in vain for the writes made under the lease it ends, in other transactions.
 pub fn handoff_blocked(key: &str) -> ! {
     raise(

@@ -24,6 +24,9 @@ static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// Whether those announcements name the key.
 static NOTIFY_KEYS: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// How many rows shared memory keeps for fast leases (postmaster start only).
+static FAST_LEASES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+
 /// Whether a release grants the key to the first waiter in the same transaction.
 static HAND_OFF_IN_RELEASE: GucSetting<bool> = GucSetting::<bool>::new(true);
 
@@ -60,6 +63,17 @@ pub fn init() {
             c"Database in which the pg_fence sweeper worker runs.",
             c"Only with pg_fence in shared_preload_libraries; takes effect at server start.",
             &DATABASE,
+            GucContext::Postmaster,
+            GucFlags::default(),
+        );
+        GucRegistry::define_int_guc(
+            c"pg_fence.fast_leases",
+            c"How many fast leases' rows shared memory keeps (one per key and holder).",
+            c"Only with pg_fence in shared_preload_libraries; takes effect at server start. A row stays \
+              until the sweep removes it, pg_fence.retain_ended after its lease ended.",
+            &FAST_LEASES,
+            0,
+            100_000_000,
             GucContext::Postmaster,
             GucFlags::default(),
         );
@@ -157,6 +171,10 @@ pub fn guard_timeout() -> Option<Duration> {
 
 pub fn stats() -> bool {
     TRACK_STATS.get()
+}
+
+pub fn fast_leases() -> usize {
+    usize::try_from(FAST_LEASES.get()).unwrap_or(0)
 }
 
 pub fn hand_off_in_release() -> bool {

@@ -13,13 +13,35 @@ pub struct Region {
     name: &'static CStr,
     /// Its size in bytes, asked when the server's settings are final.
     size: fn() -> usize,
+    /// Sets up the zeroed region when it is placed, in the postmaster, before any backend exists.
+    format: fn(*mut u8, usize),
+    /// How many LWLocks of its own (a tranche named as the region) it comes with.
+    locks: usize,
     base: AtomicPtr<u8>,
     len: AtomicUsize,
+    lock_array: AtomicPtr<pg_sys::LWLockPadded>,
 }
 
 impl Region {
     pub const fn new(name: &'static CStr, size: fn() -> usize) -> Region {
-        Region { name, size, base: AtomicPtr::new(std::ptr::null_mut()), len: AtomicUsize::new(0) }
+        Region::with_locks(name, size, |_, _| (), 0)
+    }
+
+    pub const fn with_locks(
+        name: &'static CStr,
+        size: fn() -> usize,
+        format: fn(*mut u8, usize),
+        locks: usize,
+    ) -> Region {
+        Region {
+            name,
+            size,
+            format,
+            locks,
+            base: AtomicPtr::new(std::ptr::null_mut()),
+            len: AtomicUsize::new(0),
+            lock_array: AtomicPtr::new(std::ptr::null_mut()),
+        }
     }
 
     /// Asks for the region; call it from _PG_init, where it does nothing unless preloading.
@@ -41,10 +63,15 @@ impl Region {
         regions.push(self);
     }
 
-    /// The region, zeroed when it was placed; None when pg_fence was not preloaded.
+    /// The region, zeroed and formatted when it was placed; None when pg_fence was not preloaded.
     pub fn bytes(&self) -> Option<(*mut u8, usize)> {
         let base = self.base.load(Relaxed);
         (!base.is_null()).then(|| (base, self.len.load(Relaxed)))
+    }
+
+    /// Its LWLocks (as many as asked for); null without preload.
+    pub fn locks(&self) -> *mut pg_sys::LWLockPadded {
+        self.lock_array.load(Relaxed)
     }
 }
 
@@ -65,6 +92,9 @@ unsafe extern "C-unwind" fn request_all() {
         }
         for region in regions() {
             pg_sys::RequestAddinShmemSpace((region.size)());
+            if region.locks > 0 {
+                pg_sys::RequestNamedLWLockTranche(region.name.as_ptr(), region.locks as i32);
+            }
         }
     }
 }
@@ -83,6 +113,10 @@ unsafe extern "C-unwind" fn place_all() {
             let base = pg_sys::ShmemInitStruct(region.name.as_ptr(), len, &mut found).cast::<u8>();
             if !found {
                 std::ptr::write_bytes(base, 0, len);
+                (region.format)(base, len);
+            }
+            if region.locks > 0 {
+                region.lock_array.store(pg_sys::GetNamedLWLockTranche(region.name.as_ptr()), Relaxed);
             }
             region.len.store(len, Relaxed);
             region.base.store(base, Relaxed);

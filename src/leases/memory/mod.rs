@@ -1,0 +1,23 @@
+// Not yet wired into the lease calls (work in progress on this branch).
+#![allow(dead_code)]
+//! Fast leases (`durable => false`) in shared memory, with pg_fence preloaded: no transaction id, no
+//! heap tuple, no WAL and no commit record for a grant, a renewal or a release, which is what made
+//! fast leases in the unlogged table cost two transactions' worth per pair.
+//!
+//! - `shared`: the committed rows, a fixed table of pg_fence.fast_leases rows, sized at server
+//!   start; full, a change is refused with an error before anything is made.
+//! - `write_set`: a transaction's changes, applied at its commit, dropped at its rollback (or a
+//!   rollback to a savepoint), refused at PREPARE TRANSACTION.
+//! - `row`: what a row holds, the columns of fence.fast_lease_state.
+//!
+//! Like the unlogged table, shared memory is emptied by a crash restart and a standby has none of
+//! it, so a crash, an immediate shutdown or a failover ends every fast lease; their fences are kept
+//! above by the fast reservation (see `fences`). Without preload, fast leases stay in the table.
+pub mod row;
+pub mod shared;
+pub mod write_set;
+
+/// Called from _PG_init.
+pub fn init() {
+    shared::init();
+}
