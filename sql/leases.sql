@@ -45,28 +45,6 @@ LANGUAGE sql VOLATILE
 AS $$ SELECT coalesce(fence.renew_all_if_held(keys, token, ttl),
                       fence.raise_lease_lost(pg_catalog.array_to_string(keys, ', '))) $$;
 
--- Fast leases' rows for the view below, read through a function: PostgreSQL refuses to plan a query
--- that names an unlogged table during recovery, and a standby has none of their rows anyway.
-CREATE FUNCTION fence.fast_lease_rows()
-RETURNS TABLE (key text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
-               session_pid integer, live boolean, shared boolean, permits integer)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF pg_catalog.pg_is_in_recovery() THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
-    SELECT l.key, l.owner, l.fence, l.acquired_at, l.expires_at, l.session_pid,
-           (l.token_hash IS NOT NULL AND l.expires_at > pg_catalog.clock_timestamp()
-            AND (l.session_id IS NULL OR coalesce(fence.holder_alive(l.session_pid, l.session_id), false))),
-           l.shared, l.permits
-      FROM fence.fast_lease_state l
-     WHERE l.key <> '';  -- the reset marker (src/leases/fences.rs)
-END
-$$;
-
 -- Who holds what, but never the tokens (for fence_user: sql/privileges.sql): a row per live holder,
 -- durable or fast, and for a key without one its latest grant. `live` is the condition of
 -- src/leases/liveness.rs; `shared` and `permits` the mode it was granted in (src/leases/modes.rs).

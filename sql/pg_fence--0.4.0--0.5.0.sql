@@ -82,25 +82,21 @@ ALTER TABLE fence.fast_lease_state
 -- fence.leases: a row per live holder, with its mode.
 DROP VIEW fence.leases;
 DROP FUNCTION fence.fast_lease_rows();
-CREATE FUNCTION fence.fast_lease_rows()
-RETURNS TABLE (key text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
-               session_pid integer, live boolean, shared boolean, permits integer)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF pg_catalog.pg_is_in_recovery() THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
-    SELECT l.key, l.owner, l.fence, l.acquired_at, l.expires_at, l.session_pid,
-           (l.token_hash IS NOT NULL AND l.expires_at > pg_catalog.clock_timestamp()
-            AND (l.session_id IS NULL OR coalesce(fence.holder_alive(l.session_pid, l.session_id), false))),
-           l.shared, l.permits
-      FROM fence.fast_lease_state l
-     WHERE l.key <> '';  -- the reset marker (src/leases/fences.rs)
-END
-$$;
+CREATE FUNCTION fence."fast_lease_rows"() RETURNS TABLE (
+	"key" TEXT,
+	"owner" TEXT,
+	"fence" bigint,
+	"acquired_at" timestamp with time zone,
+	"expires_at" timestamp with time zone,
+	"session_pid" INT,
+	"live" bool,
+	"shared" bool,
+	"permits" INT
+)
+STABLE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'fast_lease_rows_wrapper';
 COMMENT ON FUNCTION fence.fast_lease_rows() IS
     'pg_fence internal: the fast leases'' rows for view fence.leases; not part of the API';
 

@@ -25,8 +25,12 @@ extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 extension_sql_file!(
     "../sql/leases.sql",
     name = "leases",
-    requires =
-        [leases::holder::renew_if_held, leases::sets::renew_all_if_held, leases::sessions::holder_alive]
+    requires = [
+        leases::holder::renew_if_held,
+        leases::sets::renew_all_if_held,
+        leases::sessions::holder_alive,
+        leases::memory::view::fast_lease_rows
+    ]
 );
 extension_sql_file!(
     "../sql/fencing.sql",

@@ -4,7 +4,10 @@
 use super::kinds::Kind;
 use super::modes::LeaseMode;
 use super::notify::{self, Event};
-use super::{durability, ended, fences, handoff, next_in_line, row, sessions, token_hash, waiting};
+use super::{
+    durability, ended, fences, handoff, memory, next_in_line, row, sessions, token_hash, token_hash_array,
+    waiting,
+};
 use crate::locks::keylock::{self, Mode};
 use crate::pg::spi_plans::{execute, execute_first};
 use crate::pg::{clock, input, installed};
@@ -187,15 +190,28 @@ fn acquire_in_mode(
 /// acquired_at, expires_at), unchanged.
 fn lease_held_with(key: &str, token: Uuid) -> Option<Lease> {
     let held = row::held_with(key, &token_hash(token), clock::now())?;
+    Some(lease_value(key, &held.owner, held.fence, token, held.acquired_at, held.expires_at))
+}
+
+/// A value of type fence.lease.
+pub(super) fn lease_value(
+    key: &str,
+    owner: &str,
+    fence: i64,
+    token: Uuid,
+    acquired_at: i64,
+    expires_at: i64,
+) -> Lease {
     let args = [
         key.into(),
-        held.owner.as_str().into(),
-        held.fence.into(),
+        owner.into(),
+        fence.into(),
         token.into(),
-        clock::timestamp(held.acquired_at).into(),
-        clock::timestamp(held.expires_at).into(),
+        clock::timestamp(acquired_at).into(),
+        clock::timestamp(expires_at).into(),
     ];
     execute_first::<Lease>("SELECT ROW($1, $2, $3, $4, $5, $6)::fence.lease", &args)
+        .unwrap_or_else(|| crate::pg::errors::state_damaged("type fence.lease makes no value"))
 }
 
 /// lease_acquire as the SQL objects of version 0.4.0 declare it, without `shared` and `permits`.
@@ -506,10 +522,15 @@ impl<'a> Request<'a> {
         // SERIALIZABLE, the UPDATE may not see a row committed after the snapshot: then the INSERT
         // runs into it and fails with 40001, as a write conflict under those levels does.
         let own_row = rows.iter().any(|found| found.kind == self.kind && found.slot == slot);
-        let granted_again = if own_row { execute_first::<Lease>(again, &args) } else { None };
-        let (lease, first) = match granted_again {
-            Some(lease) => (Some(lease), false),
-            None => (execute_first::<Lease>(first, &args), true),
+        let (lease, first) = if self.kind == Kind::Fast && memory::changes::in_use() {
+            // Shared memory is read as last committed, never through a snapshot.
+            (self.grant_in_memory(slot, now, token, session, floor), false)
+        } else {
+            let granted_again = if own_row { execute_first::<Lease>(again, &args) } else { None };
+            match granted_again {
+                Some(lease) => (Some(lease), false),
+                None => (execute_first::<Lease>(first, &args), true),
+            }
         };
         let Some(lease) = lease else {
             keylock::unlock_guards_for_grant(self.key, &guard_locks);
@@ -530,6 +551,30 @@ impl<'a> Request<'a> {
         notify::send(Event::Acquired, self.key, fence);
         waiting::wake_at_commit(self.key); // observers (see `observe`)
         Some(lease)
+    }
+
+    /// `grant_again!` or `grant_first!` for a fast lease in shared memory (see `memory`).
+    fn grant_in_memory(
+        &self,
+        slot: i32,
+        now: i64,
+        token: Uuid,
+        session: Option<(i32, i64)>,
+        floor: i64,
+    ) -> Option<Lease> {
+        let grant = memory::changes::Grant {
+            slot,
+            owner: &self.owner,
+            token_hash: token_hash_array(token),
+            acquired_at: now,
+            expires_at: now + self.ttl,
+            session,
+            mode: self.mode,
+            handed_to: self.handed_to.as_deref(),
+            lock_delay: self.lock_delay,
+        };
+        let fence = memory::changes::grant(self.key, &grant, floor)?;
+        Some(lease_value(self.key, &self.owner, fence, token, now, now + self.ttl))
     }
 
     /// The statements that grant a slot of this kind again, and for the first time.
@@ -575,6 +620,10 @@ impl<'a> Request<'a> {
                 found.kind == kind && found.unreleased && found.live.is_none() && !overwritten(found)
             };
             if !rows.iter().any(unreleased) {
+                continue;
+            }
+            if kind == Kind::Fast && memory::changes::in_use() {
+                memory::changes::end_unreleased(self.key, now);
                 continue;
             }
             let args = [self.key.into(), clock::timestamp(now).into()];

@@ -110,12 +110,22 @@ fn after_a_reset(now: i64) -> i64 {
             crate::leases::waiting::sleep(ahead);
         }
     }
-    execute(MARK_RESET, &[], |_| ());
+    if super::memory::changes::in_use() {
+        // The table's marker would outlive shared memory's reset: without it, a server started
+        // again with fast leases in the table looks above the reservation too.
+        execute("DELETE FROM fence.fast_lease_state WHERE key = ''", &[], |_| ());
+        super::memory::changes::mark_reset();
+    } else {
+        execute(MARK_RESET, &[], |_| ());
+    }
     above_reserved
 }
 
 /// Whether the reset marker is in the unlogged table: no reset since some grant put it there.
 fn reset_marker_is_there() -> bool {
+    if super::memory::changes::in_use() {
+        return super::memory::changes::reset_marker_is_there();
+    }
     execute_first::<bool>(RESET_MARKER_IS_THERE, &[]).unwrap_or(false)
 }
 

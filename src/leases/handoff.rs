@@ -116,7 +116,24 @@ pub(super) fn claim(request: &Request) -> Option<Lease> {
         token.into(),
         live.slot.into(),
     ];
-    let Some(lease) = execute_first::<Lease>(by_kind!(live.kind, claim), &args) else {
+    let claimed = if live.kind == Kind::Fast && super::memory::changes::in_use() {
+        let claim = super::memory::changes::Claim {
+            slot: live.slot,
+            handed_to: &request.owner,
+            token_hash: super::token_hash_array(token),
+            expires_at: now + request.ttl,
+            session,
+            lock_delay: request.lock_delay,
+        };
+        super::memory::changes::claim(request.key, &claim, now).map(
+            |(owner, fence, acquired_at, expires_at)| {
+                super::acquire::lease_value(request.key, &owner, fence, token, acquired_at, expires_at)
+            },
+        )
+    } else {
+        execute_first::<Lease>(by_kind!(live.kind, claim), &args)
+    };
+    let Some(lease) = claimed else {
         keylock::unlock(request.key, Mode::Change);
         return None;
     };

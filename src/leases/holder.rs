@@ -4,7 +4,7 @@
 use super::kinds::Kind;
 use super::notify::{self, Event};
 use super::{
-    durability, lock_key_if_it_can_succeed, next_in_line, row, sessions, token_hash, token_holds,
+    durability, lock_key_if_it_can_succeed, memory, next_in_line, row, sessions, token_hash, token_holds,
     unseen_by_the_statement, waiting,
 };
 use crate::locks::keylock::{self, Mode};
@@ -78,8 +78,14 @@ pub(super) fn renew_checked(key: &str, token: Uuid, ttl: i64) -> Option<Timestam
         keylock::unlock(key, Mode::Change);
         return None;
     };
-    let args = [key.into(), hash.into(), clock::timestamp(now).into(), clock::timestamp(now + ttl).into()];
-    let Some(renewed) = execute_first::<TimestampWithTimeZone>(by_kind!(held.kind, renew), &args) else {
+    let renewed = if held.kind == Kind::Fast && memory::changes::in_use() {
+        memory::changes::renew(key, &hash, now, now + ttl).map(clock::timestamp)
+    } else {
+        let args =
+            [key.into(), hash.into(), clock::timestamp(now).into(), clock::timestamp(now + ttl).into()];
+        execute_first::<TimestampWithTimeZone>(by_kind!(held.kind, renew), &args)
+    };
+    let Some(renewed) = renewed else {
         unseen_by_the_statement();
         keylock::unlock(key, Mode::Change);
         return None;
@@ -108,8 +114,12 @@ fn lease_release(key: Option<&str>, token: Option<Uuid>) -> bool {
 /// Ends `held`, the lease the token with this hash holds, at `now`: its fence, or None when the
 /// statement did not find it live (see `unseen_by_the_statement`). The caller holds the key lock.
 pub(super) fn end_held(key: &str, hash: &[u8], held: &row::Live, now: i64) -> Option<i64> {
-    let args = [key.into(), hash.to_vec().into(), clock::timestamp(now).into()];
-    let ended = execute_first::<i64>(by_objects!(held.kind, release), &args);
+    let ended = if held.kind == Kind::Fast && memory::changes::in_use() {
+        memory::changes::release(key, hash, now)
+    } else {
+        let args = [key.into(), hash.to_vec().into(), clock::timestamp(now).into()];
+        execute_first::<i64>(by_objects!(held.kind, release), &args)
+    };
     if ended.is_none() {
         unseen_by_the_statement();
     }

@@ -61,6 +61,10 @@ const CURRENT_FENCE_OF_BOTH: &str = "SELECT greatest((SELECT max(fence) FROM fen
 #[search_path(pg_catalog, pg_temp)]
 fn current_fence(key: Option<&str>) -> Option<i64> {
     let key = input::key(key);
+    if memory::changes::in_use() {
+        let in_table = execute_first::<i64>(CURRENT_FENCE, &[key.into()]);
+        return in_table.max(memory::changes::last_fence(key));
+    }
     let statement = if Kind::Fast.table().is_some() { CURRENT_FENCE_OF_BOTH } else { CURRENT_FENCE };
     execute_first::<i64>(statement, &[key.into()])
 }
@@ -100,6 +104,10 @@ fn token_holds(key: &str, token: Uuid, now: i64) -> bool {
 /// sha256() sets up an OpenSSL digest context on every call, which costs more CPU than the hash
 /// itself, on every acquire and release (docs/benchmarks.md).
 fn token_hash(token: Uuid) -> Vec<u8> {
+    token_hash_array(token).to_vec()
+}
+
+fn token_hash_array(token: Uuid) -> [u8; 32] {
     use sha2::Digest;
-    sha2::Sha256::digest(token.as_bytes()).to_vec()
+    sha2::Sha256::digest(token.as_bytes()).into()
 }

@@ -141,8 +141,13 @@ fn lease_proclaim(key: Option<&str>, token: Option<Uuid>, owner: Option<&str>) -
         keylock::unlock(key, Mode::Change);
         return false;
     };
-    let args = [key.into(), hash.into(), owner.as_str().into(), clock::timestamp(now).into()];
-    if execute_first::<i64>(by_kind!(held.kind, proclaim), &args).is_none() {
+    let proclaimed = if held.kind == super::kinds::Kind::Fast && super::memory::changes::in_use() {
+        super::memory::changes::proclaim(key, &hash, &owner, now)
+    } else {
+        let args = [key.into(), hash.into(), owner.as_str().into(), clock::timestamp(now).into()];
+        execute_first::<i64>(by_kind!(held.kind, proclaim), &args)
+    };
+    if proclaimed.is_none() {
         unseen_by_the_statement();
         keylock::unlock(key, Mode::Change);
         return false;

@@ -54,6 +54,10 @@ fn lease_revoke(key: Option<&str>) -> bool {
         if !live.iter().any(|lease| lease.kind == kind) {
             continue;
         }
+        if kind == Kind::Fast && super::memory::changes::in_use() {
+            revoked.extend(super::memory::changes::revoke(key, now));
+            continue;
+        }
         revoked.extend(execute(by_objects!(kind, revoke), &args, |rows| {
             rows.filter_map(|row| row.get::<i64>(1).ok().flatten()).collect::<Vec<_>>()
         }));

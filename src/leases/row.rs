@@ -95,6 +95,9 @@ pub fn all_with_ends(key: &str, now: i64) -> Vec<Found> {
 /// `key`'s rows of this kind, one per slot, in the latest committed state; none when it has none
 /// (or, for fast leases, where they cannot be read: see `Kind::table`).
 pub fn find(kind: Kind, key: &str, now: i64, ends: bool) -> Vec<Found> {
+    if kind == Kind::Fast && crate::leases::memory::changes::in_use() {
+        return crate::leases::memory::changes::found(key, now, ends);
+    }
     let Some(table) = kind.table() else { return Vec::new() };
     let name = kind.table_name();
     // SAFETY: the relation stays open (and locked, as a SELECT would) for the scan; the snapshot is

@@ -19,7 +19,9 @@ pub mod worker;
 
 use crate::leases::durability;
 use crate::leases::kinds::Kind;
+use crate::leases::memory;
 use crate::leases::notify::{self, Event};
+use crate::locks::keylock::{self, Mode};
 use crate::pg::clock;
 use crate::pg::errors;
 use crate::pg::installed;
@@ -42,6 +44,8 @@ thread_local! {
     /// call goes on where the last one stopped (a TID range scan) instead of reading again past the
     /// rows it has just swept.
     static RESUME_AT_PAGE: [Cell<i64>; 2] = const { [Cell::new(0), Cell::new(0)] };
+    /// The same for the fast leases in shared memory: a bucket of its table.
+    static RESUME_AT_BUCKET: Cell<usize> = const { Cell::new(0) };
 }
 
 /// In one lease table, from page $3 on, up to $2 rows to tidy, skipping rows another transaction has locked: leases
@@ -140,7 +144,16 @@ fn sweep() -> i64 {
         since_0_4_0.then(|| clock::timestamp(now.saturating_sub(settings::retain_ended_micros())));
     let mut rows = sweep_table(Kind::Durable, now, BATCH, delete_before);
     if since_0_4_0 {
-        rows.extend(sweep_table(Kind::Fast, now, BATCH - rows.len() as i64, delete_before));
+        let limit = BATCH - rows.len() as i64;
+        if memory::changes::in_use() {
+            rows.extend(sweep_memory(
+                now,
+                limit,
+                delete_before.map(|_| now.saturating_sub(settings::retain_ended_micros())),
+            ));
+        } else {
+            rows.extend(sweep_table(Kind::Fast, now, limit, delete_before));
+        }
     }
     let (deleted, ended): (Vec<_>, Vec<_>) = rows.iter().partition(|(_, _, deleted)| *deleted);
     for (key, fence, _) in &ended {
@@ -164,6 +177,29 @@ fn sweep() -> i64 {
     // high-water mark that covers them, and swept again.
     durability::skip_flush_if_alone(wal_before);
     changed
+}
+
+/// Sweeps up to `limit` rows of fast leases in shared memory (see `leases::memory`), skipping keys
+/// another transaction is changing: (key, fence, deleted) of each row changed.
+fn sweep_memory(now: i64, limit: i64, delete_before: Option<i64>) -> Vec<(String, i64, bool)> {
+    let limit = usize::try_from(limit).unwrap_or(0);
+    if limit == 0 {
+        return Vec::new();
+    }
+    let (candidates, next) =
+        memory::changes::sweep_candidates(RESUME_AT_BUCKET.get(), limit, now, delete_before);
+    RESUME_AT_BUCKET.set(next);
+    let mut swept = Vec::new();
+    for candidate in &candidates {
+        if !keylock::try_lock(&candidate.key, Mode::Change) {
+            continue;
+        }
+        match memory::changes::sweep(candidate, now, delete_before) {
+            Some((fence, deleted)) => swept.push((candidate.key.clone(), fence, deleted)),
+            None => keylock::unlock(&candidate.key, Mode::Change),
+        }
+    }
+    swept
 }
 
 /// Sweeps up to `limit` rows of one lease table: (key, fence, deleted) of each row changed.

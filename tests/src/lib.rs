@@ -35,8 +35,28 @@ fn create(name: &str, port: u16, settings: &[&str]) -> String {
     let port_text = port.to_string();
     let mut args = vec!["create", &name, &port_text];
     args.extend_from_slice(settings);
+    let extra = extra_settings();
+    args.extend(extra.iter().map(String::as_str));
     run_script(&args);
     name
+}
+
+/// Settings for every cluster of the run, from PG_FENCE_TEST_SETTINGS (space-separated
+/// postgresql.conf lines): so the same tests check fast leases in shared memory
+/// (`shared_preload_libraries=pg_fence pg_fence.fast_leases=10000`) and in the unlogged table.
+fn extra_settings() -> Vec<String> {
+    std::env::var("PG_FENCE_TEST_SETTINGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether this run keeps fast leases in shared memory (see `extra_settings`).
+pub fn fast_leases_in_memory() -> bool {
+    extra_settings()
+        .iter()
+        .any(|setting| setting.starts_with("pg_fence.fast_leases=") && !setting.ends_with("=0"))
 }
 
 /// `pg_test/cluster start NAME` with extra environment variables. Run by bash itself, not through

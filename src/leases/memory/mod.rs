@@ -1,5 +1,3 @@
-// Not yet wired into the lease calls (work in progress on this branch).
-#![allow(dead_code)]
 //! Fast leases (`durable => false`) in shared memory, with pg_fence preloaded: no transaction id, no
 //! heap tuple, no WAL and no commit record for a grant, a renewal or a release, which is what made
 //! fast leases in the unlogged table cost two transactions' worth per pair.
@@ -13,8 +11,10 @@
 //! Like the unlogged table, shared memory is emptied by a crash restart and a standby has none of
 //! it, so a crash, an immediate shutdown or a failover ends every fast lease; their fences are kept
 //! above by the fast reservation (see `fences`). Without preload, fast leases stay in the table.
+pub mod changes;
 pub mod row;
 pub mod shared;
+pub mod view;
 pub mod write_set;
 
 /// Called from _PG_init.

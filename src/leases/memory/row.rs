@@ -20,8 +20,12 @@ pub struct Row {
     pub expires_at: i64,
     /// (pid, session lock id) of a session-bound lease (see `sessions`).
     pub session: Option<(i32, i64)>,
-    /// A hash of the owner whose waiting acquire is to claim it (see `handoff`).
-    pub handed_to: Option<u64>,
+    /// The owner whose waiting acquire is to claim it (see `handoff`); u16::MAX long for none.
+    handed_to_len: u16,
+    handed_to: [u8; MAX_OWNER_BYTES],
+    /// The extension's objects the row belongs to (see `write_set`): rows left by a dropped
+    /// pg_fence are no one's.
+    pub incarnation: u32,
     pub lock_delay: i64,
     pub ended: Option<Ended>,
 }
@@ -50,7 +54,9 @@ impl Row {
             acquired_at: 0,
             expires_at: 0,
             session: None,
-            handed_to: None,
+            handed_to_len: u16::MAX,
+            handed_to: [0; MAX_OWNER_BYTES],
+            incarnation: 0,
             lock_delay: 0,
             ended: None,
         };
@@ -64,11 +70,25 @@ impl Row {
     }
 
     pub fn set_owner(&mut self, owner: &str) {
-        let len = owner.len().min(MAX_OWNER_BYTES);
-        let len = (0..=len).rev().find(|&at| owner.is_char_boundary(at)).unwrap_or(0);
-        self.owner[..len].copy_from_slice(&owner.as_bytes()[..len]);
-        self.owner_len = len as u16;
+        self.owner_len = copy_text(&mut self.owner, owner);
     }
+
+    pub fn handed_to(&self) -> Option<&str> {
+        (self.handed_to_len != u16::MAX)
+            .then(|| std::str::from_utf8(&self.handed_to[..self.handed_to_len as usize]).unwrap_or_default())
+    }
+
+    pub fn set_handed_to(&mut self, handed_to: Option<&str>) {
+        self.handed_to_len = handed_to.map_or(u16::MAX, |text| copy_text(&mut self.handed_to, text));
+    }
+}
+
+/// Copies `text` into `into` (at most its length, on a character boundary); the length copied.
+fn copy_text(into: &mut [u8; MAX_OWNER_BYTES], text: &str) -> u16 {
+    let len = text.len().min(MAX_OWNER_BYTES);
+    let len = (0..=len).rev().find(|&at| text.is_char_boundary(at)).unwrap_or(0);
+    into[..len].copy_from_slice(&text.as_bytes()[..len]);
+    len as u16
 }
 
 impl Ended {

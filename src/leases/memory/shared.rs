@@ -199,6 +199,33 @@ fn is_of(cell: &Cell, place: Place, key: &str) -> bool {
         && &cell.key[..cell.key_len as usize] == key.as_bytes()
 }
 
+/// Calls `f` with the key and row of every row in this database chained from the `count` buckets
+/// from `from` on (each bucket read under its lock); returns where to go on, 0 after the last.
+pub fn each_row(from: usize, count: usize, mut f: impl FnMut(&str, &Row)) -> usize {
+    let Some(table) = table() else { return 0 };
+    // SAFETY: set for the life of a backend connected to a database.
+    let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let end = from.saturating_add(count).min(table.buckets.len());
+    for bucket in from..end {
+        with_lock(table.lock_of(bucket), pg_sys::LWLockMode::LW_SHARED, || {
+            let mut at = table.buckets[bucket].load(Ordering::Relaxed);
+            while at != NONE {
+                // SAFETY: a cell of this bucket's chain, read under its lock.
+                let cell = unsafe { &*table.cell(at) };
+                if cell.database == database {
+                    f(std::str::from_utf8(&cell.key[..cell.key_len as usize]).unwrap_or_default(), &cell.row);
+                }
+                at = cell.next.load(Ordering::Relaxed);
+            }
+        });
+    }
+    if end >= table.buckets.len() {
+        0
+    } else {
+        end
+    }
+}
+
 /// Whether the table has a row for `key`'s `slot`.
 pub fn has_row(place: Place, key: &str, slot: i32) -> bool {
     rows(place, key).iter().any(|row| row.slot == slot)
