@@ -93,7 +93,7 @@ CREATE FUNCTION fence."fast_lease_rows"() RETURNS TABLE (
 	"shared" bool,
 	"permits" INT
 )
-STABLE SECURITY DEFINER PARALLEL UNSAFE
+STABLE STRICT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'fast_lease_rows_wrapper';

@@ -34,9 +34,10 @@ fn create(name: &str, port: u16, settings: &[&str]) -> String {
     let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
     let port_text = port.to_string();
     let mut args = vec!["create", &name, &port_text];
-    args.extend_from_slice(settings);
+    // The run's settings first: a test's own come later in postgresql.conf, and win.
     let extra = extra_settings();
     args.extend(extra.iter().map(String::as_str));
+    args.extend_from_slice(settings);
     run_script(&args);
     name
 }

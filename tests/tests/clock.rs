@@ -361,7 +361,7 @@ fn a_grant_starts_above_the_other_kinds_deleted_fence() {
             let row = client
                 .query_one(
                     "SELECT (SELECT count(*) FROM fence.lease_state WHERE key = $1),
-                            (SELECT count(*) FROM fence.fast_lease_state WHERE key = $1)",
+                            (SELECT count(*) FROM fence.fast_lease_rows() WHERE key = $1)",
                     &[&key],
                 )
                 .unwrap();

@@ -9,7 +9,11 @@ use postgres::Client;
 
 fn in_memory(name: &str, port: u16, capacity: u32) -> Cluster {
     let capacity = format!("pg_fence.fast_leases={capacity}");
-    Cluster::start(name, port, &["shared_preload_libraries=pg_fence", &capacity])
+    Cluster::start(
+        name,
+        port,
+        &["shared_preload_libraries=pg_fence", &capacity, "max_prepared_transactions=5"],
+    )
 }
 
 fn fast(key: &str) -> Acquire<'_> {
@@ -115,9 +119,6 @@ fn others_see_the_last_committed_state() {
 #[test]
 fn prepare_is_refused_and_undoes_the_change() {
     let cluster = in_memory("mem_prepare", 27673, 1000);
-    let mut client = cluster.connect();
-    client.batch_execute("ALTER SYSTEM SET max_prepared_transactions = 5").unwrap();
-    cluster.restart();
     let mut client2 = cluster.connect();
     let held = fast("p").run(&mut client2).unwrap();
     for change in ["acquire", "release"] {
@@ -131,7 +132,6 @@ fn prepare_is_refused_and_undoes_the_change() {
     }
     assert_eq!(listed(&mut client2, "q"), None, "the prepared grant was kept");
     held.renew(&mut client2, "1 minute").expect("the prepared release was kept");
-    drop(client);
 }
 
 /// With every row in use, a grant of another key fails with 53400 and leaves nothing; keys

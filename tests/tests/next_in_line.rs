@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 const GENEROUS: Duration = Duration::from_secs(20);
 
 fn preloaded(name: &str, port: u16) -> Cluster {
-    Cluster::start(name, port, &["shared_preload_libraries=pg_fence"])
+    Cluster::start(name, port, &["shared_preload_libraries=pg_fence", "pg_fence.hand_off_in_release=on"])
 }
 
 type Waiting = JoinHandle<(Client, Option<Lease>)>;
@@ -66,7 +66,10 @@ fn release_alone(client: &mut Client, lease: &Lease, then_sleep: f64, fail: bool
     if fail {
         return None;
     }
-    client.query_opt("SELECT owner, fence FROM seen ORDER BY fence DESC LIMIT 1", &[]).unwrap().map(|row| (row.get(0), row.get(1)))
+    client
+        .query_opt("SELECT owner, fence FROM seen ORDER BY fence DESC LIMIT 1", &[])
+        .unwrap()
+        .map(|row| (row.get(0), row.get(1)))
 }
 
 /// The release grants the key to the waiter in the release's own transaction: that transaction

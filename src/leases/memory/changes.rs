@@ -36,14 +36,19 @@ fn put(key: &str, mut row: Row) {
     write_set::put(key, row);
 }
 
-/// Whether the reset marker is there: a row under the empty key, which no lease has, placed by the
-/// first fast grant since shared memory was made (see `fences`); a crash restart makes it anew.
+/// Whether the reset marker is there: placed by the first fast grant since shared memory was made
+/// (see `fences`), which a crash restart makes anew.
 pub fn reset_marker_is_there() -> bool {
-    !rows("").is_empty()
+    super::shared::marker_is_there(database(), incarnation())
 }
 
 pub fn mark_reset() {
-    put("", Row::new(0, 0, "pg_fence: no reset since"));
+    super::shared::place_marker(database(), incarnation());
+}
+
+fn database() -> u32 {
+    // SAFETY: set for the life of a backend connected to a database.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
 }
 
 /// `live_at!` on a row.

@@ -31,7 +31,14 @@ struct Header {
     secret: [u64; 2],
     /// Bumped at every change, for readers that cache nothing but want to know.
     changes: AtomicU64,
+    /// The reset markers (see `fences`): database << 32 | incarnation, of each extension whose fast
+    /// grants have begun since the table was made; 0 for none.
+    markers: [AtomicU64; MARKERS],
 }
+
+/// How many databases' markers the table keeps; beyond that, a database looks for its marker in
+/// vain, and each backend's first fast grant there starts above the fast reservation (always safe).
+const MARKERS: usize = 256;
 
 /// A row of the table: its key, where it chains, and the lease.
 #[repr(C)]
@@ -331,6 +338,27 @@ fn give_free(table: &Table, index: u32) {
         };
         table.header.free.store(index, Ordering::Relaxed);
         table.header.used.fetch_sub(1, Ordering::AcqRel);
+    });
+}
+
+/// Whether the reset marker of (database, incarnation) is there.
+pub fn marker_is_there(database: u32, incarnation: u32) -> bool {
+    let Some(table) = table() else { return false };
+    let marker = u64::from(database) << 32 | u64::from(incarnation);
+    table.header.markers.iter().any(|each| each.load(Ordering::Acquire) == marker)
+}
+
+/// Places the reset marker of (database, incarnation), over an older one of the database.
+pub fn place_marker(database: u32, incarnation: u32) {
+    let Some(table) = table() else { return };
+    let marker = u64::from(database) << 32 | u64::from(incarnation);
+    with_lock(table.free_list_lock(), pg_sys::LWLockMode::LW_EXCLUSIVE, || {
+        let markers = &table.header.markers;
+        let of_database = |each: &AtomicU64| each.load(Ordering::Relaxed) >> 32 == u64::from(database);
+        let free = |each: &AtomicU64| each.load(Ordering::Relaxed) == 0;
+        if let Some(at) = markers.iter().position(of_database).or_else(|| markers.iter().position(free)) {
+            markers[at].store(marker, Ordering::Release);
+        }
     });
 }
 
