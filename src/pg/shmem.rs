@@ -13,7 +13,8 @@ pub struct Region {
     name: &'static CStr,
     /// Its size in bytes, asked when the server's settings are final.
     size: fn() -> usize,
-    /// Sets up the zeroed region when it is placed, in the postmaster, before any backend exists.
+    /// Sets up the region when it is placed, in the postmaster, before any backend exists; what it
+    /// does not write may hold anything.
     format: fn(*mut u8, usize),
     /// How many LWLocks of its own (a tranche named as the region) it comes with.
     locks: usize,
@@ -23,8 +24,10 @@ pub struct Region {
 }
 
 impl Region {
+    /// A region that starts zeroed.
     pub const fn new(name: &'static CStr, size: fn() -> usize) -> Region {
-        Region::with_locks(name, size, |_, _| (), 0)
+        // SAFETY: the region's own bytes, used by nobody yet.
+        Region::with_locks(name, size, |base, len| unsafe { std::ptr::write_bytes(base, 0, len) }, 0)
     }
 
     pub const fn with_locks(
@@ -63,7 +66,7 @@ impl Region {
         regions.push(self);
     }
 
-    /// The region, zeroed and formatted when it was placed; None when pg_fence was not preloaded.
+    /// The region, formatted when it was placed; None when pg_fence was not preloaded.
     pub fn bytes(&self) -> Option<(*mut u8, usize)> {
         let base = self.base.load(Relaxed);
         (!base.is_null()).then(|| (base, self.len.load(Relaxed)))
@@ -112,7 +115,6 @@ unsafe extern "C-unwind" fn place_all() {
             let mut found = false;
             let base = pg_sys::ShmemInitStruct(region.name.as_ptr(), len, &mut found).cast::<u8>();
             if !found {
-                std::ptr::write_bytes(base, 0, len);
                 (region.format)(base, len);
             }
             if region.locks > 0 {

@@ -25,8 +25,10 @@ struct Header {
     /// Rows in use, and rows reserved by transactions not yet ended.
     used: AtomicU32,
     reserved: AtomicU32,
-    /// The head of the free list (under the free list's lock).
+    /// The head of the list of freed rows, and the first row never used (under the free list's
+    /// lock): rows are touched only once used, so a large table costs memory only as it fills.
     free: AtomicU32,
+    never_used: AtomicU32,
     /// The keys of the hash, drawn when the table is made: chains nobody can aim at.
     secret: [u64; 2],
     /// Bumped at every change, for readers that cache nothing but want to know.
@@ -98,30 +100,29 @@ fn table() -> Option<Table> {
     }
 }
 
-/// Makes the zeroed region a table with every row free. Runs in the postmaster, alone.
+/// Makes the region a table with every row free. Runs in the postmaster, alone.
 fn format(base: *mut u8, len: usize) {
-    // SAFETY: `base` is the zeroed region of `len` bytes, used by nobody yet.
+    // SAFETY: `base` is the region of `len` bytes, used by nobody yet.
     unsafe { format_table(base, len) }
 }
 
-/// SAFETY: `base` must be the zeroed region of `len` bytes, used by nobody yet.
+/// Writes the header and the buckets only: a row's bytes are written when it is first used.
+///
+/// SAFETY: `base` must be the region of `len` bytes, used by nobody yet.
 unsafe fn format_table(base: *mut u8, len: usize) {
     let capacity = capacity();
     assert!(layout(capacity).2 <= len, "pg_fence fast leases: the region is smaller than its layout");
+    let (buckets_at, _, _) = layout(capacity);
+    std::ptr::write_bytes(base, 0, buckets_at);
     let header = &mut *base.cast::<Header>();
     header.capacity = capacity as u32;
     header.buckets = bucket_count(capacity) as u32;
     header.secret = [rand_u64(), rand_u64()];
-    let (buckets_at, rows_at, _) = layout(capacity);
     let buckets =
         std::slice::from_raw_parts(base.add(buckets_at).cast::<AtomicU32>(), header.buckets as usize);
     buckets.iter().for_each(|bucket| bucket.store(NONE, Ordering::Relaxed));
-    let cells = base.add(rows_at).cast::<Cell>();
-    for i in 0..capacity {
-        let next = if i + 1 < capacity { (i + 1) as u32 } else { NONE };
-        (*cells.add(i)).next.store(next, Ordering::Relaxed);
-    }
-    header.free.store(if capacity > 0 { 0 } else { NONE }, Ordering::Relaxed);
+    header.free.store(NONE, Ordering::Relaxed);
+    header.never_used.store(0, Ordering::Relaxed);
 }
 
 fn rand_u64() -> u64 {
@@ -318,15 +319,23 @@ pub fn apply(place: Place, key: &str, slot: i32, row: Option<&Row>, reserved: bo
 
 fn take_free(table: &Table) -> Option<u32> {
     with_lock(table.free_list_lock(), pg_sys::LWLockMode::LW_EXCLUSIVE, || {
-        let head = table.header.free.load(Ordering::Relaxed);
-        if head == NONE {
-            return None;
-        }
-        // SAFETY: the free list's head, under its lock.
-        let next = unsafe { (*table.cell(head)).next.load(Ordering::Relaxed) };
-        table.header.free.store(next, Ordering::Relaxed);
-        table.header.used.fetch_add(1, Ordering::AcqRel);
-        Some(head)
+        let header = table.header;
+        let head = header.free.load(Ordering::Relaxed);
+        let taken = if head != NONE {
+            // SAFETY: the free list's head, under its lock.
+            let next = unsafe { (*table.cell(head)).next.load(Ordering::Relaxed) };
+            header.free.store(next, Ordering::Relaxed);
+            head
+        } else {
+            let never_used = header.never_used.load(Ordering::Relaxed);
+            if never_used >= header.capacity {
+                return None;
+            }
+            header.never_used.store(never_used + 1, Ordering::Relaxed);
+            never_used
+        };
+        header.used.fetch_add(1, Ordering::AcqRel);
+        Some(taken)
     })
 }
 
