@@ -165,3 +165,24 @@ fn drop_and_create_extension_leave_no_fast_lease() {
     let new = fast("e").run(&mut client).expect("the old extension's lease still holds the key");
     assert!(new.fence > old.fence, "fence {} after {}", new.fence, old.fence);
 }
+
+/// The rows of a dropped database are no one's: a sweep in any other database frees them, so they
+/// do not keep the cluster's other databases from fast leases.
+#[test]
+fn a_dropped_databases_rows_are_freed_by_a_sweep_elsewhere() {
+    let cluster = in_memory("mem_dropped", 27676, 20);
+    let mut client = cluster.connect();
+    client.batch_execute("CREATE DATABASE other").unwrap();
+    let mut other = cluster.connect_to("other");
+    other.batch_execute("CREATE EXTENSION pg_fence").unwrap();
+    for i in 0..15 {
+        fast(&format!("o{i}")).run(&mut other).unwrap();
+    }
+    drop(other);
+    client.batch_execute("DROP DATABASE other WITH (FORCE)").unwrap();
+    client.query("SELECT fence.sweep()", &[]).unwrap();
+    for i in 0..15 {
+        let key = format!("p{i}");
+        fast(&key).try_run(&mut client).unwrap_or_else(|err| panic!("{key}: {err}"));
+    }
+}

@@ -288,10 +288,18 @@ pub fn sweep_candidates(
     delete_before: Option<i64>,
 ) -> (Vec<SweepCandidate>, usize) {
     let incarnation = incarnation();
+    let here = database();
     let mut found = Vec::new();
+    // The rows of dropped databases, which nobody else can sweep, are deleted on the way. (Other
+    // databases' rows are only collected under the table's locks, and looked up after.)
+    let mut others: Vec<(u32, String, i32)> = Vec::new();
     let mut at = from;
-    while found.len() < limit {
-        at = super::shared::each_row(at, 1024, |key, row| {
+    while found.len() < limit && others.len() < limit {
+        at = super::shared::each_row_of_every_database(at, 1024, |database, key, row| {
+            if database != here {
+                others.push((database, key.to_owned(), row.slot));
+                return;
+            }
             let stale = row.incarnation != incarnation;
             let ended_unreleased = row.token_hash.is_some() && !live_at(row, now);
             let long_ended = row.token_hash.is_none()
@@ -303,6 +311,20 @@ pub fn sweep_candidates(
         });
         if at == 0 {
             break;
+        }
+    }
+    let mut known: Vec<(u32, bool)> = Vec::new();
+    for (database, key, slot) in others {
+        let exists = match known.iter().find(|(each, _)| *each == database) {
+            Some((_, exists)) => *exists,
+            None => {
+                let exists = super::shared::database_exists(database);
+                known.push((database, exists));
+                exists
+            }
+        };
+        if !exists {
+            super::shared::delete_of_dropped_database(database, &key, slot);
         }
     }
     (found, at)

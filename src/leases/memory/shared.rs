@@ -210,9 +210,18 @@ fn is_of(cell: &Cell, place: Place, key: &str) -> bool {
 /// Calls `f` with the key and row of every row in this database chained from the `count` buckets
 /// from `from` on (each bucket read under its lock); returns where to go on, 0 after the last.
 pub fn each_row(from: usize, count: usize, mut f: impl FnMut(&str, &Row)) -> usize {
-    let Some(table) = table() else { return 0 };
     // SAFETY: set for the life of a backend connected to a database.
-    let database = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let here = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    each_row_of_every_database(from, count, |database, key, row| {
+        if database == here {
+            f(key, row);
+        }
+    })
+}
+
+/// `each_row` over the rows of every database, with each row's database.
+pub fn each_row_of_every_database(from: usize, count: usize, mut f: impl FnMut(u32, &str, &Row)) -> usize {
+    let Some(table) = table() else { return 0 };
     let end = from.saturating_add(count).min(table.buckets.len());
     for bucket in from..end {
         with_lock(table.lock_of(bucket), pg_sys::LWLockMode::LW_SHARED, || {
@@ -220,9 +229,11 @@ pub fn each_row(from: usize, count: usize, mut f: impl FnMut(&str, &Row)) -> usi
             while at != NONE {
                 // SAFETY: a cell of this bucket's chain, read under its lock.
                 let cell = unsafe { &*table.cell(at) };
-                if cell.database == database {
-                    f(std::str::from_utf8(&cell.key[..cell.key_len as usize]).unwrap_or_default(), &cell.row);
-                }
+                f(
+                    cell.database,
+                    std::str::from_utf8(&cell.key[..cell.key_len as usize]).unwrap_or_default(),
+                    &cell.row,
+                );
                 at = cell.next.load(Ordering::Relaxed);
             }
         });
@@ -361,14 +372,40 @@ pub fn marker_is_there(database: u32, incarnation: u32) -> bool {
 pub fn place_marker(database: u32, incarnation: u32) {
     let Some(table) = table() else { return };
     let marker = u64::from(database) << 32 | u64::from(incarnation);
+    let markers = &table.header.markers;
+    // Markers of databases dropped since are cleared first (a look at the catalog each, done
+    // before taking the lock).
+    for each in markers.iter() {
+        let held = each.load(Ordering::Acquire);
+        if held != 0 && !database_exists((held >> 32) as u32) {
+            let _ = each.compare_exchange(held, 0, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
     with_lock(table.free_list_lock(), pg_sys::LWLockMode::LW_EXCLUSIVE, || {
-        let markers = &table.header.markers;
         let of_database = |each: &AtomicU64| each.load(Ordering::Relaxed) >> 32 == u64::from(database);
         let free = |each: &AtomicU64| each.load(Ordering::Relaxed) == 0;
-        if let Some(at) = markers.iter().position(of_database).or_else(|| markers.iter().position(free)) {
-            markers[at].store(marker, Ordering::Release);
-        }
+        // More databases with fast leases than markers: one of them loses its marker, and its
+        // next backends take the safe way of a reset once each.
+        let at = markers.iter().position(of_database).or_else(|| markers.iter().position(free));
+        markers[at.unwrap_or(database as usize % MARKERS)].store(marker, Ordering::Release);
     });
+}
+
+/// Whether database `oid` exists (pg_database is shared: any backend can look).
+pub fn database_exists(oid: u32) -> bool {
+    // SAFETY: a syscache lookup of a shared catalog, in a backend with a transaction.
+    !unsafe { pg_sys::get_database_name(pg_sys::Oid::from(oid)) }.is_null()
+}
+
+/// Deletes `key`'s row of `slot` in `database` at once, outside any transaction: for the rows of a
+/// dropped database, which no backend can be connected to.
+pub fn delete_of_dropped_database(database: u32, key: &str, slot: i32) {
+    let Some(table) = table() else { return };
+    let [k0, k1] = table.header.secret;
+    let mut hasher = SipHasher13::new_with_keys(k0, k1);
+    hasher.write_u32(database);
+    hasher.write(key.as_bytes());
+    apply(Place { database, hash: hasher.finish() }, key, slot, None, false);
 }
 
 /// (rows in use, capacity, bytes per row), for fence.stats and the docs; None without preload.
