@@ -30,6 +30,9 @@ static FAST_LEASES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 /// Whether a release grants the key to the first waiter in the same transaction.
 static HAND_OFF_IN_RELEASE: GucSetting<bool> = GucSetting::<bool>::new(true);
 
+/// Whether each change to a fast lease in shared memory is handed to a tracing function (tests).
+static TRACE_FAST_CHANGES: GucSetting<bool> = GucSetting::<bool>::new(false);
+
 /// How long, in milliseconds, a guard may hold back a waiting grant before the sweeper worker ends
 /// its backend (0: never).
 static GUARD_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -44,6 +47,16 @@ pub fn init() {
         &NOTIFY,
         GucContext::Userset,
         GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_fence.trace_fast_changes",
+        c"For pg_fence's own tests: hand each change to a fast lease in shared memory to \
+          public.pg_fence_trace_fast_change.",
+        c"Shared memory has no table to put triggers on; the torture test records the history of \
+          fast leases with this. Superuser-only.",
+        &TRACE_FAST_CHANGES,
+        GucContext::Suset,
+        GucFlags::NO_SHOW_ALL,
     );
     GucRegistry::define_bool_guc(
         c"pg_fence.notify_keys",
@@ -179,6 +192,10 @@ pub fn fast_leases() -> usize {
 
 pub fn hand_off_in_release() -> bool {
     HAND_OFF_IN_RELEASE.get()
+}
+
+pub fn trace_fast_changes() -> bool {
+    TRACE_FAST_CHANGES.get()
 }
 
 pub fn notify() -> bool {

@@ -26,9 +26,9 @@ fn leases_and_fenced_writes_keep_their_invariants_through_faults_and_crashes() {
         "track_commit_timestamp=on",
         "wal_writer_delay=10s",
         "wal_writer_flush_after=1GB",
+        // Fast leases in shared memory (pg_fence.fast_leases' default), recorded by
+        // pg_fence.trace_fast_changes (src/torture/recording.rs).
         "shared_preload_libraries=pg_fence",
-        // The recording triggers are on the lease tables: fast leases stay in the unlogged table.
-        "pg_fence.fast_leases=0",
     ];
     let cluster = Cluster::start("torture", 27001, &settings);
     let connect = || cluster.try_connect();

@@ -14,6 +14,7 @@
 pub mod changes;
 pub mod row;
 pub mod shared;
+mod trace;
 pub mod view;
 pub mod write_set;
 

@@ -46,6 +46,10 @@ pub fn rows(key: &str) -> Vec<Row> {
 
 /// Sets `key`'s row of `row.slot` at this transaction's commit.
 pub fn put(key: &str, row: Row) {
+    if crate::pg::settings::trace_fast_changes() {
+        let before = rows(key).into_iter().find(|each| each.slot == row.slot);
+        super::trace::change(key, before.as_ref(), &row);
+    }
     change(key, row.slot, Some(row));
 }
 

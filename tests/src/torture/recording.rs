@@ -46,25 +46,23 @@ const SCHEMA: &str = r#"
         -- when the server that made the change started: a fast lease ends when the server does
         server_start timestamptz NOT NULL DEFAULT pg_catalog.pg_postmaster_start_time()
     );
-    CREATE OR REPLACE FUNCTION public.torture_record_lease() RETURNS trigger LANGUAGE plpgsql AS $$
-    DECLARE
-        kind text := CASE WHEN TG_OP = 'INSERT' OR NEW.fence <> OLD.fence THEN 'grant'
-                          WHEN NEW.token_hash IS NULL THEN 'end'
-                          ELSE 'renew' END;
+    CREATE OR REPLACE FUNCTION public.torture_record(
+        key text, slot integer, shared boolean, permits integer, fence bigint, kind text,
+        held boolean, acquired_at timestamptz, expires_at timestamptz, owner text, durable boolean
+    ) RETURNS void LANGUAGE plpgsql AS $$
     BEGIN
         INSERT INTO public.torture_leases
                (key, slot, shared, permits, fence, kind, held, acquired_at, expires_at, by, durable)
-        VALUES (NEW.key, NEW.slot, NEW.shared, NEW.permits, NEW.fence, kind, NEW.token_hash IS NOT NULL,
-                NEW.acquired_at, NEW.expires_at,
+        VALUES (key, slot, shared, permits, fence, kind, held, acquired_at, expires_at,
                 -- A release may grant the key to the first waiter in its own transaction
                 -- (src/leases/next_in_line.rs): a grant is the acquirer's, whose application_name
                 -- is its default owner.
-                CASE WHEN kind = 'grant' THEN NEW.owner ELSE current_setting('application_name') END,
-                TG_TABLE_NAME = 'lease_state');
+                CASE WHEN kind = 'grant' THEN owner ELSE current_setting('application_name') END,
+                durable);
         -- pg_fence commits a release without a WAL flush when the release is all its transaction
         -- writes. This insert is a second write, which would make the release's commit flush; keep
         -- the documented behaviour (an acknowledged release can be lost in a crash) under test.
-        IF TG_TABLE_NAME = 'fast_lease_state' AND kind <> 'end' THEN
+        IF NOT durable AND kind <> 'end' THEN
             -- A fast lease's grant and renewal commit without a flush when they are all their
             -- transaction wrote, this record included (it is written during the call).
             -- remote_apply, which pg_fence never lowers, keeps the record of what a client was
@@ -74,8 +72,27 @@ const SCHEMA: &str = r#"
             -- Not when a fast grant ends the durable row's expired lease in the same transaction.
             PERFORM set_config('synchronous_commit', 'off', true);
         END IF;
+    END $$;
+    CREATE OR REPLACE FUNCTION public.torture_record_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM public.torture_record(
+            NEW.key, NEW.slot, NEW.shared, NEW.permits, NEW.fence,
+            CASE WHEN TG_OP = 'INSERT' OR NEW.fence <> OLD.fence THEN 'grant'
+                 WHEN NEW.token_hash IS NULL THEN 'end'
+                 ELSE 'renew' END,
+            NEW.token_hash IS NOT NULL, NEW.acquired_at, NEW.expires_at, NEW.owner,
+            TG_TABLE_NAME = 'lease_state');
         RETURN NULL;
     END $$;
+    -- Fast leases in shared memory (pg_fence preloaded) have no table: pg_fence hands each change
+    -- to this function when pg_fence.trace_fast_changes is on (set below for the database).
+    CREATE OR REPLACE FUNCTION public.pg_fence_trace_fast_change(
+        key text, slot integer, shared boolean, permits integer, fence bigint, kind text,
+        held boolean, acquired_at timestamptz, expires_at timestamptz, owner text
+    ) RETURNS void LANGUAGE sql AS $$
+        SELECT public.torture_record(key, slot, shared, permits, fence, kind, held, acquired_at,
+                                     expires_at, owner, false)
+    $$;
     CREATE OR REPLACE TRIGGER torture_record_lease AFTER INSERT OR UPDATE ON fence.lease_state
         FOR EACH ROW EXECUTE FUNCTION public.torture_record_lease();
     -- Not the reset marker, the row under the empty key that no lease has (src/leases/fences.rs).
@@ -88,6 +105,12 @@ pub fn install(client: &mut Client, keys: &[String]) -> Result<(), postgres::Err
     let on: String = client.query_one("SHOW track_commit_timestamp", &[])?.get(0);
     assert_eq!(on, "on", "the torture checker orders changes by commit timestamp");
     client.batch_execute(SCHEMA)?;
+    // For the sessions that connect from now on, the sweeper worker included (it connects after
+    // each restart, and on each new primary).
+    client.batch_execute(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET pg_fence.trace_fast_changes = on', \
+         current_database()); END $$",
+    )?;
     for key in keys {
         client.execute(
             "INSERT INTO public.torture_resource (key) VALUES ($1) ON CONFLICT DO NOTHING",
@@ -188,7 +211,7 @@ pub fn load_history(client: &mut Client) -> Result<History, postgres::Error> {
     let final_fences = snapshot
         .query(
             "SELECT key, fence FROM fence.lease_state
-             UNION ALL SELECT key, fence FROM fence.fast_lease_state WHERE key <> ''",
+             UNION ALL SELECT key, fence FROM fence.fast_lease_rows() WHERE key <> ''",
             &[],
         )?
         .iter()
