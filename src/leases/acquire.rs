@@ -193,7 +193,8 @@ fn lease_held_with(key: &str, token: Uuid) -> Option<Lease> {
     Some(lease_value(key, &held.owner, held.fence, token, held.acquired_at, held.expires_at))
 }
 
-/// A value of type fence.lease.
+/// A value of type fence.lease, made in place: a statement to make it would cost a grant in
+/// shared memory more than the grant itself.
 pub(super) fn lease_value(
     key: &str,
     owner: &str,
@@ -202,16 +203,29 @@ pub(super) fn lease_value(
     acquired_at: i64,
     expires_at: i64,
 ) -> Lease {
-    let args = [
-        key.into(),
-        owner.into(),
-        fence.into(),
-        token.into(),
-        clock::timestamp(acquired_at).into(),
-        clock::timestamp(expires_at).into(),
+    fn damaged() -> ! {
+        crate::pg::errors::state_damaged(
+            "type fence.lease is not (text, text, bigint, uuid, timestamptz, timestamptz)",
+        )
+    }
+    use pg_sys::{INT8OID, TEXTOID, TIMESTAMPTZOID, UUIDOID};
+    let types = [TEXTOID, TEXTOID, INT8OID, UUIDOID, TIMESTAMPTZOID, TIMESTAMPTZOID];
+    let desc = installed::lease_type().and_then(pgrx::PgTupleDesc::for_composite_type_by_oid);
+    let Some(desc) = desc.filter(|desc| {
+        desc.len() == types.len() && desc.iter().zip(types).all(|(column, wanted)| column.atttypid == wanted)
+    }) else {
+        damaged()
+    };
+    let values = [
+        key.into_datum(),
+        owner.into_datum(),
+        fence.into_datum(),
+        token.into_datum(),
+        clock::timestamp(acquired_at).into_datum(),
+        clock::timestamp(expires_at).into_datum(),
     ];
-    execute_first::<Lease>("SELECT ROW($1, $2, $3, $4, $5, $6)::fence.lease", &args)
-        .unwrap_or_else(|| crate::pg::errors::state_damaged("type fence.lease makes no value"))
+    // SAFETY: each value is of its column's type, checked above.
+    unsafe { Lease::from_datums(desc, values) }.unwrap_or_else(|_| damaged())
 }
 
 /// lease_acquire as the SQL objects of version 0.4.0 declare it, without `shared` and `permits`.

@@ -4,7 +4,7 @@
 use super::kinds::Kind;
 use super::notify::{self, Event};
 use super::{
-    durability, lock_key_if_it_can_succeed, memory, next_in_line, row, sessions, token_hash, token_holds,
+    durability, lock_key_if_it_can_succeed, memory, next_in_line, row, sessions, token_hash,
     unseen_by_the_statement, waiting,
 };
 use crate::locks::keylock::{self, Mode};
@@ -69,12 +69,10 @@ fn renew_if_held(
 
 pub(super) fn renew_checked(key: &str, token: Uuid, ttl: i64) -> Option<TimestampWithTimeZone> {
     let wal_before = durability::wal_position();
-    if !lock_key_if_it_can_succeed(key, Mode::Change, |now| token_holds(key, token, now)) {
-        return None;
-    }
-    let now = clock::now();
     let hash = token_hash(token);
-    let Some(held) = row::held_with(key, &hash, now) else {
+    let kind = lock_key_if_held(key, &hash)?;
+    let now = clock::now();
+    let Some(held) = row::held_with_of_kind(kind, key, &hash, now) else {
         keylock::unlock(key, Mode::Change);
         return None;
     };
@@ -126,14 +124,25 @@ pub(super) fn end_held(key: &str, hash: &[u8], held: &row::Live, now: i64) -> Op
     ended
 }
 
+/// Takes the key's lock if the token holds its lease, as last committed: the kind of that lease.
+fn lock_key_if_held(key: &str, hash: &[u8]) -> Option<Kind> {
+    let mut kind = None;
+    lock_key_if_it_can_succeed(key, Mode::Change, |now| {
+        kind = row::held_with(key, hash, now).map(|held| held.kind);
+        kind.is_some()
+    });
+    kind
+}
+
 pub(super) fn release_checked(key: &str, token: Uuid) -> bool {
     let wal_before = durability::wal_position();
-    if !lock_key_if_it_can_succeed(key, Mode::Change, |now| token_holds(key, token, now)) {
-        return false;
-    }
-    let now = clock::now();
     let hash = token_hash(token);
-    let ended_fence = row::held_with(key, &hash, now).and_then(|held| end_held(key, &hash, &held, now));
+    let Some(kind) = lock_key_if_held(key, &hash) else {
+        return false;
+    };
+    let now = clock::now();
+    let held = row::held_with_of_kind(kind, key, &hash, now);
+    let ended_fence = held.and_then(|held| end_held(key, &hash, &held, now));
     match ended_fence {
         Some(fence) => {
             sessions::unbound(key);

@@ -77,6 +77,16 @@ pub fn held_with(key: &str, token_hash: &[u8], now: i64) -> Option<Live> {
     live(key, now).find(|lease| lease.token_hash == token_hash)
 }
 
+/// `held_with` among the rows of one kind only: for a call that found the token's lease of that
+/// kind before it took the key's lock. (A token holds one lease of a key at a time: if that lease
+/// ended meanwhile, there was a moment when the token held none, and "not held" is a true answer.)
+pub fn held_with_of_kind(kind: Kind, key: &str, token_hash: &[u8], now: i64) -> Option<Live> {
+    find(kind, key, now, false)
+        .into_iter()
+        .filter_map(|found| found.live)
+        .find(|lease| lease.token_hash == token_hash)
+}
+
 /// Every row of `key`, of both kinds, in the latest committed state. Their `ended` only where a
 /// lock-delay needs it: decoding it on every fenced write's read would cost for nothing.
 pub fn all(key: &str, now: i64) -> Vec<Found> {
@@ -144,6 +154,13 @@ pub fn find(kind: Kind, key: &str, now: i64, ends: bool) -> Vec<Found> {
     }
 }
 
+/// Whether `attname` is `name`, without measuring it: compared on every attribute for every
+/// column, on every read of a key's rows.
+fn is_named(attname: &pg_sys::NameData, name: &CStr) -> bool {
+    let wanted = name.to_bytes_with_nul();
+    wanted.len() <= attname.data.len() && wanted.iter().zip(attname.data.iter()).all(|(w, a)| *w == *a as u8)
+}
+
 /// Positions (from 0) of the columns liveness reads, found by name so that a column added by a
 /// later version cannot shift them.
 struct Columns {
@@ -174,7 +191,7 @@ impl Columns {
         let optional = |name: &CStr| {
             (0..(*desc).natts as usize)
                 .map(|i| compat::attribute(desc, i))
-                .position(|a| !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()) == name)
+                .position(|a| !a.attisdropped && is_named(&a.attname, name))
         };
         let position =
             |name: &CStr| optional(name).unwrap_or_else(|| panic!("a lease table has no column {name:?}"));

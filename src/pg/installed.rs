@@ -2,19 +2,74 @@
 //! ALTER EXTENSION pg_fence UPDATE, the library runs over the objects of an older version (the
 //! server loads the new library for the old SQL functions); every call must keep working there,
 //! with what those objects offer.
+//!
+//! Every lease call asks for several of these objects: their OIDs are kept per backend, and
+//! forgotten whenever PostgreSQL announces a change to any relation's or type's name, or to any
+//! schema (CREATE, DROP or ALTER EXTENSION among them). Announcements are read when syscache
+//! look-ups would read them, so a kept OID is never older than a look-up's would be.
 use pgrx::pg_sys;
+use std::cell::{Cell, RefCell};
+use std::ffi::CStr;
+
+thread_local! {
+    static KEPT: RefCell<Vec<(&'static CStr, Option<pg_sys::Oid>)>> = const { RefCell::new(Vec::new()) };
+    static STALE: Cell<bool> = const { Cell::new(false) };
+    static CALLBACKS_REGISTERED: Cell<bool> = const { Cell::new(false) };
+}
 
 /// The table `name` of schema fence, if it is there.
-pub fn table(name: &std::ffi::CStr) -> Option<pg_sys::Oid> {
-    // SAFETY: syscache look-ups by name; missing_ok, so a missing schema is InvalidOid, not an error.
-    let table = unsafe {
-        let namespace = pg_sys::get_namespace_oid(c"fence".as_ptr(), true);
-        if namespace == pg_sys::InvalidOid {
-            return None;
-        }
-        pg_sys::get_relname_relid(name.as_ptr(), namespace)
-    };
-    (table != pg_sys::InvalidOid).then_some(table)
+pub fn table(name: &'static CStr) -> Option<pg_sys::Oid> {
+    kept(name, || {
+        // SAFETY: syscache look-ups by name; missing_ok, so a missing schema is InvalidOid.
+        let table = unsafe {
+            let namespace = pg_sys::get_namespace_oid(c"fence".as_ptr(), true);
+            if namespace == pg_sys::InvalidOid {
+                return None;
+            }
+            pg_sys::get_relname_relid(name.as_ptr(), namespace)
+        };
+        (table != pg_sys::InvalidOid).then_some(table)
+    })
+}
+
+/// The composite type fence.lease, which lease_acquire returns.
+pub fn lease_type() -> Option<pg_sys::Oid> {
+    kept(c"type fence.lease", || pgrx::PgTupleDesc::for_composite_type("fence.lease").map(|desc| desc.oid()))
+}
+
+/// `look_up()`, kept under `name` until the next change announced. One announced while it looks
+/// up leaves it unkept: this call alone uses it, as it would have without keeping.
+fn kept(name: &'static CStr, look_up: impl FnOnce() -> Option<pg_sys::Oid>) -> Option<pg_sys::Oid> {
+    register_callbacks();
+    if STALE.replace(false) {
+        KEPT.with_borrow_mut(Vec::clear);
+    }
+    if let Some(oid) =
+        KEPT.with_borrow(|kept| kept.iter().find(|(each, _)| *each == name).map(|(_, oid)| *oid))
+    {
+        return oid;
+    }
+    let oid = look_up();
+    if !STALE.get() {
+        KEPT.with_borrow_mut(|kept| kept.push((name, oid)));
+    }
+    oid
+}
+
+fn register_callbacks() {
+    if CALLBACKS_REGISTERED.replace(true) {
+        return;
+    }
+    let catalogs = [
+        pg_sys::SysCacheIdentifier::RELNAMENSP,
+        pg_sys::SysCacheIdentifier::TYPENAMENSP,
+        pg_sys::SysCacheIdentifier::NAMESPACENAME,
+    ];
+    super::catalog_changes::register(&catalogs, catalog_changed);
+}
+
+unsafe extern "C-unwind" fn catalog_changed(_arg: pg_sys::Datum, _catalog: std::ffi::c_int, _hash: u32) {
+    STALE.set(true);
 }
 
 /// Whether the objects of version 0.4.0 are there: table fence.high_water, which its scripts create

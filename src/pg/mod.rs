@@ -1,9 +1,11 @@
 //! PostgreSQL plumbing that every concept uses and that knows nothing of leases: the server's clock,
 //! the pg_fence.* settings, statements prepared once per backend, how errors are raised (PostgreSQL's
 //! and pg_fence's own PF class), argument checks, what differs between major versions, which
-//! version's SQL objects are installed, reading a table's one row without a statement, and shared memory sized by the settings.
+//! version's SQL objects are installed (kept per backend until the catalogs change), reading a table's
+//! one row without a statement, and shared memory sized by the settings.
 //!
 //! Depends on nothing else in the crate.
+pub mod catalog_changes;
 pub mod clock;
 pub mod compat;
 pub mod errors;

@@ -132,13 +132,9 @@ fn register_callbacks() {
         pg_sys::SysCacheIdentifier::OPEROID,
         pg_sys::SysCacheIdentifier::CLAOID,
     ];
-    // SAFETY: callbacks for the life of the backend, which only set a flag.
-    unsafe {
-        for catalog in catalogs {
-            pg_sys::CacheRegisterSyscacheCallback(catalog as i32, Some(catalog_changed), 0.into());
-        }
-        pg_sys::CacheRegisterRelcacheCallback(Some(relation_changed), 0.into());
-    }
+    crate::pg::catalog_changes::register(&catalogs, catalog_changed);
+    // SAFETY: a callback for the life of the backend, which only sets a flag.
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(relation_changed), 0.into()) };
 }
 
 unsafe extern "C-unwind" fn relation_changed(_arg: pg_sys::Datum, _relid: pg_sys::Oid) {

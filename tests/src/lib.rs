@@ -29,6 +29,14 @@ fn run_script(args: &[&str]) {
 
 /// Creates (not starts) the cluster "it_" + `name`, destroying what an earlier run left; returns
 /// its name. A cluster that then fails to start is left in place, server.log included.
+/// A test's port, moved by $PG_FENCE_PORT_OFFSET (0 by default): two runs of the suites side by
+/// side (one against a build of its own, through $PG_BIN and $PG_FENCE_TEST_DIR) need apart ports.
+pub fn port(port: u16) -> u16 {
+    let offset = std::env::var("PG_FENCE_PORT_OFFSET")
+        .map_or(0, |s| s.parse().expect("PG_FENCE_PORT_OFFSET: a number"));
+    port.checked_add(offset).expect("PG_FENCE_PORT_OFFSET moves a port beyond 65535")
+}
+
 fn create(name: &str, port: u16, settings: &[&str]) -> String {
     let name = format!("it_{name}");
     let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
@@ -85,6 +93,7 @@ impl Cluster {
     /// under libfaketime). They are set for `pg_test/cluster start`, whose runuser and pg_ctl pass
     /// them on to the postmaster and so to every backend; a later `restart` does not set them.
     pub fn start_with_env(name: &str, port: u16, settings: &[&str], env: &[(&str, &str)]) -> Cluster {
+        let port = self::port(port);
         let name = create(name, port, settings);
         start_script_with_env(&name, env);
         let cluster = Cluster { name, port };
@@ -94,6 +103,7 @@ impl Cluster {
 
     /// The same as `start`, without CREATE EXTENSION.
     pub fn start_without_extension(name: &str, port: u16, settings: &[&str]) -> Cluster {
+        let port = self::port(port);
         let name = create(name, port, settings);
         run_script(&["start", &name]);
         Cluster { name, port }
@@ -102,6 +112,7 @@ impl Cluster {
     /// A streaming standby of `primary` (pg_basebackup -R), started; its application_name is its
     /// cluster name, "it_" + `name`, for the primary's synchronous_standby_names.
     pub fn start_standby(name: &str, primary: &Cluster, port: u16, settings: &[&str]) -> Cluster {
+        let port = self::port(port);
         let name = format!("it_{name}");
         let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
         let port_text = port.to_string();
@@ -318,6 +329,7 @@ impl Cluster {
     /// `settings` (restore_command, recovery_target_*), and once it has recovered and been promoted
     /// (recovery_target_action = 'promote' among them) accepts writes. Destroyed when dropped.
     pub fn recover(name: &str, backup: &BaseBackup, port: u16, settings: &[&str]) -> Cluster {
+        let port = self::port(port);
         let name = format!("it_{name}");
         let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
         let port_text = port.to_string();

@@ -94,7 +94,7 @@ fn fail_over(name: &str, ports: (u16, u16), synchronous: bool) -> Outcome {
     }
 
     let (stop, acked) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(Acked::default())));
-    let workers = clients(ports.0, &stop, &acked);
+    let workers = clients(primary.port(), &stop, &acked);
     thread::sleep(Duration::from_secs(2));
     signal(walreceiver, "-STOP");
     thread::sleep(Duration::from_secs(1));

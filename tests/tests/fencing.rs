@@ -50,7 +50,13 @@ fn a_paused_holder_never_writes_after_its_successor_was_granted() {
         let delay_ms = rng.gen_range(0..ttl_ms);
         let mode = if rng.gen_bool(0.5) { "single" } else { "transaction" };
         let mut a = Command::new(writer)
-            .args(["26401", "resource:1", &ttl_ms.to_string(), &delay_ms.to_string(), mode])
+            .args([
+                &cluster.port().to_string(),
+                "resource:1",
+                &ttl_ms.to_string(),
+                &delay_ms.to_string(),
+                mode,
+            ])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();

@@ -96,7 +96,7 @@ fn race(
 fn shared_leases_live_together_and_never_beside_an_exclusive_one() {
     let cluster = Cluster::start("modes_shared", 27490, &[]);
     cluster.connect().batch_execute(SCHEMA).unwrap();
-    let seen = race(27490, 16, Duration::from_secs(6), |rng| (rng.gen_bool(0.8), 1));
+    let seen = race(cluster.port(), 16, Duration::from_secs(6), |rng| (rng.gen_bool(0.8), 1));
     println!("16 racers, shared and exclusive: {seen:?}");
     assert!(seen.violations.is_empty(), "holders found another mode beside them: {:?}", seen.violations);
     assert!(seen.most_readers >= 2, "shared leases never lived together: {seen:?}");
@@ -109,7 +109,7 @@ fn a_semaphore_of_three_never_has_a_fourth_holder() {
     let cluster = Cluster::start("modes_semaphore", 27491, &[]);
     let mut client = cluster.connect();
     client.batch_execute(SCHEMA).unwrap();
-    let seen = race(27491, 16, Duration::from_secs(5), |_| (false, 3));
+    let seen = race(cluster.port(), 16, Duration::from_secs(5), |_| (false, 3));
     println!("16 racers, permits => 3: {seen:?}");
     assert!(seen.violations.is_empty(), "more than 3 holders at once: {:?}", seen.violations);
     assert_eq!(seen.most_writers, 3, "the semaphore never filled: {seen:?}");
