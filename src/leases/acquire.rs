@@ -531,7 +531,6 @@ impl<'a> Request<'a> {
             self.handed_to.as_deref().into(),
             self.lock_delay.into(),
         ];
-        let (again, first) = self.statements();
         // The row found above tells which statement grants the slot. Under REPEATABLE READ or
         // SERIALIZABLE, the UPDATE may not see a row committed after the snapshot: then the INSERT
         // runs into it and fails with 40001, as a write conflict under those levels does.
@@ -540,6 +539,7 @@ impl<'a> Request<'a> {
             // Shared memory is read as last committed, never through a snapshot.
             (self.grant_in_memory(slot, now, token, session, floor), false)
         } else {
+            let (again, first) = self.statements();
             let granted_again = if own_row { execute_first::<Lease>(again, &args) } else { None };
             match granted_again {
                 Some(lease) => (Some(lease), false),

@@ -81,7 +81,12 @@ pub fn since_0_4_0() -> bool {
 /// Whether the objects of version 0.5.0 are there: the lease tables' column `slot`, which its
 /// scripts add together with `shared` and `permits` (src/leases/modes.rs).
 pub fn since_0_5_0() -> bool {
-    let Some(table) = table(c"lease_state") else { return false };
-    // SAFETY: a syscache look-up by name; a missing column is InvalidAttrNumber, not an error.
-    unsafe { pg_sys::get_attnum(table, c"slot".as_ptr()) != pg_sys::InvalidAttrNumber as i16 }
+    // ALTER TABLE .. ADD COLUMN changes the table's row of pg_class too, which forgets what is kept.
+    let slot = kept(c"column fence.lease_state.slot", || {
+        let table = table(c"lease_state")?;
+        // SAFETY: a syscache look-up by name; a missing column is InvalidAttrNumber, not an error.
+        let slot = unsafe { pg_sys::get_attnum(table, c"slot".as_ptr()) };
+        (slot != pg_sys::InvalidAttrNumber as i16).then_some(table)
+    });
+    slot.is_some()
 }
