@@ -193,6 +193,12 @@ fn lease_held_with(key: &str, token: Uuid) -> Option<Lease> {
     Some(lease_value(key, &held.owner, held.fence, token, held.acquired_at, held.expires_at))
 }
 
+/// `lease_held_with` among the key's leases of one kind (see `row::held_with_of_kind`).
+fn lease_of_kind_held_with(kind: Kind, key: &str, token: Uuid) -> Option<Lease> {
+    let held = row::held_with_of_kind(kind, key, &token_hash(token), clock::now())?;
+    Some(lease_value(key, &held.owner, held.fence, token, held.acquired_at, held.expires_at))
+}
+
 /// A value of type fence.lease, made in place: a statement to make it would cost a grant in
 /// shared memory more than the grant itself.
 pub(super) fn lease_value(
@@ -421,7 +427,8 @@ impl<'a> Request<'a> {
     /// of this same acquire (its reply lost, its call still queued): made as durable as a grant of
     /// this call's own, and this call's answer.
     fn granted_by_a_release(&self, token: Uuid) -> Option<Lease> {
-        let lease = lease_held_with(self.key, token)?;
+        // Of this call's kind, as a release grants it: a fast waiter reads no durable row here.
+        let lease = lease_of_kind_held_with(self.kind, self.key, token)?;
         if self.session_bound {
             sessions::bound(self.key);
         }
