@@ -51,7 +51,7 @@ pub fn init() {
     GucRegistry::define_bool_guc(
         c"pg_fence.trace_fast_changes",
         c"For pg_fence's own tests: hand each change to a fast lease in shared memory to \
-          public.pg_fence_trace_fast_change.",
+          fence.trace_fast_change.",
         c"Shared memory has no table to put triggers on; the torture test records the history of \
           fast leases with this. Superuser-only.",
         &TRACE_FAST_CHANGES,

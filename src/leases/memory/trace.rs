@@ -1,12 +1,14 @@
 //! For pg_fence's own tests: with `pg_fence.trace_fast_changes` on, each change to a fast lease in
-//! shared memory is handed to `public.pg_fence_trace_fast_change`, in the changing call's
+//! shared memory is handed to `fence.trace_fast_change`, in the changing call's
 //! transaction. A table's history can be kept by triggers; shared memory has none, and the torture
-//! test's checker needs every version of every row (tests/src/torture/recording.rs).
+//! test's checker needs every version of every row (tests/src/torture/recording.rs). The function
+//! runs with pg_fence's rights (the lease functions are SECURITY DEFINER): it is looked for in
+//! schema fence, where only its owner can create one, never on a path others can write to.
 use super::row::Row;
 use crate::pg::clock::timestamp;
 use crate::pg::spi_plans;
 
-const CALL: &str = "SELECT public.pg_fence_trace_fast_change($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+const CALL: &str = "SELECT fence.trace_fast_change($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
 /// `before` is the row as this transaction saw it (None: a new row). The kinds are those of the
 /// recording trigger on the table: a grant (a new row or a new fence), an end (no token left) or a

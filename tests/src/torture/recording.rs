@@ -85,8 +85,9 @@ const SCHEMA: &str = r#"
         RETURN NULL;
     END $$;
     -- Fast leases in shared memory (pg_fence preloaded) have no table: pg_fence hands each change
-    -- to this function when pg_fence.trace_fast_changes is on (set below for the database).
-    CREATE OR REPLACE FUNCTION public.pg_fence_trace_fast_change(
+    -- to this function when pg_fence.trace_fast_changes is on (set below for the database). It runs
+    -- with pg_fence's rights, so pg_fence looks for it in its own schema only.
+    CREATE OR REPLACE FUNCTION fence.trace_fast_change(
         key text, slot integer, shared boolean, permits integer, fence bigint, kind text,
         held boolean, acquired_at timestamptz, expires_at timestamptz, owner text
     ) RETURNS void LANGUAGE sql AS $$
