@@ -11,9 +11,15 @@ use pgrx::pg_sys;
 use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
 
+/// Each object kept, by the name it is kept under (None: not there).
+type Kept = Vec<(&'static CStr, Option<pg_sys::Oid>)>;
+
 thread_local! {
-    static KEPT: RefCell<Vec<(&'static CStr, Option<pg_sys::Oid>)>> = const { RefCell::new(Vec::new()) };
-    static STALE: Cell<bool> = const { Cell::new(false) };
+    /// What is kept, and the count of announced changes it was kept at.
+    static KEPT: RefCell<(u64, Kept)> = const { RefCell::new((0, Vec::new())) };
+    /// Changes announced so far: a count rather than a flag, so that a look-up made inside
+    /// another's (since_0_5_0 looks up a table) cannot hide a change from the outer one.
+    static CHANGES: Cell<u64> = const { Cell::new(0) };
     static CALLBACKS_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -41,18 +47,23 @@ pub fn lease_type() -> Option<pg_sys::Oid> {
 /// up leaves it unkept: this call alone uses it, as it would have without keeping.
 fn kept(name: &'static CStr, look_up: impl FnOnce() -> Option<pg_sys::Oid>) -> Option<pg_sys::Oid> {
     register_callbacks();
-    if STALE.replace(false) {
-        KEPT.with_borrow_mut(Vec::clear);
-    }
-    if let Some(oid) =
-        KEPT.with_borrow(|kept| kept.iter().find(|(each, _)| *each == name).map(|(_, oid)| *oid))
-    {
+    let changes = CHANGES.get();
+    let found = KEPT.with_borrow_mut(|(kept_at, kept)| {
+        if *kept_at != changes {
+            kept.clear();
+            *kept_at = changes;
+        }
+        kept.iter().find(|(each, _)| *each == name).map(|(_, oid)| *oid)
+    });
+    if let Some(oid) = found {
         return oid;
     }
     let oid = look_up();
-    if !STALE.get() {
-        KEPT.with_borrow_mut(|kept| kept.push((name, oid)));
-    }
+    KEPT.with_borrow_mut(|(kept_at, kept)| {
+        if CHANGES.get() == changes && *kept_at == changes {
+            kept.push((name, oid));
+        }
+    });
     oid
 }
 
@@ -69,7 +80,7 @@ fn register_callbacks() {
 }
 
 unsafe extern "C-unwind" fn catalog_changed(_arg: pg_sys::Datum, _catalog: std::ffi::c_int, _hash: u32) {
-    STALE.set(true);
+    CHANGES.set(CHANGES.get().wrapping_add(1));
 }
 
 /// Whether the objects of version 0.4.0 are there: table fence.high_water, which its scripts create
