@@ -169,7 +169,7 @@ fn acquire_in_mode(
     durability::require_writable("acquire a lease");
     // A retry of an acquire whose reply was lost: the lease it granted, as it was granted.
     let wal_before = durability::wal_position();
-    if let Some(lease) = token.and_then(|token| lease_held_with(key, token)) {
+    if let Some(lease) = token.and_then(|token| lease_held_with(key, token, None)) {
         durability::skip_flush_if_alone(wal_before);
         return Some(lease);
     }
@@ -187,15 +187,14 @@ fn acquire_in_mode(
 }
 
 /// The key's live lease, as last committed, if `token` holds it: (key, owner, fence, token,
-/// acquired_at, expires_at), unchanged.
-fn lease_held_with(key: &str, token: Uuid) -> Option<Lease> {
-    let held = row::held_with(key, &token_hash(token), clock::now())?;
-    Some(lease_value(key, &held.owner, held.fence, token, held.acquired_at, held.expires_at))
-}
-
-/// `lease_held_with` among the key's leases of one kind (see `row::held_with_of_kind`).
-fn lease_of_kind_held_with(kind: Kind, key: &str, token: Uuid) -> Option<Lease> {
-    let held = row::held_with_of_kind(kind, key, &token_hash(token), clock::now())?;
+/// acquired_at, expires_at), unchanged. With `kind`, among the key's leases of that kind only (see
+/// `row::held_with_of_kind`).
+fn lease_held_with(key: &str, token: Uuid, kind: Option<Kind>) -> Option<Lease> {
+    let (hash, now) = (token_hash(token), clock::now());
+    let held = match kind {
+        Some(kind) => row::held_with_of_kind(kind, key, &hash, now),
+        None => row::held_with(key, &hash, now),
+    }?;
     Some(lease_value(key, &held.owner, held.fence, token, held.acquired_at, held.expires_at))
 }
 
@@ -428,7 +427,7 @@ impl<'a> Request<'a> {
     /// this call's own, and this call's answer.
     fn granted_by_a_release(&self, token: Uuid) -> Option<Lease> {
         // Of this call's kind, as a release grants it: a fast waiter reads no durable row here.
-        let lease = lease_of_kind_held_with(self.kind, self.key, token)?;
+        let lease = lease_held_with(self.key, token, Some(self.kind))?;
         if self.session_bound {
             sessions::bound(self.key);
         }

@@ -27,8 +27,6 @@ fn run_script(args: &[&str]) {
     assert!(status.success(), "pg_test/cluster {args:?} failed");
 }
 
-/// Creates (not starts) the cluster "it_" + `name`, destroying what an earlier run left; returns
-/// its name. A cluster that then fails to start is left in place, server.log included.
 /// A test's port, moved by $PG_FENCE_PORT_OFFSET (0 by default): two runs of the suites side by
 /// side (one against a build of its own, through $PG_BIN and $PG_FENCE_TEST_DIR) need apart ports.
 pub fn port(port: u16) -> u16 {
@@ -37,6 +35,8 @@ pub fn port(port: u16) -> u16 {
     port.checked_add(offset).expect("PG_FENCE_PORT_OFFSET moves a port beyond 65535")
 }
 
+/// Creates (not starts) the cluster "it_" + `name`, destroying what an earlier run left; returns
+/// its name. A cluster that then fails to start is left in place, server.log included.
 fn create(name: &str, port: u16, settings: &[&str]) -> String {
     let name = format!("it_{name}");
     let _ = Command::new(cluster_script()).args(["destroy", &name]).status();
