@@ -72,9 +72,12 @@ pub fn live(key: &str, now: i64) -> impl Iterator<Item = Live> {
     all(key, now).into_iter().filter_map(|found| found.live)
 }
 
-/// `key`'s live lease if the token with this hash holds it.
+/// `key`'s live lease if the token with this hash holds it. A token holds one lease of a key at a
+/// time, so the fast rows are read first: found there (in shared memory, as a fast lease's release
+/// or renewal does), the durable table's index is not read at all.
 pub fn held_with(key: &str, token_hash: &[u8], now: i64) -> Option<Live> {
-    held_among(all(key, now), token_hash)
+    held_with_of_kind(Kind::Fast, key, token_hash, now)
+        .or_else(|| held_with_of_kind(Kind::Durable, key, token_hash, now))
 }
 
 /// `held_with` among the rows of one kind only: for a call that found the token's lease of that

@@ -4,7 +4,7 @@
 //! other sessions see the last committed state meanwhile; a full table refuses a grant with 53400
 //! and changes nothing; DROP and CREATE EXTENSION leave no lease behind. The rest of fast leases'
 //! behaviour is checked by the other suites run with PG_FENCE_TEST_SETTINGS (pg_test/run-tests).
-use pg_fence_integration::{acquire, sqlstate, Acquire, Cluster};
+use pg_fence_integration::{acquire, sqlstate, Acquire, Cluster, Lease};
 use postgres::Client;
 
 fn in_memory(name: &str, port: u16, capacity: u32) -> Cluster {
@@ -185,4 +185,29 @@ fn a_dropped_databases_rows_are_freed_by_a_sweep_elsewhere() {
         let key = format!("p{i}");
         fast(&key).try_run(&mut client).unwrap_or_else(|err| panic!("{key}: {err}"));
     }
+}
+
+/// A fast lease's renewal and release find it in shared memory and read no index of the durable
+/// table (its scans, as the statistics count them, do not move), as a durable lease's do.
+#[test]
+fn renew_and_release_of_a_fast_lease_read_no_durable_index() {
+    let cluster = in_memory("mem_no_index", 27677, 1000);
+    let mut client = cluster.connect();
+    let durable_index_scans = |client: &mut Client| -> i64 {
+        // The counts of this session's earlier statements are flushed when it goes idle.
+        client.batch_execute("SELECT pg_stat_force_next_flush()").unwrap();
+        let sql = "SELECT coalesce(sum(idx_scan), 0)::bigint FROM pg_stat_user_indexes
+                    WHERE schemaname = 'fence' AND relname = 'lease_state'";
+        client.query_one(sql, &[]).unwrap().get(0)
+    };
+    let scans_of = |lease: &Lease, client: &mut Client| {
+        let before = durable_index_scans(client);
+        lease.renew(client, "2 minutes").unwrap();
+        assert!(lease.release(client));
+        durable_index_scans(client) - before
+    };
+    let durable = Acquire::new("d", "1 minute").run(&mut client).unwrap();
+    assert!(scans_of(&durable, &mut client) > 0, "a durable lease's calls were not counted");
+    let lease = fast("f").run(&mut client).unwrap();
+    assert_eq!(scans_of(&lease, &mut client), 0, "a fast lease's renewal or release read the durable index");
 }
