@@ -84,11 +84,10 @@ pub fn held_with(key: &str, token_hash: &[u8], now: i64) -> Option<Live> {
 /// kind before it took the key's lock. (A token holds one lease of a key at a time: if that lease
 /// ended meanwhile, there was a moment when the token held none, and "not held" is a true answer.)
 pub fn held_with_of_kind(kind: Kind, key: &str, token_hash: &[u8], now: i64) -> Option<Live> {
-    held_among(find(kind, key, now, false), token_hash)
-}
-
-fn held_among(rows: Vec<Found>, token_hash: &[u8]) -> Option<Live> {
-    rows.into_iter().filter_map(|found| found.live).find(|lease| lease.token_hash == token_hash)
+    find(kind, key, now, false)
+        .into_iter()
+        .filter_map(|found| found.live)
+        .find(|lease| lease.token_hash == token_hash)
 }
 
 /// Every row of `key`, of both kinds, in the latest committed state. Their `ended` only where a
