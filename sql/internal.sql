@@ -10,6 +10,8 @@ COMMENT ON FUNCTION fence.raise_lease_lost(text) IS
     'pg_fence internal: raises fence.lease_renew''s PF001; not part of the API';
 COMMENT ON FUNCTION fence.raise_lease_lost(text, uuid) IS
     'pg_fence internal: raises fence.lease_renew''s PF001, naming the reason; not part of the API';
+COMMENT ON FUNCTION fence.raise_lease_set_lost(text[], uuid) IS
+    'pg_fence internal: raises fence.lease_renew_all''s PF001, naming a lost key and the reason; not part of the API';
 COMMENT ON FUNCTION fence.holder_alive(integer, bigint) IS
     'pg_fence internal: whether a session-bound lease''s session is still there; not part of the API';
 COMMENT ON FUNCTION fence.fast_lease_rows() IS

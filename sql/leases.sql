@@ -39,11 +39,32 @@ LANGUAGE sql VOLATILE
 AS $$ SELECT coalesce(fence.renew_if_held(key, token, ttl), fence.raise_lease_lost(key, token)) $$;
 
 -- lease_renew_all: the same over a lease set's keys and their one token (src/leases/sets.rs).
+-- The same for a lease set, naming the first key its token no longer holds, and why.
+CREATE FUNCTION fence.raise_lease_set_lost(keys text[], token uuid)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    lost text;
+    why text;
+BEGIN
+    SELECT k.key, s.reason INTO lost, why
+      FROM pg_catalog.unnest(keys) WITH ORDINALITY AS k(key, n), fence.lease_status(k.key, token) s
+     WHERE s.state <> 'live'
+     ORDER BY k.n LIMIT 1;
+    RAISE EXCEPTION 'lease on key "%" is lost', pg_catalog.array_to_string(keys, ', ')
+        USING ERRCODE = 'PF001',
+              DETAIL = pg_catalog.format('The token is not the live holder''s of key "%s": reason %s (see fence.lease_status).',
+                                         coalesce(lost, keys[1]), coalesce(why, 'unknown')),
+              HINT = 'Stop work done under these leases and acquire the keys again: a renew cannot bring back a lease that has ended.';
+END
+$$;
+
 CREATE FUNCTION fence.lease_renew_all(keys text[], token uuid, ttl interval)
 RETURNS timestamptz
 LANGUAGE sql VOLATILE
-AS $$ SELECT coalesce(fence.renew_all_if_held(keys, token, ttl),
-                      fence.raise_lease_lost(pg_catalog.array_to_string(keys, ', '))) $$;
+AS $$ SELECT coalesce(fence.renew_all_if_held(keys, token, ttl), fence.raise_lease_set_lost(keys, token)) $$;
 
 -- Who holds what, but never the tokens (for fence_user: sql/privileges.sql): a row per live holder,
 -- durable or fast, and for a key without one its latest grant. `live` is the condition of

@@ -230,3 +230,36 @@ REVOKE EXECUTE ON FUNCTION fence.lease_status(text, uuid), fence.lease_handoff(t
     fence.raise_lease_lost(text, uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fence.lease_status(text, uuid), fence.lease_handoff(text, uuid, text),
     fence.raise_lease_lost(text, uuid) TO fence_user;
+
+-- lease_renew_all's PF001 names the first key its token no longer holds, and why.
+CREATE FUNCTION fence.raise_lease_set_lost(keys text[], token uuid)
+RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    lost text;
+    why text;
+BEGIN
+    SELECT k.key, s.reason INTO lost, why
+      FROM pg_catalog.unnest(keys) WITH ORDINALITY AS k(key, n), fence.lease_status(k.key, token) s
+     WHERE s.state <> 'live'
+     ORDER BY k.n LIMIT 1;
+    RAISE EXCEPTION 'lease on key "%" is lost', pg_catalog.array_to_string(keys, ', ')
+        USING ERRCODE = 'PF001',
+              DETAIL = pg_catalog.format('The token is not the live holder''s of key "%s": reason %s (see fence.lease_status).',
+                                         coalesce(lost, keys[1]), coalesce(why, 'unknown')),
+              HINT = 'Stop work done under these leases and acquire the keys again: a renew cannot bring back a lease that has ended.';
+END
+$$;
+
+COMMENT ON FUNCTION fence.raise_lease_set_lost(text[], uuid) IS
+    'pg_fence internal: raises fence.lease_renew_all''s PF001, naming a lost key and the reason; not part of the API';
+
+CREATE OR REPLACE FUNCTION fence.lease_renew_all(keys text[], token uuid, ttl interval)
+RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $$ SELECT coalesce(fence.renew_all_if_held(keys, token, ttl), fence.raise_lease_set_lost(keys, token)) $$;
+
+REVOKE EXECUTE ON FUNCTION fence.raise_lease_set_lost(text[], uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fence.raise_lease_set_lost(text[], uuid) TO fence_user;

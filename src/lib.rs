@@ -26,10 +26,10 @@ extension_sql_file!(
     "../sql/leases.sql",
     name = "leases",
     requires = [
-        leases::holder::renew_if_held,
-        leases::sets::renew_all_if_held,
-        leases::sessions::holder_alive,
-        leases::memory::view::fast_lease_rows
+        leases::calls::holder::renew_if_held,
+        leases::calls::sets::renew_all_if_held,
+        leases::state::session_lock::holder_alive,
+        leases::state::memory::view::fast_lease_rows
     ]
 );
 extension_sql_file!(
@@ -51,8 +51,7 @@ pub extern "C-unwind" fn _PG_init() {
     no_rust_backtraces_in_errors();
     pg::settings::init();
     stats::init();
-    leases::next_in_line::init();
-    leases::memory::init();
+    leases::state::memory::init();
     sweeper::launcher::register();
 }
 

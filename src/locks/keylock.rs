@@ -1,14 +1,14 @@
 //! pg_fence's locks: PostgreSQL advisory locks in classes of their own (column objsubid of pg_locks),
 //! so they never collide with an application's pg_advisory_lock calls (objsubid 1 and 2).
 //!
-//! | class          | objsubid | locks                  | see             |
-//! |----------------|---------:|------------------------|-----------------|
-//! | key lock       | 28774    | one key's changes      | this file       |
-//! | waiting room   | 28775    | one key's waiters      | `waiting`       |
-//! | session        | 28776    | one holder backend     | `sessions`      |
-//! | guard lock     | 28777    | writes of some holders | this file       |
-//! | observer       | 28778    | one key's observers    | `observe`       |
-//! | candidate      | 28779    | a key's waiters of one owner | `handoff` |
+//! | class          | objsubid | locks                        | see                     |
+//! |----------------|---------:|------------------------------|-------------------------|
+//! | key lock       | 28774    | one key's changes            | this file               |
+//! | waiting room   | 28775    | one key's waiters            | `leases::line::waiting` |
+//! | session        | 28776    | one holder backend           | `leases::state::session_lock` |
+//! | guard lock     | 28777    | writes of some holders       | this file               |
+//! | observer       | 28778    | one key's observers          | `leases::line::wakeups` |
+//! | candidate      | 28779    | a key's waiters of one owner | `leases::calls::handoff` |
 //!
 //! The key lock, on a keyed 64-bit hash of the key (`key_hash`), is held until the end of the
 //! top-level transaction that takes it, in one of three modes, so that each kind of call waits only
@@ -24,7 +24,7 @@
 //! waits until every transaction that wrote under the old fence has ended (the guard); and guards
 //! never hold up the holder's own renew or release.
 //!
-//! A key with several holders (shared leases, semaphores: see `leases::modes`) needs more than one
+//! A key with several holders (shared leases, semaphores: see `leases::state::mode`) needs more than one
 //! guard lock, so that a grant waits for the writers of the holders it replaces and no others. Its
 //! grants other than exclusive ones take the key lock in `Change` mode, which guards do not
 //! conflict with, and then, in `Grant` mode, the guard locks of the holders they replace
@@ -40,7 +40,6 @@
 //! only orders waiters, so it belongs to the call's own subtransaction, and an error that ends the
 //! call lets the next waiter in. And fenced_update's guard guards only the write it makes itself,
 //! in the same subtransaction, so its lock belongs to that subtransaction too (src/writes/fencing.rs).
-use crate::leases::modes::GuardLock;
 use crate::locks::key_hash;
 use crate::pg::clock;
 use crate::pg::compat;
@@ -50,12 +49,22 @@ use pgrx::pg_sys::panic::CaughtError;
 use pgrx::{PgSqlErrorCode, PgTryBuilder};
 use std::time::Instant;
 
+/// A slot whose writers a grant must wait for, before it commits.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub enum GuardLock {
+    /// The lock of one slot: an exclusive holder's, or a semaphore holder's.
+    Slot(i32),
+    /// The lock every shared holder of the key guards with.
+    Shared,
+}
+
 pub const KEY_LOCK_CLASS: u16 = 0x7066;
 pub const WAITING_ROOM_CLASS: u16 = 0x7067;
 pub const SESSION_CLASS: u16 = 0x7068;
 pub const GUARD_LOCK_CLASS: u16 = 0x7069;
 pub const OBSERVER_CLASS: u16 = 0x706A;
 pub const CANDIDATE_CLASS: u16 = 0x706B;
+pub const RESET_MARKER_CLASS: u16 = 0x706C;
 
 #[derive(Clone, Copy)]
 pub enum Mode {
@@ -89,7 +98,7 @@ fn key_tag(key: &str) -> pg_sys::LOCKTAG {
     tag(KEY_LOCK_CLASS, key_hash::of(key))
 }
 
-/// The tag of one of `key`'s guard locks (see `leases::modes`).
+/// The tag of one of `key`'s guard locks (see `leases::state::mode`).
 pub fn guard_tag(key: &str, lock: GuardLock) -> pg_sys::LOCKTAG {
     match lock {
         GuardLock::Slot(0) => key_tag(key),
@@ -159,6 +168,12 @@ pub fn held_by_me(key: &str) -> bool {
     [Mode::Grant, Mode::Change, Mode::Guard]
         .iter()
         .any(|mode| unsafe { compat::lock_held_by_me(&tag, mode.lockmode()) })
+}
+
+/// Whether this backend holds the key's guard lock `lock` as a writer does (Guard mode).
+pub fn guard_held_by_me(key: &str, lock: GuardLock) -> bool {
+    // SAFETY: reads this backend's own lock table.
+    unsafe { compat::lock_held_by_me(&guard_tag(key, lock), Mode::Guard.lockmode()) }
 }
 
 /// Gives back one `lock`/`try_lock` of this transaction, for a call that changed nothing: it need

@@ -33,26 +33,6 @@ pub fn holder_slot(vxid: &pg_sys::VirtualTransactionId) -> Option<ProcSlot> {
     (slot != invalid).then_some(slot)
 }
 
-/// This backend's slot.
-pub fn my_slot() -> ProcSlot {
-    // SAFETY: set once when the backend starts.
-    #[cfg(feature = "pg15")]
-    return unsafe { pg_sys::MyBackendId };
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
-    return unsafe { pg_sys::MyProcNumber };
-}
-
-/// A client backend's slot as an index from 0 below MaxBackends; None for any other slot. (15's
-/// backend ids count from 1; 17's proc numbers from 0, with the auxiliary processes' above.)
-pub fn slot_index(slot: ProcSlot) -> Option<usize> {
-    #[cfg(feature = "pg15")]
-    let index = usize::try_from(slot).ok()?.checked_sub(1)?;
-    #[cfg(any(feature = "pg17", feature = "pg18"))]
-    let index = usize::try_from(slot).ok()?;
-    // SAFETY: set before shared memory is sized, and never changed afterwards.
-    (index < usize::try_from(unsafe { pg_sys::MaxBackends }).unwrap_or(0)).then_some(index)
-}
-
 #[cfg(feature = "pg15")]
 unsafe extern "C-unwind" {
     /// In PostgreSQL 15 (storage/sinvaladt.h), though pgrx does not bind it. It raises no errors

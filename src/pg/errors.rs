@@ -142,6 +142,15 @@ pub fn state_damaged(what: &str) -> ! {
     )
 }
 
+/// pg_fence was dropped (or its tables replaced) while a call waited.
+pub fn dropped_while_waiting() -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "pg_fence was dropped while this call waited".into(),
+        "Its leases are gone with it; after CREATE EXTENSION pg_fence, acquire again.",
+    )
+}
+
 pub fn sweep_in_transaction_block() -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_ACTIVE_SQL_TRANSACTION,
@@ -195,12 +204,29 @@ pub fn prepare_after_fast_change() -> ! {
 }
 
 /// Shared memory has no row left for another fast lease's key.
-pub fn fast_leases_full(capacity: u32) -> ! {
+pub fn fast_leases_full((used, reserved, capacity): (u32, u32, u32)) -> ! {
     raise(
         PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-        format!("no room for another fast lease: all {capacity} rows of pg_fence.fast_leases are in use"),
-        "Release fast leases you no longer need (the sweeper frees the rows of ended ones after \
-         pg_fence.retain_ended), use a durable lease, or raise pg_fence.fast_leases and restart the server.",
+        format!(
+            "no room for another fast lease: all {capacity} rows of pg_fence.fast_leases are taken \
+             ({used} in use, {reserved} reserved by transactions still open)"
+        ),
+        "Release fast leases you no longer need (a grant that finds no room frees the rows of ended \
+         ones in its own database; other databases' are freed by their sweep), use a durable lease, \
+         or raise pg_fence.fast_leases and restart the server.",
+    )
+}
+
+/// The session's role has as many rows of fast leases as pg_fence.fast_leases_per_role allows.
+pub fn fast_leases_role_limit(limit: u32) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        format!(
+            "no room for another fast lease of this role: it has {limit} rows of fast leases \
+             (pg_fence.fast_leases_per_role)"
+        ),
+        "Release fast leases you no longer need (a grant that finds no room frees the rows of this \
+         role's ended ones in this database), use a durable lease, or raise pg_fence.fast_leases_per_role.",
     )
 }
 

@@ -27,8 +27,8 @@ static NOTIFY_KEYS: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// How many rows shared memory keeps for fast leases (postmaster start only).
 static FAST_LEASES: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 
-/// Whether a release grants the key to the first waiter in the same transaction.
-static HAND_OFF_IN_RELEASE: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// How many rows of fast leases in shared memory one role may have.
+static FAST_LEASES_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 
 /// Whether each change to a fast lease in shared memory is handed to a tracing function (tests).
 static TRACE_FAST_CHANGES: GucSetting<bool> = GucSetting::<bool>::new(false);
@@ -91,6 +91,18 @@ pub fn init() {
             GucFlags::default(),
         );
     }
+    GucRegistry::define_int_guc(
+        c"pg_fence.fast_leases_per_role",
+        c"How many rows of fast leases in shared memory one role may have, in use or reserved.",
+        c"The rows of pg_fence.fast_leases are shared by every database and role: this keeps one \
+          role from taking them all. A row is charged to the role whose lease took it last. \
+          Reloadable (SIGHUP).",
+        &FAST_LEASES_PER_ROLE,
+        1,
+        100_000_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     GucRegistry::define_bool_guc(
         c"pg_fence.track_stats",
         c"Keep the counters of fence.stats.",
@@ -98,15 +110,6 @@ pub fn init() {
           is for measuring what counting costs.",
         &TRACK_STATS,
         GucContext::Sighup,
-        GucFlags::default(),
-    );
-    GucRegistry::define_bool_guc(
-        c"pg_fence.hand_off_in_release",
-        c"A release grants the key to the first waiter in line, in the release's own transaction.",
-        c"On by default; it needs pg_fence in shared_preload_libraries. Off, a release wakes the \
-          first waiter, which grants itself in its own transaction. Applies to the releasing session.",
-        &HAND_OFF_IN_RELEASE,
-        GucContext::Userset,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
@@ -190,8 +193,8 @@ pub fn fast_leases() -> usize {
     usize::try_from(FAST_LEASES.get()).unwrap_or(0)
 }
 
-pub fn hand_off_in_release() -> bool {
-    HAND_OFF_IN_RELEASE.get()
+pub fn fast_leases_per_role() -> u32 {
+    u32::try_from(FAST_LEASES_PER_ROLE.get()).unwrap_or(1)
 }
 
 pub fn trace_fast_changes() -> bool {

@@ -24,12 +24,6 @@ pub struct Region {
 }
 
 impl Region {
-    /// A region that starts zeroed.
-    pub const fn new(name: &'static CStr, size: fn() -> usize) -> Region {
-        // SAFETY: the region's own bytes, used by nobody yet.
-        Region::with_locks(name, size, |base, len| unsafe { std::ptr::write_bytes(base, 0, len) }, 0)
-    }
-
     pub const fn with_locks(
         name: &'static CStr,
         size: fn() -> usize,

@@ -1,7 +1,7 @@
 //! fence.sweep(): ends expired leases and deletes the rows of long-ended ones, in a bounded batch
 //! per call. Correctness never depends on it (an expired lease is free the moment it expires,
 //! judged by the clock; a key without a row is granted above every fence it had, see
-//! `leases::fences`); sweeping marks such leases free, keeps the table to the keys in use
+//! `leases::state::fences`); sweeping marks such leases free, keeps the table to the keys in use
 //! (pg_fence.retain_ended) and keeps the sweeper's figures. The background worker (`worker`,
 //! started by `launcher` while its database exists) calls it every pg_fence.sweep_interval, and
 //! bounds how long a guard may hold back a grant (`overrun`, pg_fence.guard_timeout); without the
@@ -13,14 +13,17 @@
 //! transaction has locked, and takes the one row of its figures first, without waiting (a sweep
 //! that finds it taken, by a concurrent sweep, does nothing): it never waits for a lock while it
 //! holds lease rows.
+//!
+//! Uses leases/ (`state`, and `line::notify`), locks/, stats and pg/; nothing depends on it but
+//! `_PG_init`, which registers its launcher.
 pub mod launcher;
 mod overrun;
 pub mod worker;
 
-use crate::leases::durability;
-use crate::leases::kinds::Kind;
-use crate::leases::memory;
-use crate::leases::notify::{self, Event};
+use crate::leases::line::notify::{self, Event};
+use crate::leases::state::durability;
+use crate::leases::state::kinds::Kind;
+use crate::leases::state::memory;
 use crate::locks::keylock::{self, Mode};
 use crate::pg::clock;
 use crate::pg::errors;
@@ -101,12 +104,8 @@ macro_rules! sweep {
     };
 }
 
-/// Raises the high-water mark of deleted fences (see `leases::fences`) in the deleting transaction.
-const RAISE_HIGH_WATER: &str = "
-    INSERT INTO fence.high_water AS h (one, fence) VALUES (true, $1)
-    ON CONFLICT (one) DO UPDATE SET fence = greatest(h.fence, excluded.fence)";
-
-/// All fast reservations but the highest, which alone counts (see `leases::fences`).
+/// Raises the high-water mark of deleted fences (see `leases::state::fences`) in the deleting transaction.
+/// All fast reservations but the highest, which alone counts (see `leases::state::fences`).
 const TRIM_FAST_RESERVE: &str = "
     DELETE FROM fence.fast_reserve WHERE ctid IN (
         SELECT ctid FROM fence.fast_reserve
@@ -161,7 +160,7 @@ fn sweep() -> i64 {
     }
     stats::add(Counter::ExpiriesSwept, ended.len() as u64);
     if let Some(highest) = deleted.iter().map(|(_, fence, _)| *fence).max() {
-        execute(RAISE_HIGH_WATER, &[highest.into()], |_| ());
+        crate::leases::state::high_water::raise(highest);
     }
     if installed::table(c"fast_reserve").is_some() {
         execute(TRIM_FAST_RESERVE, &[], |_| ());
@@ -179,7 +178,7 @@ fn sweep() -> i64 {
     changed
 }
 
-/// Sweeps up to `limit` rows of fast leases in shared memory (see `leases::memory`), skipping keys
+/// Sweeps up to `limit` rows of fast leases in shared memory (see `leases::state::memory`), skipping keys
 /// another transaction is changing: (key, fence, deleted) of each row changed.
 fn sweep_memory(now: i64, limit: i64, delete_before: Option<i64>) -> Vec<(String, i64, bool)> {
     let limit = usize::try_from(limit).unwrap_or(0);

@@ -4,7 +4,7 @@
 //! The guard is what makes "a write accepted under fence F commits before any grant above F can
 //! commit" true. It first takes the key's lock in `Guard` mode, which every grant waits for and which
 //! it keeps until the writing transaction ends; only then does it read the latest committed grant.
-use crate::leases::row;
+use crate::leases::state::rows;
 use crate::locks::keylock::{self, Owner};
 use crate::pg::clock;
 use crate::pg::errors;
@@ -80,7 +80,7 @@ fn guard(key: &str, fence: i64, owner: Owner) -> bool {
     }
     // The live holder with this fence, and the guard lock of its slot (see `leases::modes`).
     let holder = || {
-        row::live(key, clock::now())
+        rows::live(key, clock::now())
             .find(|lease| lease.fence == fence)
             .map(|lease| lease.mode.guard_lock(lease.slot))
     };

@@ -2,7 +2,7 @@
 //! optimistic concurrency without leases, versioned_update (`occ`). Both build one UPDATE from the
 //! caller's jsonb (`row_update`, over `json_object` and `table_facts`).
 //!
-//! Depends on leases/ (to read a key's lease: `leases::row`), locks/ and pg/; nothing depends on it.
+//! Depends on leases/ (to read a key's lease: `leases::state::rows`), locks/ and pg/; nothing depends on it.
 pub mod fencing;
 mod json_object;
 pub mod occ;

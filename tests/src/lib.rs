@@ -7,7 +7,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub mod bench;
+pub mod fake_clock;
 mod lease;
+pub mod random_history;
 pub mod torture;
 
 pub use lease::{acquire, Acquire, Lease};
@@ -188,6 +190,12 @@ impl Cluster {
         run_script(&["start", &self.name]);
     }
 
+    /// Stops the server in `mode`: "fast" (a shutdown checkpoint), "smart", or "immediate" (no
+    /// checkpoint: the next start runs crash recovery, and empties unlogged tables).
+    pub fn stop(&self, mode: &str) {
+        run_script(&["stop", &self.name, mode]);
+    }
+
     /// Starts again after `crash` (PostgreSQL runs crash recovery).
     pub fn restart(&self) {
         run_script(&["start", &self.name]);
@@ -221,6 +229,22 @@ pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
         thread::sleep(Duration::from_millis(2));
     }
     false
+}
+
+/// Waits until `instant` (seconds since 1970, as a `Lease`'s `expires_at`) has passed by the
+/// server's clock: for a test that lets a lease run out, as long as that takes, on a busy machine
+/// too, rather than a fixed sleep past the TTL. It sleeps as long as the server says is left.
+pub fn wait_until_past(client: &mut impl postgres::GenericClient, instant: f64) {
+    let left = "SELECT $1 - extract(epoch FROM clock_timestamp())::float8";
+    let start = Instant::now();
+    loop {
+        let left: f64 = client.query_one(left, &[&instant]).unwrap().get(0);
+        if left < 0.0 {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(600), "{left} s still left after 10 minutes");
+        thread::sleep(Duration::from_secs_f64(left) + Duration::from_millis(1));
+    }
 }
 
 /// Sends a signal (such as "-STOP") to a process, a client or a server backend.
@@ -310,6 +334,18 @@ impl Cluster {
         });
         assert!(streams, "{} never streamed", self.name);
         pid.unwrap() as u32
+    }
+
+    /// Waits until this standby has replayed all the WAL that `primary` (a connection to its primary)
+    /// has inserted so far: the insert position, not the write position, so that commits that were
+    /// not flushed (releases, fast leases) are waited for too, once the WAL writer has sent them.
+    pub fn wait_until_replayed(&self, primary: &mut Client) {
+        let lsn: String = primary.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).unwrap().get(0);
+        let mut standby = self.connect();
+        let replayed = "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn";
+        let caught_up =
+            eventually(Duration::from_secs(30), || standby.query_one(replayed, &[&lsn]).unwrap().get(0));
+        assert!(caught_up, "{} never replayed the primary's WAL up to {lsn}", self.name);
     }
 
     /// Makes the streaming `standby` this primary's synchronous standby, and waits until the primary
@@ -443,20 +479,84 @@ pub fn next_history(client: &mut Client, issued: &[(String, i64)]) -> NextHistor
     NextHistory { forgotten, reissued, stale_guards_accepted }
 }
 
-/// Whether the WAL is flushed up to where the last record ended: right after a commit returns,
-/// whether that commit waited for its flush. When that record ended exactly at a page boundary, the
-/// insert position already points past the next page's header (24 bytes, or 40 at the start of a
-/// segment), which nobody needs to flush.
-pub fn wal_flushed(client: &mut Client) -> bool {
+/// Makes `client`'s database ready for `wal_records_between` and `commit_flushed`: pg_walinspect,
+/// and a table whose update forces a flush. Before VACUUM, whose pruning it needs.
+pub fn inspect_wal(client: &mut Client) {
     client
-        .query_one(
-            "SELECT pg_wal_lsn_diff(insert, flush) <= CASE WHEN offset_in_page IN (24, 40) THEN offset_in_page ELSE 0 END
-               FROM (SELECT pg_current_wal_insert_lsn() AS insert, pg_current_wal_flush_lsn() AS flush,
-                            (pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0') % 8192)::int AS offset_in_page) w",
-            &[],
+        .batch_execute(
+            "CREATE EXTENSION IF NOT EXISTS pg_walinspect;
+             CREATE TABLE IF NOT EXISTS wal_flush_marker AS SELECT 0 AS n",
+        )
+        .unwrap();
+}
+
+/// Records that only background processes write, whichever session runs: the background writer's
+/// running-transactions record (every 15 s when anything was written since its last one) and the
+/// checkpointer's. A call of a session never writes them.
+const BACKGROUND_RECORDS: &str = "NOT (resource_manager = 'Standby' AND record_type = 'RUNNING_XACTS'
+                                      OR resource_manager = 'XLOG' AND record_type LIKE 'CHECKPOINT%')";
+
+/// The WAL records written from `start` to `end`, as "resource manager/record type", leaving out
+/// the background processes' own (BACKGROUND_RECORDS). Needs `inspect_wal`.
+pub fn wal_records_between(client: &mut Client, start: &str, end: &str) -> Vec<String> {
+    if start == end {
+        return Vec::new(); // nothing written (15's pg_walinspect refuses an empty range)
+    }
+    flush_wal(client);
+    let query = format!(
+        "SELECT resource_manager || '/' || record_type FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+          WHERE {BACKGROUND_RECORDS} ORDER BY start_lsn"
+    );
+    client.query(&query, &[&start, &end]).unwrap().iter().map(|row| row.get(0)).collect()
+}
+
+/// Whether the last transaction that `client` committed since the WAL insert position `start` waited
+/// for its flush: whether, right after that commit returned, the WAL was flushed past the end of its
+/// commit record. It judges that record itself: WAL that other processes inserted meanwhile (the
+/// background writer's running-transactions record, say) and nobody flushes does not count. None
+/// when nothing committed wrote a commit record. Needs `inspect_wal`.
+pub fn commit_flushed(client: &mut Client, start: &str) -> Option<bool> {
+    let row = client
+        .query_one("SELECT pg_current_wal_flush_lsn()::text, pg_current_wal_insert_lsn()::text", &[])
+        .unwrap();
+    let (flushed, inserted): (String, String) = (row.get(0), row.get(1));
+    if start == inserted {
+        return None; // nothing written (15's pg_walinspect refuses an empty range)
+    }
+    flush_wal(client);
+    client
+        .query_opt(
+            "SELECT end_lsn <= $3::text::pg_lsn FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+              WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT' ORDER BY start_lsn DESC LIMIT 1",
+            &[&start, &inserted, &flushed],
         )
         .unwrap()
-        .get(0)
+        .map(|row| row.get(0))
+}
+
+/// pg_walinspect reads only flushed WAL: commits a write that waits for its flush, which flushes
+/// all WAL inserted before it.
+fn flush_wal(client: &mut Client) {
+    client
+        .batch_execute(
+            "BEGIN; SET LOCAL synchronous_commit = on; UPDATE wal_flush_marker SET n = n + 1; COMMIT",
+        )
+        .unwrap();
+}
+
+/// Raises the fast reservation (fence.fast_reserve) an hour ahead of the clock, so that no fast grant
+/// of the next hour needs to raise it: a raise, once per two seconds of steady fast grants, takes a
+/// transaction id and writes WAL, and a busy machine can stretch any loop past those two seconds.
+/// Call it after the first fast grant since the server started: that grant takes its floor from the
+/// reservation as it stands (a restart may have forgotten fast fences up to it), and would jump
+/// above this one.
+pub fn reserve_fast_fences_for_an_hour(client: &mut Client) {
+    client
+        .batch_execute(
+            "INSERT INTO fence.fast_reserve (fence)
+             SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint + 3600000000",
+        )
+        .unwrap();
 }
 
 pub fn wal_insert_position(client: &mut Client) -> String {

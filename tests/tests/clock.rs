@@ -17,98 +17,13 @@
 //! After every step the test reads the server's clock to check that the step happened. If
 //! libfaketime were not loaded (say the environment stopped reaching the postmaster), the wait test
 //! would otherwise pass without testing anything.
+use pg_fence_integration::fake_clock::{server_offset, FakeClock};
 use pg_fence_integration::{
-    acquire, backend_pid, comes_to_wait_on, eventually, sqlstate, Acquire, Cluster, Lease,
+    acquire, backend_pid, comes_to_wait_on, sqlstate, wait_until_past, Acquire, Lease,
 };
 use postgres::Client;
-use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-/// Bounds how long a broken test hangs; never a measure of speed.
-const GENEROUS: Duration = Duration::from_secs(20);
-
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-
-/// The offset of the server's wall clock from the real one, in a file libfaketime reads.
-struct FakeClock {
-    path: PathBuf,
-}
-
-impl FakeClock {
-    fn new(name: &str) -> FakeClock {
-        assert!(
-            Path::new(LIBFAKETIME).exists(),
-            "{LIBFAKETIME} is missing: install faketime (pg_test/setup)"
-        );
-        let clock = FakeClock { path: std::env::temp_dir().join(format!("pg_fence_it_{name}.faketime")) };
-        clock.write(0);
-        clock
-    }
-
-    /// A scratch cluster whose every process reads its wall clock through this offset.
-    fn start_cluster(&self, name: &str, port: u16, settings: &[&str]) -> Cluster {
-        Cluster::start_with_env(name, port, settings, &self.server_env())
-    }
-
-    /// Starts `cluster` again after a crash, its clock still read through this offset.
-    fn restart(&self, cluster: &Cluster) {
-        cluster.restart_with_env(&self.server_env());
-        cluster.wait_until_ready();
-    }
-
-    fn server_env(&self) -> [(&'static str, &str); 5] {
-        [
-            ("LD_PRELOAD", LIBFAKETIME),
-            ("FAKETIME_TIMESTAMP_FILE", self.path.to_str().unwrap()),
-            // The file is otherwise read again only every 10 s: a step must take effect at once.
-            ("FAKETIME_NO_CACHE", "1"),
-            // A real step leaves the monotonic clock alone, and that is what the waits rely on.
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-            // Nor does it shift the timestamps of files already written, which libfaketime
-            // would otherwise do in stat().
-            ("NO_FAKE_STAT", "1"),
-        ]
-    }
-
-    /// Sets the offset to `seconds` (libfaketime's relative format: a sign, then seconds).
-    fn write(&self, seconds: i64) {
-        // Written aside and renamed, so that a server reading the file never sees it half-written
-        // (with FAKETIME_NO_CACHE, every read of the clock reads the file). The server runs as
-        // `postgres`, not as us.
-        let aside = self.path.with_extension("new");
-        fs::write(&aside, format!("{seconds:+}\n")).unwrap();
-        fs::set_permissions(&aside, fs::Permissions::from_mode(0o644)).unwrap();
-        fs::rename(&aside, &self.path).unwrap();
-    }
-
-    /// Steps the server's wall clock to `seconds` from the real one and checks, through `client`,
-    /// that the server's clock says so.
-    fn step(&self, client: &mut Client, seconds: i64) {
-        self.write(seconds);
-        let mut seen = f64::NAN;
-        let stepped = eventually(GENEROUS, || {
-            seen = server_offset(client);
-            (seen - seconds as f64).abs() < 1.0
-        });
-        assert!(stepped, "stepped the clock to {seconds:+} s, but the server's clock is {seen:+.3} s off");
-    }
-}
-
-impl Drop for FakeClock {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.path);
-    }
-}
-
-/// How far the server's wall clock is ahead of ours, in seconds.
-fn server_offset(client: &mut Client) -> f64 {
-    let server: f64 =
-        client.query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[]).unwrap().get(0);
-    server - SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
-}
+use std::time::{Duration, Instant};
 
 /// lease_renew with a 5-second TTL: Ok, or the SQLSTATE it failed with.
 fn renew(client: &mut Client, lease: &Lease) -> Result<(), String> {
@@ -291,7 +206,7 @@ fn a_step_back_revives_no_lease_the_other_kind_took_over() {
     let mut client = cluster.connect();
     for (first_durable, key) in [(true, "durable-then-fast"), (false, "fast-then-durable")] {
         let old = Acquire::new(key, "1 second").durable(first_durable).run(&mut client).unwrap();
-        thread::sleep(Duration::from_millis(1_200));
+        wait_until_past(&mut client, old.expires_at);
         let new = Acquire::new(key, "1 hour").durable(!first_durable).run(&mut client).expect("expired");
         clock.step(&mut client, -30);
         assert_eq!(renew(&mut client, &old), Err("PF001".into()), "{key}: the expired lease");
@@ -383,7 +298,7 @@ fn a_grant_starts_above_the_other_kinds_deleted_fence() {
 
 /// A fast lease granted at the clock, a step back, then a crash: the crash forgets the fast lease,
 /// and the clock is behind its fence; the next grant of the key, of either kind, must still be
-/// above it (the fast reservation, src/leases/fences.rs).
+/// above it (the fast reservation, src/leases/state/fences.rs).
 #[test]
 fn a_crash_after_a_step_back_forgets_no_fast_fence_granted_at_the_clock() {
     let clock = FakeClock::new("clock_fast_reserve");
@@ -415,11 +330,12 @@ fn a_durable_lease_a_fast_grant_took_over_stays_lost_after_a_crash() {
     // before the crash.
     let cluster = clock.start_cluster("clock_taken_over", 26959, &["wal_writer_delay=10s"]);
     let mut client = cluster.connect();
-    // A first fast grant reserves fast fences ahead of the clock and flushes; the takeover's own
-    // fence is then covered, so nothing but the takeover itself can make its commit flush.
-    Acquire::new("clock:warm-up", "1 hour").durable(false).run(&mut client).unwrap();
     let old = Acquire::new(KEY, "2 seconds").run(&mut client).unwrap();
-    thread::sleep(Duration::from_millis(2_200));
+    wait_until_past(&mut client, old.expires_at);
+    // A fast grant of another key, just before, reserves fast fences ahead of the clock (by 2 s) and
+    // flushes; the takeover's own fence is then covered, so nothing but the takeover itself can make
+    // its commit flush.
+    Acquire::new("clock:warm-up", "1 hour").durable(false).run(&mut client).unwrap();
     let new = Acquire::new(KEY, "1 hour").durable(false).run(&mut client).expect("the old lease expired");
     assert!(new.fence > old.fence);
     cluster.crash();
@@ -433,4 +349,47 @@ fn a_durable_lease_a_fast_grant_took_over_stays_lost_after_a_crash() {
         Err("PF002".into()),
         "the taken-over lease's guard passed"
     );
+}
+
+/// After a crash, every backend's grants start above the fast reservation, not only the first's:
+/// a fast lease told before the crash, the clock stepped back before it (or after the restart),
+/// and grants of the key in backends that start after another backend's first grant.
+#[test]
+fn after_a_crash_every_backend_grants_above_the_forgotten_fast_fences() {
+    let clock = FakeClock::new("clock_reset_floor");
+    let cluster = clock.start_cluster("clock_reset_floor", 26960, &[]);
+    for step_back_after_restart in [false, true] {
+        let mut client = cluster.connect();
+        // "mixed" also has a released durable row, of a lower fence than its fast lease's.
+        Acquire::new("mixed", "1 hour").durable(true).run(&mut client).unwrap().release(&mut client);
+        let told: Vec<(&str, i64)> = ["only-fast", "mixed"]
+            .into_iter()
+            .map(|key| (key, Acquire::new(key, "1 hour").durable(false).run(&mut client).unwrap().fence))
+            .collect();
+        if !step_back_after_restart {
+            clock.step(&mut client, -600);
+        }
+        cluster.crash();
+        clock.restart(&cluster);
+        // The first grant after the restart, of another key, in a backend of its own.
+        Acquire::new("another", "1 second").durable(false).run(&mut cluster.connect()).unwrap();
+        let mut client = cluster.connect();
+        if step_back_after_restart {
+            clock.step(&mut client, -600);
+        }
+        assert!(server_offset(&mut client) < -500.0, "the clock is not stepped back");
+        for ((key, fence), durable) in told.into_iter().zip([false, true]) {
+            // Each in a new backend, which finds the reset already marked.
+            let lease = Acquire::new(key, "1 hour").durable(durable).run(&mut cluster.connect()).unwrap();
+            assert!(
+                lease.fence > fence,
+                "{key}: granted {} (durable: {durable}) after {fence} was told, {} s below it \
+                 (step back after the restart: {step_back_after_restart})",
+                lease.fence,
+                (fence - lease.fence) / 1_000_000
+            );
+            lease.release(&mut client);
+        }
+        clock.step(&mut client, 0);
+    }
 }

@@ -2,7 +2,9 @@
 //! (fence.lease_status, and PF001's DETAIL), each reason produced for real and kept across a restart
 //! where it survives one; lock-delay after an end that is not a release; and hand-off to a named
 //! waiter, ahead of the queue.
-use pg_fence_integration::{backend_pid, comes_to_wait_on, eventually, sqlstate, Acquire, Cluster, Lease};
+use pg_fence_integration::{
+    backend_pid, comes_to_wait_on, eventually, sqlstate, wait_until_past, Acquire, Cluster, Lease,
+};
 use postgres::Client;
 use std::thread;
 use std::time::Duration;
@@ -53,7 +55,7 @@ fn status_tells_each_reason_and_the_durable_ones_survive_a_restart() {
     let mut holder = cluster.connect();
     let session_ended = Acquire::new("session_ended", "1 hour").session_bound(true).run(&mut holder).unwrap();
     drop(holder);
-    thread::sleep(Duration::from_millis(1200));
+    wait_until_past(&mut client, taken_over.expires_at.max(expired.expires_at));
     let successor = acquire(&mut client, "taken_over", "1 hour");
     assert!(successor.fence > taken_over.fence);
 
@@ -106,6 +108,33 @@ fn status_tells_each_reason_and_the_durable_ones_survive_a_restart() {
     assert_eq!(reason(&mut client, &fast), "ended/unknown", "a fast lease outlived a crash");
 }
 
+/// A fence_user can keep any free key from everyone for up to an hour with a lock-delay (take it
+/// with a short TTL, let it expire): fence_admin lifts it with lease_revoke, durable and fast, and
+/// a waiter is granted at once. (lease_revoke used to return false there, leaving the delay.)
+#[test]
+fn an_admin_lifts_a_lock_delay_with_lease_revoke() {
+    let cluster = Cluster::start("election_lift", 27614, &[]);
+    let mut admin = cluster.connect();
+    admin.batch_execute("CREATE ROLE squatter LOGIN; GRANT fence_user TO squatter").unwrap();
+    let mut squatter = cluster.connect_as("squatter");
+    for durable in [true, false] {
+        let key = if durable { "squatted" } else { "squatted-fast" };
+        let lease =
+            Acquire::new(key, "1 second").lock_delay("1 hour").durable(durable).run(&mut squatter).unwrap();
+        wait_until_past(&mut admin, lease.expires_at);
+        assert!(Acquire::new(key, "1 minute").run(&mut admin).is_none(), "{key}: no lock-delay to lift");
+        let lifted: bool = admin.query_one("SELECT fence.lease_revoke($1)", &[&key]).unwrap().get(0);
+        assert!(lifted, "{key}: lease_revoke did not lift the lock-delay");
+        let next = Acquire::new(key, "1 minute").run(&mut admin).expect("still held back after the lift");
+        assert!(next.fence > lease.fence);
+        let again: bool = admin.query_one("SELECT fence.lease_revoke($1)", &[&key]).unwrap().get(0);
+        assert!(again, "{key}: the live lease was not revoked");
+        let nothing: bool =
+            admin.query_one("SELECT fence.lease_revoke($1)", &[&"never-held"]).unwrap().get(0);
+        assert!(!nothing, "a key with nothing to revoke or lift");
+    }
+}
+
 #[test]
 fn lock_delay_holds_grants_back_after_an_end_that_is_not_a_release() {
     let cluster = Cluster::start("election_delay", 27611, &[]);
@@ -114,7 +143,7 @@ fn lock_delay_holds_grants_back_after_an_end_that_is_not_a_release() {
 
     // Expiry: nobody gets the key until 2 s after it, a waiter included.
     let first = delayed("expiry", "1 second").run(&mut client).unwrap();
-    thread::sleep(Duration::from_millis(1200));
+    wait_until_past(&mut client, first.expires_at);
     assert!(Acquire::new("expiry", "1 minute").run(&mut client).is_none(), "granted within the lock-delay");
     let next = Acquire::new("expiry", "1 minute").wait("10 seconds").run(&mut client).unwrap();
     assert!(

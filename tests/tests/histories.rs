@@ -227,7 +227,7 @@ fn drop_and_create_extension_reissues_no_fence() {
     }
 }
 
-/// The fast reservation runs ahead of the clock (src/leases/fences.rs), and the grants after a crash
+/// The fast reservation runs ahead of the clock (src/leases/state/fences.rs), and the grants after a crash
 /// start above it. DROP and CREATE EXTENSION forgets the reservation with everything else: the next
 /// grants must still be above those grants' fences, at once. (They are, because the first grant
 /// after the crash waited for the clock to pass the reservation: no fence ran ahead of the clock.)

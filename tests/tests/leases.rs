@@ -1,6 +1,6 @@
 //! Leases seen from real clients: many sessions racing for few keys, and a holder that outlives
 //! its TTL.
-use pg_fence_integration::{acquire, sqlstate, Acquire, Cluster, Lease};
+use pg_fence_integration::{acquire, sqlstate, wait_until_past, Acquire, Cluster, Lease};
 use rand::Rng;
 use std::thread;
 use std::time::Duration;
@@ -137,7 +137,7 @@ fn an_expired_holder_is_taken_over_and_cannot_renew_or_release() {
     let a_fence = a_lease.fence;
     assert!(acquire("B").run(&mut b).is_none(), "A still holds it");
 
-    thread::sleep(Duration::from_millis(1_500));
+    wait_until_past(&mut b, a_lease.expires_at);
     let b_fence = acquire("B").run(&mut b).expect("A's lease has expired").fence;
     assert!(b_fence > a_fence, "fence {b_fence} granted after {a_fence}");
 
@@ -246,10 +246,10 @@ fn an_acquire_without_wait_never_waits() {
     assert!(next > released, "fence {next} granted after {released}");
 
     // Expired, with a write under its fence still open.
-    let fence = acquire(&mut other, "written", "200 milliseconds").expect("the key is free").fence;
-    let mut open = other.transaction().unwrap();
+    let written = acquire(&mut other, "written", "200 milliseconds").expect("the key is free");
+    let (fence, mut open) = (written.fence, other.transaction().unwrap());
     open.query_one("SELECT fence.fence_guard('written', $1)", &[&fence]).unwrap();
-    thread::sleep(Duration::from_millis(300));
+    wait_until_past(&mut client, written.expires_at);
     assert_eq!(try_acquire(&mut client, "written").0, None);
     open.commit().unwrap();
     let next = try_acquire(&mut client, "written").0.expect("not free after the write committed");

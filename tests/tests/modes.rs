@@ -2,7 +2,7 @@
 //! many hold a key at once, under racing sessions; fences above every fence told before, in every
 //! mode, through kill -9, DROP and CREATE EXTENSION and a failover to an asynchronous standby; a
 //! shared holder's guard against the next exclusive grant; FIFO waiting across modes.
-use pg_fence_integration::{backend_pid, comes_to_wait_on, signal, Acquire, Cluster, Lease};
+use pg_fence_integration::{backend_pid, comes_to_wait_on, signal, wait_until_past, Acquire, Cluster, Lease};
 use postgres::{Client, NoTls};
 use rand::Rng;
 use std::sync::{Arc, Mutex};
@@ -203,7 +203,7 @@ fn every_mode_is_granted_above_every_fence_after_failover_to_an_asynchronous_sta
     let mut client = primary.connect();
     let mut issued = Vec::new();
     grant_every_mode(&mut client, "replicated", true, &mut issued);
-    thread::sleep(Duration::from_secs(1));
+    standby.wait_until_replayed(&mut client);
     // The standby stops receiving: what follows is lost with the primary.
     let walreceiver = standby.walreceiver_pid();
     signal(walreceiver, "-STOP");
@@ -245,7 +245,7 @@ fn a_shared_holders_guard_in_a_rolled_back_savepoint_holds_back_the_exclusive_gr
         .expect("a shared grant waited for a guard");
     assert!(other.release(&mut reader));
     // Once the shared lease has expired, an exclusive acquirer must wait for the guarded write.
-    thread::sleep(Duration::from_millis(2100));
+    wait_until_past(&mut observer, lease.expires_at);
     let writer_pid = backend_pid(&mut writer);
     let exclusive = thread::spawn(move || {
         let lease = Acquire::new("g", "1 minute").wait("30 seconds").run(&mut writer);

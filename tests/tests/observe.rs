@@ -149,9 +149,13 @@ fn a_fast_lease_lost_in_a_crash_is_a_change() {
 #[test]
 fn fifty_observers_are_each_told_every_change() {
     let cluster = Cluster::start("observe_fifty", 27602, &["max_connections=100"]);
-    let observers: Vec<_> = (0..50).map(|_| observer(&cluster, "hot").0).collect();
+    let (observers, pids): (Vec<_>, Vec<_>) = (0..50).map(|_| observer(&cluster, "hot")).unzip();
     let mut holder = cluster.connect();
-    thread::sleep(Duration::from_millis(500));
+    // Every observer waits in its first call before the first change (a fixed 500 ms was short of
+    // that for 50 threads on a busy machine, and longer than needed on an idle one).
+    for pid in pids {
+        assert!(comes_to_wait_on(&mut holder, pid, "Extension"), "observer {pid} never waited");
+    }
     let mut changes = Vec::new();
     for n in 0..20 {
         // From before the change's call, not from its commit: an upper bound on the latency.
@@ -200,4 +204,52 @@ fn an_observer_holds_up_no_holder_acquirer_or_guard() {
     lease.renew(&mut client, "1 hour").unwrap();
     assert!(lease.release(&mut client));
     assert!(Acquire::new("k", "1 hour").run(&mut client).is_some());
+}
+
+/// A waiting observer keeps no lock on pg_fence's tables: DROP or ALTER EXTENSION (here a LOCK
+/// TABLE in ACCESS EXCLUSIVE mode, which they take) does not queue behind it, nor every lease call
+/// behind them. (It used to hold AccessShareLock on fence.lease_state for its whole wait.)
+#[test]
+fn a_waiting_observer_keeps_no_table_locked() {
+    let cluster = Cluster::start("observe_locks", 27604, &[]);
+    let mut admin = cluster.connect();
+    Acquire::new("watched", "1 hour").run(&mut admin).unwrap();
+    let (_rx, pid) = observer(&cluster, "watched");
+    assert!(comes_to_wait_on(&mut admin, pid, "Extension"), "the observer never waited");
+    let locked: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+              WHERE l.pid = $1 AND c.relnamespace = 'fence'::regnamespace",
+            &[&pid],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(locked, 0, "the waiting observer holds locks on pg_fence's tables");
+    admin.batch_execute("BEGIN; SET LOCAL lock_timeout = '5s'").unwrap();
+    admin.batch_execute("LOCK TABLE fence.lease_state IN ACCESS EXCLUSIVE MODE").unwrap();
+    admin.batch_execute("ROLLBACK").unwrap();
+}
+
+/// DROP EXTENSION while an observer waits goes through at once, and the observer's call fails with
+/// 55000 (not a vacancy it did not see, nor an internal error).
+#[test]
+fn an_observer_is_told_when_pg_fence_is_dropped_under_it() {
+    let cluster = Cluster::start("observe_dropped", 27605, &[]);
+    let mut admin = cluster.connect();
+    let lease = Acquire::new("watched", "1 hour").run(&mut admin).unwrap();
+    let mut client = cluster.connect();
+    let pid = backend_pid(&mut client);
+    let seen = state_of(&lease);
+    let waiting = thread::spawn(move || {
+        client
+            .query_one(
+                "SELECT live FROM fence.await_change('watched', $1, $2, '1 minute')",
+                &[&seen.0, &seen.1],
+            )
+            .map(|row| row.get::<_, bool>(0))
+            .map_err(|err| pg_fence_integration::sqlstate(&err))
+    });
+    assert!(comes_to_wait_on(&mut admin, pid, "Extension"), "the observer never waited");
+    admin.batch_execute("SET lock_timeout = '5s'; DROP EXTENSION pg_fence").unwrap();
+    assert_eq!(waiting.join().unwrap(), Err("55000".to_string()), "the observer's call after DROP EXTENSION");
 }

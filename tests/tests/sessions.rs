@@ -70,8 +70,15 @@ fn only_the_end_of_its_session_ends_a_session_bound_lease() {
     let cluster = Cluster::start("session_bound", 26803, &[]);
     let (mut holder, mut other) = (cluster.connect(), cluster.connect());
     acquire(&mut holder, "plain", "1 hour").unwrap();
+    let pid = backend_pid(&mut holder);
     drop(holder);
-    thread::sleep(Duration::from_millis(200));
+    // Its backend gone, locks and all (a fixed 200 ms did not make sure of that on a busy machine).
+    let gone = "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)
+                   AND NOT EXISTS (SELECT FROM pg_locks WHERE pid = $1)";
+    assert!(
+        eventually(GENEROUS, || other.query_one(gone, &[&pid]).unwrap().get(0)),
+        "the session never ended"
+    );
     assert!(acquire(&mut other, "plain", "1 hour").is_none(), "a plain lease ended with its session");
 
     let mut holder = cluster.connect();

@@ -2,7 +2,9 @@
 //! keys or none, a lease of its own per key under one token, overlapping sets from many sessions
 //! that never deadlock and never share a key, and a waiting set that single-key acquirers do not
 //! starve.
-use pg_fence_integration::{acquire, backend_pid, eventually, sqlstate, wait_event, Cluster};
+use pg_fence_integration::{
+    acquire, backend_pid, eventually, sqlstate, wait_event, wait_until_past, Cluster,
+};
 use postgres::Client;
 use rand::seq::SliceRandom;
 use std::thread;
@@ -199,4 +201,69 @@ fn a_waiting_set_never_deadlocks_with_a_transaction_holding_one_of_its_keys() {
     tx.commit().unwrap();
     assert!(b.release(&mut holder));
     assert_eq!(set.join().unwrap(), Ok(2), "the set was not granted once b was released");
+}
+
+/// A key whose ended shared holder (or permit holder above slot 0) still has a guarded transaction
+/// open counts as held for a set, as for a single acquire: without `wait` the set is refused (no
+/// row), with `wait` it waits for that transaction and is then granted; never 40001 in READ
+/// COMMITTED. (The set used to fail with 40001 at once, granting its other keys first.)
+#[test]
+fn a_set_waits_for_a_writer_under_an_ended_lease() {
+    let cluster = Cluster::start("sets_guarded", 27484, &[]);
+    let (mut writer, mut client) = (cluster.connect(), cluster.connect());
+    let pid = backend_pid(&mut client);
+    for (key, mode) in [("shared-key", "shared => true"), ("permit-key", "permits => 2")] {
+        // Two holders, so that the writer's is not in slot 0 for the semaphore.
+        let sql = format!(
+            "SELECT fence, token, extract(epoch FROM expires_at)::float8 FROM fence.lease_acquire($1, '1 second', {mode})"
+        );
+        writer.query_one(&sql, &[&key]).unwrap();
+        let row = writer.query_one(&sql, &[&key]).unwrap();
+        let (fence, expires_at): (i64, f64) = (row.get(0), row.get(2));
+        writer.batch_execute("BEGIN").unwrap();
+        let guarded: bool =
+            writer.query_one("SELECT fence.fence_guard($1, $2)", &[&key, &fence]).unwrap().get(0);
+        assert!(guarded);
+        wait_until_past(&mut client, expires_at); // both leases have expired; the transaction stays open
+        let refused =
+            client.query("SELECT key FROM fence.lease_acquire_all(ARRAY[$1, 'other'], '1 minute')", &[&key]);
+        let refused = refused.map(|rows| rows.len()).map_err(|err| sqlstate(&err));
+        assert_eq!(refused, Ok(0), "{key}: the set without wait");
+        let mut observer = cluster.connect();
+        let ends_writer = thread::spawn(move || {
+            // Once the set waits (on the writer's key lock).
+            assert!(
+                eventually(GENEROUS, || wait_event(&mut observer, pid).0.is_some()),
+                "the set never waited"
+            );
+            writer.batch_execute("COMMIT").unwrap();
+            writer
+        });
+        let granted = client
+            .query(
+                "SELECT key FROM fence.lease_acquire_all(ARRAY[$1, 'other'], '1 minute', wait => '10 s')",
+                &[&key],
+            )
+            .map(|rows| rows.len())
+            .map_err(|err| sqlstate(&err));
+        assert_eq!(granted, Ok(2), "{key}: the set with wait");
+        writer = ends_writer.join().unwrap();
+        client.batch_execute("SELECT fence.lease_revoke('other')").unwrap();
+    }
+}
+
+/// lease_renew_all's PF001 names the first key its token no longer holds, and why.
+#[test]
+fn a_lost_set_says_which_key_and_why() {
+    let cluster = Cluster::start("sets_lost", 27485, &[]);
+    let mut client = cluster.connect();
+    let set = acquire_all(&mut client, &["a", "b"], "1 minute", "0");
+    let token = set[0].2;
+    client.query_one("SELECT fence.lease_revoke('b')", &[]).unwrap();
+    let err = client
+        .query_one("SELECT fence.lease_renew_all(ARRAY['a', 'b'], $1, '1 minute')", &[&token])
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "PF001");
+    let detail = err.as_db_error().and_then(|db| db.detail()).unwrap_or_default().to_owned();
+    assert!(detail.contains(r#"key "b": reason revoked"#), "{detail}");
 }

@@ -58,8 +58,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 fn a_release_wakes_the_waiter_promptly() {
     let cluster = Cluster::start("wait_delay", 26701, &[]);
     let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
-    // The wake-up, not the grant a preloaded server's release makes itself (tests/next_in_line.rs).
-    holder.batch_execute("SET pg_fence.hand_off_in_release = off").unwrap();
     let mut delays_ms = Vec::new();
     let mut previous_fence = i64::MIN;
     for _ in 0..200 {
@@ -301,8 +299,6 @@ fn a_renewal_that_shortens_the_lease_reaches_the_waiter() {
 fn an_acquire_without_wait_does_not_jump_the_queue() {
     let cluster = Cluster::start("wait_queue", 26706, &[]);
     let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
-    // A preloaded server's release grants the waiter the key itself (tests/next_in_line.rs).
-    holder.batch_execute("SET pg_fence.hand_off_in_release = off").unwrap();
     let lease = acquire(&mut holder, "q", "1 minute").unwrap();
     let fence = lease.fence;
     let (pid, handle) = waiter(&cluster, "q", "1 minute");

@@ -498,6 +498,8 @@ INSERT INTO cases (block, expr) SELECT 'args', expr FROM (VALUES
     ($$fence.raise_lease_lost(NULL)$$),
     ($$fence.raise_lease_lost('held')$$),
     ($$fence.raise_lease_lost('held', @old_token@)$$),
+    ($$fence.raise_lease_set_lost(NULL, NULL)$$),
+    ($$fence.raise_lease_set_lost(ARRAY['held', 'free'], @old_token@)$$),
     -- the versioning trigger functions, called directly
     ($$fence.check_version()$$),
     ($$fence.bump_version()$$)

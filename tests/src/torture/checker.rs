@@ -2,7 +2,7 @@
 //! `recording`), plus "nothing acknowledged was lost", judged against what clients were told.
 //!
 //! A key has a holder per row, (key, slot) in either lease table: an exclusive lease in slot 0, a
-//! semaphore's permits in slots 0 .. N-1, shared leases in any slot (see src/leases/modes.rs). Per
+//! semaphore's permits in slots 0 .. N-1, shared leases in any slot (see src/leases/state/slots.rs). Per
 //! key, the recorded lease changes and writes are walked in commit order:
 //! - invariant 1: each grant's fence is above every earlier grant's of the key, in every slot and
 //!   mode (so no fence is granted twice);

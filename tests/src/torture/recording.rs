@@ -54,9 +54,7 @@ const SCHEMA: &str = r#"
         INSERT INTO public.torture_leases
                (key, slot, shared, permits, fence, kind, held, acquired_at, expires_at, by, durable)
         VALUES (key, slot, shared, permits, fence, kind, held, acquired_at, expires_at,
-                -- A release may grant the key to the first waiter in its own transaction
-                -- (src/leases/next_in_line.rs): a grant is the acquirer's, whose application_name
-                -- is its default owner.
+                -- A grant is the acquirer's, whose application_name is its default owner.
                 CASE WHEN kind = 'grant' THEN owner ELSE current_setting('application_name') END,
                 durable);
         -- pg_fence commits a release without a WAL flush when the release is all its transaction
@@ -96,7 +94,7 @@ const SCHEMA: &str = r#"
     $$;
     CREATE OR REPLACE TRIGGER torture_record_lease AFTER INSERT OR UPDATE ON fence.lease_state
         FOR EACH ROW EXECUTE FUNCTION public.torture_record_lease();
-    -- Not the reset marker, the row under the empty key that no lease has (src/leases/fences.rs).
+    -- Not the reset marker, the row under the empty key that no lease has (src/leases/state/fences.rs).
     CREATE OR REPLACE TRIGGER torture_record_lease AFTER INSERT OR UPDATE ON fence.fast_lease_state
         FOR EACH ROW WHEN (NEW.key <> '') EXECUTE FUNCTION public.torture_record_lease();
 "#;

@@ -1,19 +1,32 @@
-"""As keeper.py, for asyncio: a renewer task and a deadline task. A renewal past its limit is
-cancelled and its connection replaced; the deadline task does not wait for any of it."""
+"""A lease kept renewed in the background, and declared lost the moment it may be.
+
+Two threads (tasks, in pg_fence.aio): the renewer renews every `renew_every` on the lease's own
+connection and retries failures with jittered pauses; the watchdog declares the lease "unknown" at
+its local deadline (see holding.py). Each renewal is bounded (connections.bounded): one that hangs
+on a stopped server is abandoned with its connection, and the next try makes a new one, which a
+multi-host conninfo may send to a new primary. The watchdog does not wait for any of it.
+
+A task is cancelled where a thread is told to stop: a task's renewal in flight ends at once, a
+thread's within its bound, so a thread's release may be left to the renewer (see release)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from typing import Any, Awaitable, Callable, List, Optional, TypeVar
 
 import psycopg
 
-from .aio import AsyncConnections, bounded, ended, fence_guard, fenced_update, renew, retrying, rows
+from . import aio_calls
+from .aio_caller import retrying
+from .aio_connections import AsyncConnections, bounded
+from .concurrency import AEvent, ALock, AStop, aspawn
 from .errors import LeaseLost, StaleFence
 from .holding import HELD, LOST, UNKNOWN, Holding, clock
 from .kept import Kept, SetView
+from .lease import Held
 from .reasons import SESSION_ENDED, ended_reason
 from .reasons import UNKNOWN as NO_REASON
 from .retry import Retry
@@ -22,7 +35,7 @@ T = TypeVar("T")
 
 
 class AsyncKeptLease(Kept):
-    """As pg_fence.KeptLease; `lost` is an asyncio.Event."""
+    """A lease kept renewed, as Client.lease returns it (see README, A lease that keeps itself)."""
 
     def __init__(
         self,
@@ -32,22 +45,39 @@ class AsyncKeptLease(Kept):
         on_lost: Optional[Callable[["AsyncKeptLease"], Any]],
         release_timeout: float,
     ):
-        self._holding, self._connections, self._retry = holding, connections, retry
-        self._on_lost, self._release_timeout = on_lost, release_timeout
-        self.lost = asyncio.Event()
-        # As KeptLease._renewing.
-        self._renewing = asyncio.Lock()
-        self._renewer = asyncio.create_task(self._renew_loop())
-        self._watchdog = asyncio.create_task(self._watch())
+        self._holding = holding
+        self._connections = connections
+        self._retry = retry
+        self._on_lost = on_lost
+        self._release_timeout = release_timeout
+        #: Set when the lease is lost or its state unknown: stop the work done under it.
+        self.lost = AEvent()
+        self._stop = AStop()
+        if False:  # SYNC
+            # A thread is not cancelled: a release that finds a renewal in flight is left to the
+            # renewer, which makes it when the renewal returns (release, _release_if_wanted).
+            self._release_wanted = False
+            self._released: Optional[bool] = None
+            self._release_lock = threading.Lock()
+        # Held around each renewal, and by a hand-off or a proclaim (Leadership), which must not
+        # meet a renewal in flight.
+        self._renewing = ALock()
+        label = holding.lease.label
+        self._renewer = aspawn(self._renew_loop, f"pg_fence renew {label}")
+        self._watchdog = aspawn(self._watch, f"pg_fence deadline {label}")
 
     async def guard(self, conn: psycopg.AsyncConnection) -> None:
-        await self._fenced(lambda: fence_guard(conn, self.key, self.fence))
+        """fence_guard in your transaction on `conn`, after a local check."""
+        await self._fenced(lambda: aio_calls.fence_guard(conn, self.key, self.fence))
 
     async def fenced_update(self, conn: psycopg.AsyncConnection, table: str, changes: dict, filter: dict) -> int:
-        return await self._fenced(lambda: fenced_update(conn, self.key, self.fence, table, changes, filter))
+        """fenced_update in your transaction on `conn`, after a local check."""
+        return await self._fenced(lambda: aio_calls.fenced_update(conn, self.key, self.fence, table, changes, filter))
 
     async def _fenced(self, call: Callable[[], Awaitable[T]]) -> T:
-        """As KeptLease._fenced."""
+        """A fenced call under this lease: a local check first; the server's StaleFence means the
+        lease is lost, whatever the keeper has heard yet, and lease_status says why (asked on a
+        connection of its own: the keeper's may be renewing)."""
         self.check()
         try:
             return await call()
@@ -60,27 +90,37 @@ class AsyncKeptLease(Kept):
             raise
 
     async def _status(self, connections: AsyncConnections, limit: float) -> Optional[List[tuple]]:
-        """As KeptLease._status."""
+        """lease_status's (state, reason) rows of the lease; None when no answer came within `limit`."""
         with contextlib.suppress(Exception):
-            return await bounded(connections, lambda conn: rows(conn, self._status_query(), ""), limit)
+            return await bounded(connections, lambda conn: aio_calls.rows(conn, self._status_query(), ""), limit)
         return None
 
     async def release(self) -> bool:
-        """As KeptLease.release."""
+        """Stops renewing and releases (also a lease whose state is unknown: it may be live),
+        trying again on a new connection while the connection breaks; True when the server said
+        this release ended the lease. Waits release_timeout at most: a release still waiting for
+        a renewal in flight goes on in the background, and the TTL ends the lease anyway."""
         end = time.monotonic() + self._release_timeout
-        wanted = self._holding.release_wanted()
-        for task in (self._watchdog, self._renewer):
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-        answer = None
-        if wanted:
-            with contextlib.suppress(Exception):
-                answer = await retrying(self._connections, self._retry, self._release, None, end)
-            status = await self._status(self._connections, self._release_timeout) if answer is False else None
-            self._released_as(answer, ended_reason(status or (), self.lease.durable))
-        await self._connections.close()
-        return bool(answer)
+        if True:  # ASYNC
+            wanted = self._holding.release_wanted()
+            for task in (self._watchdog, self._renewer):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            answer = await self._release_by(end) if wanted else None
+            await self._connections.close()
+            return bool(answer)
+        else:
+            self._release_wanted = self._holding.release_wanted() or self._release_wanted
+            self._stop.set()
+            self._renewer.join(self._release_timeout)
+            if not self._renewer.is_alive():
+                # The renewer had stopped already (the lease was declared lost), or has just
+                # released; the connections are no one else's now.
+                self._release_if_wanted(end)
+            elif self._release_wanted:
+                self._released_as(None)
+            return bool(self._released)
 
     async def __aenter__(self) -> "AsyncKeptLease":
         return self
@@ -89,21 +129,67 @@ class AsyncKeptLease(Kept):
         await self.release()
 
     async def _release(self, conn: psycopg.AsyncConnection) -> bool:
-        return await ended(conn, self._holding.lease)
+        return await aio_calls.ended(conn, self._holding.lease)
+
+    async def _release_by(self, end: float) -> Optional[bool]:
+        """The holder's release, tried until `end` (time.monotonic()): the server's answer (None
+        when none came), taken as the lease's outcome."""
+        answer = None
+        with contextlib.suppress(Exception):
+            answer = await retrying(self._connections, self._retry, self._release, None, end)
+        status = await self._status(self._connections, self._release_timeout) if answer is False else None
+        self._released_as(answer, ended_reason(status or (), self.lease.durable))
+        return answer
+
+    if False:  # SYNC
+
+        def _release_if_wanted(self, end: Optional[float] = None) -> None:
+            """The holder's release, if it asked for one, by `end` (release_timeout from now by
+            default), once; from release(), or from the renewer when it stops after it."""
+            with self._release_lock:
+                if self._release_wanted and self._released is None:
+                    self._released = False
+                    answer = self._release_by(time.monotonic() + self._release_timeout if end is None else end)
+                    self._released = bool(answer)
+                self._connections.close()
 
     def _stop_renewing(self) -> None:
-        if asyncio.current_task() is not self._renewer:
-            self._renewer.cancel()
+        self._stop.set()
+        if True:  # ASYNC
+            # A task is: its renewal in flight ends too.
+            if asyncio.current_task() is not self._renewer:
+                self._renewer.cancel()
+
+    async def _let_expire(self) -> None:
+        """Stops renewing without a release: the lease ends at its TTL."""
+        if True:  # ASYNC
+            for task in (self._watchdog, self._renewer):
+                task.cancel()
+            await self._connections.close()
+        else:
+            self._release_wanted = False
+            self._stop.set()
 
     async def _watch(self) -> None:
-        while self._holding.remaining() > 0:
-            await asyncio.sleep(self._holding.remaining())
-        self._declare(UNKNOWN)
+        while not await self._stop.wait(max(0.0, self._holding.remaining())):
+            if self._holding.remaining() <= 0:
+                self._declare(UNKNOWN)
+                return
 
     async def _renew_loop(self) -> None:
+        if True:  # ASYNC
+            await self._renew_until_stopped()
+        else:
+            # The only thread that uses the lease's connections while it runs.
+            try:
+                self._renew_until_stopped()
+            finally:
+                self._release_if_wanted()
+                self._stop.close()
+
+    async def _renew_until_stopped(self) -> None:
         holding = self._holding
-        while holding.state == HELD:
-            await self._pause(holding)
+        while not await self._pause(holding):
             sent = clock()
             try:
                 async with self._renewing:
@@ -112,52 +198,57 @@ class AsyncKeptLease(Kept):
                     renewed = await bounded(self._connections, self._renew, holding.attempt_limit())
             except Exception as err:
                 if holding.renewal_failed(err, self._retry.pause):
-                    # As in KeptLease.
+                    # PF001, or a session-bound lease whose session we lost (it may live on in it,
+                    # out of our reach: session_ended all the same, unless the server says more).
                     otherwise = NO_REASON if isinstance(err, LeaseLost) else SESSION_ENDED
-                    status = await self._status(self._connections, min(self._release_timeout, holding.renew_every))
-                    self._declare(LOST, self._reason_of(status, otherwise))
+                    rows = await self._status(self._connections, min(self._release_timeout, holding.renew_every))
+                    self._declare(LOST, self._reason_of(rows, otherwise))
                     if holding.give_up_after(err):
-                        # As in KeptLease (Holding.give_up_after).
+                        # A session-bound lease whose session may live on, or the rest of a lost
+                        # set (Holding.give_up_after): give it up by its token.
                         with contextlib.suppress(Exception):
                             await bounded(self._connections, self._release, self._release_timeout)
                     return
                 continue
-            holding.renewed(sent, renewed)
+            if not holding.renewed(sent, renewed) and holding.state in (LOST, UNKNOWN):
+                # Renewed after it was declared lost: nobody works under it now, so free the key.
+                with contextlib.suppress(Exception):
+                    await bounded(self._connections, self._release, self._release_timeout)
+                return
 
-    async def _renew(self, conn: psycopg.AsyncConnection):
+    async def _renew(self, conn: psycopg.AsyncConnection) -> Held:
+        # Scoped to the renewal's transaction, so a pool's connection goes back unchanged.
         async with conn.transaction():
             await conn.execute(*self._holding.statement_timeout())
-            return await renew(conn, self._holding.lease, self._holding.ttl)
+            return await aio_calls.renew(conn, self._holding.lease, self._holding.ttl)
 
-    async def _pause(self, holding: Holding) -> None:
-        """As KeptLease._pause: sleeps until the next renewal, watching a session-bound lease's
-        connection, which the server writes to while idle only when it ends the session."""
+    async def _pause(self, holding: Holding) -> bool:
+        """Waits until the next renewal is due; True when stopped. A session-bound lease's
+        connection is watched meanwhile: the server writes to an idle session only when it ends
+        it (pg_terminate_backend, a shutdown), and then the lease is gone, so renew at once to
+        find out, instead of at the next renewal."""
         timeout = max(0.0, holding.next_renewal - clock())
         conn = self._connections.current() if holding.session_bound else None
         if conn is None or conn.closed:
-            await asyncio.sleep(timeout)
-            return
-        loop, fd = asyncio.get_running_loop(), conn.fileno()
-        readable = loop.create_future()
-        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
-        try:
-            await asyncio.wait_for(readable, timeout)
-            holding.next_renewal = min(holding.next_renewal, clock())
-        except asyncio.TimeoutError:
-            pass
-        finally:
-            loop.remove_reader(fd)
+            return await self._stop.wait(timeout)
+        if await self._stop.wait(timeout, conn.fileno()):
+            return True
+        holding.next_renewal = min(holding.next_renewal, clock())
+        return False
 
 
 class AsyncKeptLeaseSet(SetView, AsyncKeptLease):
-    """As pg_fence.KeptLeaseSet."""
+    """A lease set (Client.lease_set) kept as a lease is: renewed in one call for the whole set
+    (lease_renew_all), lost as a whole when any of its leases is, released as a whole."""
 
     async def guard(self, conn: psycopg.AsyncConnection, key: str) -> None:  # type: ignore[override]
+        """fence_guard of the set's lease on `key` in your transaction on `conn`, after a local check."""
         fence = self.fence_of(key)
-        await self._fenced(lambda: fence_guard(conn, key, fence))
+        await self._fenced(lambda: aio_calls.fence_guard(conn, key, fence))
 
     async def fenced_update(  # type: ignore[override]
         self, conn: psycopg.AsyncConnection, key: str, table: str, changes: dict, filter: dict
     ) -> int:
+        """fenced_update under the set's lease on `key`, in your transaction on `conn`."""
         fence = self.fence_of(key)
-        return await self._fenced(lambda: fenced_update(conn, key, fence, table, changes, filter))
+        return await self._fenced(lambda: aio_calls.fenced_update(conn, key, fence, table, changes, filter))

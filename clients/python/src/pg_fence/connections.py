@@ -1,4 +1,5 @@
-"""Where the clients get their connections, and how long a call on one may take.
+"""The sync client's connections, and how long a call on one may take (aio_connections.py has
+asyncio's; caller.py retries the calls).
 
 From a conninfo: one connection, kept and made again when it breaks. From a psycopg_pool pool: a
 connection per call, or (`pinned`, as a keeper and a session-bound lease need) one held until
@@ -15,62 +16,14 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-import time
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import psycopg
 
 from .errors import READ_ONLY, CallTimedOut, connecting, sqlstate
-from .retry import Retry, Tries
+from .source import CANCEL_TIMEOUT, Source
 
 T = TypeVar("T")
-S = TypeVar("S", bound="Source")
-
-APPLICATION_NAME = "pg_fence_client"
-
-
-def connect_kwargs(application_name: str, connect_timeout: float) -> dict:
-    return {
-        "autocommit": True,
-        "application_name": application_name,
-        "connect_timeout": max(1, int(round(connect_timeout))),
-        # A connection whose peer vanished (a failover, a dead host) is noticed within seconds.
-        "keepalives": 1,
-        "keepalives_idle": 5,
-        "keepalives_interval": 2,
-        "keepalives_count": 3,
-    }
-
-
-class Source:
-    """Where connections come from (a conninfo, or a pool), and their settings; shared by the sync
-    and the asyncio Connections."""
-
-    def __init__(
-        self,
-        conninfo: str = "",
-        pool: Any = None,
-        *,
-        pinned: bool = False,
-        application_name: str = APPLICATION_NAME,
-        connect_timeout: float = 5,
-    ):
-        self.conninfo = conninfo
-        self.pool = pool
-        self.pinned = pinned
-        self.application_name, self.connect_timeout = application_name, connect_timeout
-        self.kwargs = connect_kwargs(application_name, connect_timeout)
-        self._autocommit: dict = {}
-
-    def sibling(self: S, pinned: bool = False) -> S:
-        """Connections of their own from the same source, with the same settings."""
-        return type(self)(
-            self.conninfo,
-            self.pool,
-            pinned=pinned,
-            application_name=self.application_name,
-            connect_timeout=self.connect_timeout,
-        )
 
 
 class Connections(Source):
@@ -165,10 +118,6 @@ class Connections(Source):
         return conn
 
 
-#: How long a cancel request may take: a stopped server answers nothing.
-CANCEL_TIMEOUT = 2.0
-
-
 def cancel(conn: Optional[psycopg.Connection]) -> None:
     """Asks the server to cancel the statement running on `conn` (a waiting acquire ends with
     57014, granting nothing), waiting CANCEL_TIMEOUT at most; from any thread."""
@@ -247,24 +196,3 @@ def bounded(connections: Connections, call: Callable[[psycopg.Connection], T], l
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
-
-
-def retrying(
-    connections: Connections,
-    retry: Retry,
-    call: Callable[[psycopg.Connection], T],
-    limit: Optional[float],
-    end: Optional[float] = None,
-    resend: bool = True,
-) -> T:
-    """`call` in its own transaction, each try given `limit` seconds, tried again on a new
-    connection while the failure is a broken connection, none made, no answer in time, or a
-    standby (25006), until the tries run out or `end` (time.monotonic()) passes; OutcomeUnknown
-    when they run out after one that may have taken effect, or at once after such a try when
-    `resend` is false (a call that cannot be sent again safely: lease_acquire_all)."""
-    tries = Tries(retry, end, resend)
-    while True:
-        try:
-            return bounded(connections, call, tries.limit(limit))
-        except Exception as err:
-            time.sleep(tries.pause_or_raise(err))

@@ -1,0 +1,155 @@
+"""How a client's calls run, under its API: on connections of one source, each try bounded, tried
+again on a new connection after a broken one; and how a lease is acquired to be kept. The client
+builds on it, and so does the elector, which campaigns as the client's lease() acquires."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Awaitable, Callable, Optional, Tuple, TypeVar
+
+import psycopg
+
+from . import aio_calls
+from .aio_connections import AsyncConnections, bounded, cancel
+from .concurrency import asleep
+from .errors import OutcomeUnknown, outcome_unknown
+from .holding import Holding, KeepPlan, clock
+from .kept import Kept
+from .lease import Acquire, AcquireAll, Held, Query, Seconds, interval, new_token, release_query
+from .retry import Retry, Tries
+from .source import APPLICATION_NAME
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Kept)
+
+
+async def retrying(
+    connections: AsyncConnections,
+    retry: Retry,
+    call: Callable[[psycopg.AsyncConnection], Awaitable[T]],
+    limit: Optional[float],
+    end: Optional[float] = None,
+    resend: bool = True,
+) -> T:
+    """`call` in its own transaction, each try given `limit` seconds, tried again on a new
+    connection while the failure is a broken connection, none made, no answer in time, or a
+    standby (25006), until the tries run out or `end` (time.monotonic()) passes; OutcomeUnknown
+    when they run out after one that may have taken effect, or at once after such a try when
+    `resend` is false (a call that cannot be sent again safely: lease_acquire_all)."""
+    tries = Tries(retry, end, resend)
+    while True:
+        try:
+            return await bounded(connections, call, tries.limit(limit))
+        except Exception as err:
+            await asleep(tries.pause_or_raise(err))
+
+
+class AsyncCaller:
+    """A client's connections, retries and time limits (see AsyncClient); the calls that retry, and
+    the kept lease's acquire."""
+
+    def __init__(
+        self,
+        conninfo: str = "",
+        *,
+        pool: Any = None,
+        retry: Retry = Retry(),
+        application_name: str = APPLICATION_NAME,
+        connect_timeout: float = 5,
+        call_timeout: Optional[float] = 30,
+    ):
+        self.conninfo = conninfo
+        self.pool = pool
+        self.retry = retry
+        self.application_name = application_name
+        self.connect_timeout = connect_timeout
+        self.call_timeout = call_timeout
+        self._connections = self.connections()
+
+    def connections(self, pinned: bool = False) -> AsyncConnections:
+        return AsyncConnections(
+            self.conninfo,
+            self.pool,
+            pinned=pinned,
+            application_name=self.application_name,
+            connect_timeout=self.connect_timeout,
+        )
+
+    def _limit(self, wait: Seconds = 0) -> Optional[float]:
+        return None if self.call_timeout is None else self.call_timeout + interval(wait).total_seconds()
+
+    async def _call(self, call: Callable[[psycopg.AsyncConnection], Awaitable[T]], wait: Seconds = 0) -> T:
+        """`call` on the client's connection, retried."""
+        return await retrying(self._connections, self.retry, call, self._limit(wait))
+
+    async def _keep(
+        self,
+        kept: Callable[..., K],
+        plan: KeepPlan,
+        on_lost: Optional[Callable[[Any], None]],
+        connections: Optional[AsyncConnections] = None,
+    ) -> K:
+        """Acquires as `plan` asks, on `connections` (pinned; new ones by default), and keeps it as a
+        `kept` (a kept lease's class: the sync or asyncio KeptLease, KeptLeaseSet or Leadership)."""
+        connections = connections or self.connections(pinned=True)
+        try:
+            holding = plan.holding(*await self._acquire_to_keep(connections, plan.request))
+            if holding.anchored_long_ago():
+                await self._renew_now(connections, holding)
+        except BaseException:
+            await connections.close()
+            raise
+        return kept(holding, connections, self.retry, on_lost, plan.release_timeout)
+
+    async def _acquire_to_keep(self, connections: AsyncConnections, request: Acquire) -> Tuple[Optional[Held], float]:
+        """The lease and the instant its deadline counts from: before the first try that carried
+        its token, since any of those tries may be the one that granted it."""
+        anchor = clock()
+        if isinstance(request, AcquireAll):
+            # No token to send again: only tries that cannot have been granted are retried.
+            call = functools.partial(aio_calls.acquire_with, request=request, token=None)
+            return await retrying(connections, self.retry, call, self._limit(request.wait), resend=False), anchor
+        tries, token = Tries(self.retry), new_token()
+        while True:
+            try:
+                call = functools.partial(aio_calls.acquire_with, request=request, token=token)
+                return await bounded(connections, call, self._limit(request.wait)), anchor
+            except BaseException as err:
+                if not isinstance(err, Exception):
+                    # Interrupted (KeyboardInterrupt, a cancelled task): end the wait on the server
+                    # (psycopg has ended a task's already), and give up what its token may have been
+                    # granted.
+                    await cancel(connections.current())
+                    await self._give_up(connections, release_query(request.key, token))
+                    raise
+                try:
+                    pause = tries.pause_or_raise(err)
+                except OutcomeUnknown as unknown:
+                    await self._give_up(connections, release_query(request.key, token))
+                    unknown.token = token
+                    raise
+                if request.session_bound and outcome_unknown(err):
+                    # A grant of that try is bound to its session, which may live on without us
+                    # (a partition): give it up, and try again with a new token on a new session.
+                    await self._give_up(connections, release_query(request.key, token))
+                    token, anchor = new_token(), None
+                await asleep(pause)
+                anchor = clock() if anchor is None else anchor
+
+    async def _renew_now(self, connections: AsyncConnections, holding: Holding) -> None:
+        """A renewal at once, to count the deadline from now; gives the lease up if it fails."""
+        sent = clock()
+        try:
+            renewed = await bounded(
+                connections, lambda conn: aio_calls.renew(conn, holding.lease, holding.ttl), self._limit()
+            )
+        except BaseException:
+            await self._give_up(connections, holding.lease.release_query())
+            raise
+        holding.renewed(sent, renewed)
+
+    async def _give_up(self, connections: AsyncConnections, release: Query) -> None:
+        """Releases, best effort, whatever lease the token of `release` may hold."""
+        with contextlib.suppress(Exception):
+            await bounded(connections, lambda conn: aio_calls.one(conn, release, ""), self._limit())

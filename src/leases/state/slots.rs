@@ -1,0 +1,45 @@
+//! Where a grant goes among a key's rows (see `mode`): the slot it takes, and the guard locks whose
+//! writers it waits for before it commits (invariant 3, see `locks::keylock`).
+use super::found::Found;
+use super::mode::LeaseMode;
+use crate::locks::keylock::GuardLock;
+
+/// The slot a grant in `mode` takes, given the key's rows: None while the live holders leave
+/// no room for it.
+pub fn slot_for(mode: LeaseMode, rows: &[Found]) -> Option<i32> {
+    let live: Vec<&Found> = rows.iter().filter(|row| row.live.is_some()).collect();
+    if live.iter().any(|row| row.mode.shared != mode.shared) {
+        return None;
+    }
+    let free = |slot: &i32| !live.iter().any(|row| row.slot == *slot);
+    if mode.shared {
+        // The first slot no live holder uses: an ended holder's row is taken over.
+        return (0..).find(free);
+    }
+    let limit = live.iter().map(|row| row.mode.permits).fold(mode.permits, i32::min);
+    if live.len() >= limit as usize {
+        return None;
+    }
+    (0..mode.permits).find(free)
+}
+
+/// The locks whose writers a grant into `slot` waits for: the slot's own, and those of every
+/// ended holder of another mode (each needs the mode it was granted under to have ended with
+/// its writes). Sorted, so that every grant takes them in the same order. Not slot 0's for an
+/// exclusive grant: that is the key lock, which it holds in `Grant` mode already.
+pub fn locks_to_wait_for(mode: LeaseMode, slot: i32, rows: &[Found]) -> Vec<GuardLock> {
+    let mut locks: Vec<GuardLock> = rows
+        .iter()
+        .filter(|row| row.live.is_none() && row.mode != mode)
+        .map(|row| row.mode.guard_lock(row.slot))
+        .collect();
+    if !mode.shared {
+        locks.push(GuardLock::Slot(slot));
+    }
+    if mode.is_exclusive() {
+        locks.retain(|lock| *lock != GuardLock::Slot(0));
+    }
+    locks.sort();
+    locks.dedup();
+    locks
+}

@@ -1,0 +1,23 @@
+//! This backend's latch, which every wait of pg_fence sleeps on: a waiting acquire, an observer,
+//! the first grant after a reset (see `leases::state::fences`). Whoever changes what it waits for
+//! sets it (`leases::line::wakeups`).
+use pgrx::pg_sys;
+
+/// Forgets earlier wake-ups: call before looking at the key, then `sleep`. A wake-up that comes in
+/// between makes `sleep` return at once, so none is lost.
+pub fn arm() {
+    // SAFETY: MyLatch is this backend's own latch.
+    unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+}
+
+/// Sleeps until woken or for `micros` at most; query cancel and statement_timeout end it (with
+/// their error). Shows in pg_stat_activity as wait_event_type 'Extension'.
+pub fn sleep(micros: i64) {
+    let timeout_ms = super::clock::millis_rounded_up(micros).clamp(1, i64::from(i32::MAX));
+    let events = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
+    // SAFETY: the standard latch wait of a backend; interrupts are processed right after.
+    unsafe {
+        pg_sys::WaitLatch(pg_sys::MyLatch, events as i32, timeout_ms as _, pg_sys::PG_WAIT_EXTENSION);
+    }
+    pgrx::check_for_interrupts!();
+}
