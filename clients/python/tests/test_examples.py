@@ -95,8 +95,9 @@ def stopped_past_its_ttl(cluster, script: str, *args: str):
     b = Example(script, cluster.conninfo, "--seconds", "9", "--ttl", "1", "--name", "b", *args)
     assert eventually(lambda: b.first("step", after=stopped), 10), "b never took over"
     time.sleep(0.5)
-    os.kill(a.process.pid, signal.SIGCONT)
+    # Read before the signal: a may be told, and say so, before this thread runs again.
     resumed = clock()
+    os.kill(a.process.pid, signal.SIGCONT)
     assert eventually(lambda: a.first("lease_declared_lost", after=resumed), 10)
     lost = a.first("lease_declared_lost", after=resumed)
     return lost, resumed, [a.finish(), b.finish()]
