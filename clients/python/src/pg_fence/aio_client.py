@@ -154,6 +154,9 @@ class AsyncClient(AsyncCaller):
         return AsyncElector(self, ElectorOptions(key, ttl, **options))
 
     async def close(self) -> None:
+        """Closes the client's connection and its keeper's (release the leases it keeps first)."""
+        if self._keeper is not None:
+            await self._keeper.close()
         await self._connections.close()
 
     async def __aenter__(self) -> "AsyncClient":

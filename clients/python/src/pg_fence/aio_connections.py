@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Awaitable, Callable, Optional, Set, TypeVar
+from typing import Any, Awaitable, Callable, List, Optional, Set, TypeVar
 
 import psycopg
 
@@ -74,6 +74,74 @@ class AsyncConnections(Source):
                 await conn.execute("RESET statement_timeout")
                 await conn.set_autocommit(self._autocommit.pop(id(conn), conn.autocommit))
         await self.pool.putconn(conn)
+
+
+class AsyncLanes(Source):
+    """A keeper's connections (keeping.py): at most `size` in use at once, of its own (made from the
+    conninfo, never taken from the application's pool, so a busy pool cannot starve a renewal),
+    kept open and reused. A call past its limit gives up its slot at once (forget), so the next
+    call makes a new connection in time for the deadline, while the abandoned one is closed when
+    its call returns. close() is a kept lease's: the lanes are the keeper's, shut by shut()."""
+
+    def __init__(self, conninfo: str, size: int, **kwargs: Any):
+        super().__init__(conninfo, None, pinned=True, **kwargs)
+        self.size = size
+        self._slots = asyncio.Semaphore(size)
+        self._idle: List[psycopg.AsyncConnection] = []
+        self._open: Set[psycopg.AsyncConnection] = set()
+        #: Connections made since the keeper started: more than `size` only after a failure.
+        self.made = 0
+
+    async def checkout(self) -> psycopg.AsyncConnection:
+        await self._slots.acquire()
+        try:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed and not conn.broken:
+                    return conn
+                self._open.discard(conn)
+            with connecting():
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.kwargs)
+            self.made += 1
+            self._open.add(conn)
+            return conn
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def checkin(self, conn: psycopg.AsyncConnection, failure: Optional[BaseException]) -> None:
+        if failure is not None and (conn.broken or not isinstance(failure, Exception) or retryable(failure)):
+            await self._dispose(conn)
+        elif conn.closed:
+            self._open.discard(conn)
+        else:
+            self._idle.append(conn)
+        self._slots.release()
+
+    def current(self) -> Optional[psycopg.AsyncConnection]:
+        return None
+
+    def forget(self, conn: psycopg.AsyncConnection) -> None:
+        self._slots.release()
+
+    async def abandoned(self, conn: psycopg.AsyncConnection) -> None:
+        await self._dispose(conn)
+
+    def sibling(self, pinned: bool = False) -> "AsyncLanes":
+        return self
+
+    async def close(self) -> None:
+        pass
+
+    async def shut(self) -> None:
+        for conn in list(self._open):
+            await self._dispose(conn)
+        self._idle.clear()
+
+    async def _dispose(self, conn: psycopg.AsyncConnection) -> None:
+        self._open.discard(conn)
+        with contextlib.suppress(Exception):
+            await conn.close()
 
 
 #: Calls past their limit, still being cancelled: a task the loop alone refers to may be collected.

@@ -153,6 +153,9 @@ class Client(Caller):
         return Elector(self, ElectorOptions(key, ttl, **options))
 
     def close(self) -> None:
+        """Closes the client's connection and its keeper's (release the leases it keeps first)."""
+        if self._keeper is not None:
+            self._keeper.close()
         self._connections.close()
 
     def __enter__(self) -> "Client":
