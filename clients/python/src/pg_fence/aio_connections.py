@@ -164,10 +164,16 @@ async def bounded(
     try:
         await asyncio.wait((running,), timeout=limit)
     except BaseException as err:
-        # Cancelled: so is the call, whose statement psycopg cancels on the server itself.
+        # Cancelled: so is the call, whose statement psycopg cancels on the server itself. Its
+        # cancel waits for the server's answer, which a dead route never brings: waited for a
+        # moment only, then the connection is abandoned, so the caller's clean-up (giving up its
+        # token) starts at once.
         running.cancel()
-        with contextlib.suppress(BaseException):
-            await running
+        await asyncio.wait((running,), timeout=CANCEL_TIMEOUT)
+        if not running.done():
+            connections.forget(conn)
+            _abandon(running, conn, connections)
+            raise
         await connections.checkin(conn, err)
         raise
     if not running.done():
@@ -175,9 +181,7 @@ async def bounded(
         # (a dead route), and the caller must be free to try again on a new one at once.
         connections.forget(conn)
         running.cancel()
-        disposal = asyncio.ensure_future(_dispose_after(running, conn, connections))
-        _abandoned.add(disposal)
-        disposal.add_done_callback(_abandoned.discard)
+        _abandon(running, conn, connections)
         raise CallTimedOut(f"no answer from the server within {limit:.1f} s")
     try:
         result = running.result()
@@ -186,6 +190,12 @@ async def bounded(
         raise
     await connections.checkin(conn, None)
     return result
+
+
+def _abandon(running: "asyncio.Future[Any]", conn: psycopg.AsyncConnection, connections: AsyncConnections) -> None:
+    disposal = asyncio.ensure_future(_dispose_after(running, conn, connections))
+    _abandoned.add(disposal)
+    disposal.add_done_callback(_abandoned.discard)
 
 
 async def _dispose_after(
