@@ -201,6 +201,7 @@ public final class Elector implements AutoCloseable {
   public final class Observer implements AutoCloseable {
     private Leader seen;
     private boolean seenAny;
+    private boolean tellNext;
     private volatile boolean stopped;
     private final Connection[] using = {null};
 
@@ -280,10 +281,12 @@ public final class Elector implements AutoCloseable {
             continue;
           }
           Leader leader = now.orElse(null);
-          if ((!seenAny && leader == null) || (seenAny && Objects.equals(leader, seen))) {
+          if (!tellNext
+              && ((!seenAny && leader == null) || (seenAny && Objects.equals(leader, seen)))) {
             continue; // no news: a vacancy before any leader, or the timeout ran out
           }
           seenAny = true;
+          tellNext = false;
           seen = leader;
           return now;
         }
@@ -295,6 +298,15 @@ public final class Elector implements AutoCloseable {
           }
         }
       }
+    }
+
+    /**
+     * Forgets what it saw: its next answer is the key's leader (or vacancy) as it is then, told
+     * even when unchanged. For a caller that showed blindness instead of what it saw last.
+     */
+    public void forget() {
+      seen = null;
+      tellNext = true;
     }
 
     /** Gives the observer's connection back. */
@@ -322,13 +334,30 @@ public final class Elector implements AutoCloseable {
     }
   }
 
-  /** onNewLeader's thread: observes until closed, again a second after a failure. */
+  /**
+   * onNewLeader's thread: observes until closed, again a second after a failure. After a blind
+   * spell the next leader seen is told even if it is the one told before: the callback was told it
+   * could not see.
+   */
   private void watch() {
     while (!closed) {
       try {
         Observer observer = observe();
         while (!closed) {
-          Optional<Leader> leader = observer.next();
+          Optional<Leader> leader;
+          try {
+            leader = observer.next();
+          } catch (ObserverBlindException blind) {
+            if (options.onBlind() != null) {
+              try {
+                options.onBlind().accept(blind);
+              } catch (RuntimeException ignored) {
+                // A callback's failure is its own.
+              }
+            }
+            observer.forget();
+            continue;
+          }
           try {
             options.onNewLeader().accept(leader);
           } catch (RuntimeException ignored) {

@@ -506,9 +506,10 @@ public final class FenceClient implements AutoCloseable {
 
   /**
    * Acquires {@code key} (waiting up to the options' wait; {@link WaitTimedOutException} when not
-   * granted) and keeps it: a thread renews it every {@code renewEvery} (ttl/3) on a connection of
-   * its own, retrying failed renewals with backoff, and the lease is declared lost the moment the
-   * server says so, or {@code unknown} ({@link LossReason#UNREACHABLE}) when the local deadline
+   * granted) and keeps it: the client's keeper renews it every {@code renewEvery} (ttl/3) with its
+   * other kept leases over the keeper's connections (a session-bound lease on the connection it was
+   * granted on), retrying failed renewals with backoff, and the lease is declared lost the moment
+   * the server says so, or {@code unknown} ({@link LossReason#UNREACHABLE}) when the local deadline
    * passes without a renewal, even while a renewal hangs.
    */
   public KeptLease hold(String key, AcquireOptions opts, KeepOptions keep) throws SQLException {

@@ -118,4 +118,34 @@ class FindingsTest {
       kept.close();
     }
   }
+
+  /** The onNewLeader thread tells its blindness (onBlind), then the leader again once it sees. */
+  @Test
+  void theWatcherSaysWhenItCannotSee() throws Exception {
+    String key = "watched";
+    java.util.concurrent.LinkedBlockingQueue<Object> told =
+        new java.util.concurrent.LinkedBlockingQueue<>();
+    FenceClient leaderClient = new FenceClient(cluster.dataSource("findings_leader"));
+    try (io.pgfence.testing.Proxy proxy = new io.pgfence.testing.Proxy(cluster.port());
+        Elector leading =
+            new Elector(leaderClient, key, ElectorOptions.ttl(Duration.ofSeconds(2)));
+        Leadership leadership = leading.campaign("a");
+        FenceClient client = new FenceClient(Cluster.dataSource("findings_watch", proxy.port()));
+        Elector watching =
+            new Elector(
+                client,
+                key,
+                ElectorOptions.ttl(Duration.ofSeconds(2))
+                    .onNewLeader(leader -> told.add(leader.map(Leader::owner)))
+                    .onBlind(told::add))) {
+      assertEquals(java.util.Optional.of("a"), told.poll(10, TimeUnit.SECONDS), watching.key());
+      Thread.sleep(100);
+      proxy.hangExisting();
+      assertInstanceOf(ObserverBlindException.class, told.poll(10, TimeUnit.SECONDS));
+      assertEquals(java.util.Optional.of("a"), told.poll(10, TimeUnit.SECONDS), "sees again");
+      assertTrue(leadership.isLeader());
+    } finally {
+      leaderClient.close();
+    }
+  }
 }
