@@ -593,14 +593,19 @@ public final class FenceClient implements AutoCloseable {
     Thread thread =
         new Thread(
             () -> {
+              KeptLease kept;
               try {
-                KeptLease kept = hold(key, tokened, keep, giveUp);
-                if (!future.complete(kept)) {
-                  kept.abandon(KeptLease.State.RELEASED);
-                  keeper().releaseToken(key, kept.token(), opts.ttl());
-                }
+                kept = hold(key, tokened, keep, giveUp);
               } catch (SQLException | RuntimeException e) {
+                // The server's answer (not granted, an error) or the hold's own release after a
+                // give-up: nothing more to release.
+                giveUp.finish();
                 future.completeExceptionally(e);
+                return;
+              }
+              if (!giveUp.finish() || !future.complete(kept)) {
+                kept.abandon(KeptLease.State.RELEASED);
+                keeper().releaseToken(key, kept.token(), opts.ttl());
               }
             },
             "pg-fence-hold " + key);
@@ -622,6 +627,7 @@ public final class FenceClient implements AutoCloseable {
   private static final class GiveUp implements Consumer<Connection> {
     private Connection current; // guarded by this
     private boolean givenUp; // guarded by this
+    private boolean finished; // guarded by this
 
     @Override
     public void accept(Connection conn) {
@@ -633,11 +639,20 @@ public final class FenceClient implements AutoCloseable {
       }
     }
 
-    /** True the first time: the try in flight is aborted. */
+    /** The call ended before any give-up: true, and a later give-up does nothing. */
+    synchronized boolean finish() {
+      if (givenUp) {
+        return false;
+      }
+      finished = true;
+      return true;
+    }
+
+    /** True the first time, while the call runs: the try in flight is aborted. */
     boolean giveUp() {
       Connection conn;
       synchronized (this) {
-        if (givenUp) {
+        if (givenUp || finished) {
           return false;
         }
         givenUp = true;
