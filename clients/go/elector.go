@@ -198,38 +198,78 @@ func (e *Elector) Leader(ctx context.Context) (*Leader, error) {
 // leader (at once, or when one is elected), then every change: a new leader (a higher fence), a
 // new value proclaimed (the same fence), nil when nobody leads (a resign, a revoke, an expiry, a
 // session's end, a fast lease lost in a crash). A broken connection is made again without
-// missing a change; an error the retries could not get past, or ctx's, is the last item.
+// missing a change. While it sees a leader, no answer by that leader's lease expiry (a silent
+// network, a server gone) yields an *ObserverBlindError (errors.Is ErrObserverBlind), not the
+// old leader nor a vacancy; Observe goes on, and yields what the server says once it answers.
+// Any other error the retries could not get past, or ctx's, is the last item.
 func (e *Elector) Observe(ctx context.Context) iter.Seq2[*Leader, error] {
 	return func(yield func(*Leader, error) bool) {
 		o := e.observing()
 		for {
 			leader, err := o.next(ctx)
-			if !yield(leader, err) || err != nil {
+			if !yield(leader, err) || err != nil && !errors.Is(err, ErrObserverBlind) {
 				return
 			}
 		}
 	}
 }
 
-// observing follows a key's leader; seen is what it saw last (nil: nobody, or nothing yet).
+// observing follows a key's leader; seen is what it saw last (nil: nobody, or nothing yet), blind
+// that it last said it cannot see.
 type observing struct {
 	elector *Elector
 	seen    *Leader
+	blind   bool
 }
+
+// blindSlack is how long past the observed lease's expiry an observer waits for an answer before
+// it says it cannot see: the server's answer at that expiry needs its round trip.
+const blindSlack = 500 * time.Millisecond
 
 func (e *Elector) observing() *observing { return &observing{elector: e} }
 
 // next is the next change: a vacancy before any leader is no news.
+// While a leader is seen, no answer by its lease's expiry is an *ObserverBlindError: the leader
+// it saw may be gone, and only the server can say; after it, what the server says is news.
 func (o *observing) next(ctx context.Context) (*Leader, error) {
 	for {
 		e := o.elector
-		now, err := e.client.AwaitChange(ctx, e.cfg.Key, o.seen, e.cfg.ObserveTimeout)
-		if err != nil {
-			return nil, err
+		if o.blind {
+			now, err := e.client.AwaitChange(ctx, e.cfg.Key, nil, 0)
+			if err != nil {
+				return nil, err
+			}
+			o.seen, o.blind = now, false
+			return now, nil
 		}
-		if !o.seen.Same(now) {
+		if o.seen == nil || o.seen.ExpiresAt.IsZero() {
+			now, err := e.client.AwaitChange(ctx, e.cfg.Key, o.seen, e.cfg.ObserveTimeout)
+			if err != nil {
+				return nil, err
+			}
+			if !o.seen.Same(now) {
+				o.seen = now
+				return now, nil
+			}
+			continue
+		}
+		// The server answers by the lease's expiry at the latest (with the same leader if it
+		// renewed), so an answer missing then is blindness, whatever its cause.
+		wait := min(e.cfg.ObserveTimeout, max(time.Until(o.seen.ExpiresAt), 50*time.Millisecond))
+		bounded, cancel := context.WithTimeout(ctx, wait+blindSlack)
+		now, err := e.client.AwaitChange(bounded, e.cfg.Key, o.seen, wait)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil, err
+		case err != nil:
+			o.blind = true
+			return nil, &ObserverBlindError{Key: e.cfg.Key, Last: o.seen, Err: err}
+		case !o.seen.Same(now):
 			o.seen = now
 			return now, nil
+		case now != nil:
+			o.seen = now // the same leader, renewed: its new expiry bounds the next wait
 		}
 	}
 }

@@ -172,6 +172,40 @@ func (c *Client) Hold(ctx context.Context, key string, opts HoldOptions) (*KeptL
 	return k.start(sent)
 }
 
+// HoldFirstFree takes the first key of keys, in order, that is free now (fence.lease_acquire_any,
+// one round trip, never waiting) and keeps it as Hold does: nil, nil when none is free. For a
+// worker pool that wants any one item of many. opts.Wait, Shared, Permits, LockDelay and
+// SessionBound are refused (ErrInvalidOptions). A call given up after it was sent releases its
+// token, whichever key it may have been granted.
+func (c *Client) HoldFirstFree(ctx context.Context, keys []string, opts HoldOptions) (*KeptLease, error) {
+	if err := opts.checkAny(); err != nil {
+		return nil, err
+	}
+	if opts.SessionBound {
+		return nil, fmt.Errorf("%w: the first free key is kept by the keeper, not session-bound", ErrInvalidOptions)
+	}
+	opts.AcquireOptions = opts.AcquireOptions.withToken()
+	k, err := c.newKept(opts)
+	if err != nil {
+		return nil, err
+	}
+	sent := time.Now()
+	lease, err := retrying(ctx, k.acquiring(0, opts.Token), func(ctx context.Context, conn *pgx.Conn) (*Lease, error) {
+		return AcquireAny(ctx, conn, keys, opts.AcquireOptions)
+	})
+	if err != nil {
+		for _, key := range keys {
+			_ = k.notGranted(err, key, opts.Token)
+		}
+		return nil, err
+	}
+	if lease == nil {
+		return nil, nil
+	}
+	k.kept = kept{lease: lease}
+	return k.start(sent)
+}
+
 // HoldAll is Hold for every key of keys, or none: one lease per key, kept as a set, renewed with
 // one lease_renew_all, released with one lease_release_all, and lost as a whole (the keeper then
 // releases the set's other leases at once). Its acquire takes no token, so it is not sent again
