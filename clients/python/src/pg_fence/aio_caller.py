@@ -127,6 +127,12 @@ class AsyncCaller:
             raise
         if session_bound:
             return kept(holding, connections, self.retry, on_lost, plan.release_timeout)
+        try:
+            await keeper.lanes.open()
+        except BaseException:
+            # Interrupted: the lease was granted, and nobody will keep it.
+            keeper.give_up(holding.lease.release_query(), holding.ttl, self._limit())
+            raise
         if connections is not self._connections:
             await connections.close()  # a campaign's own, for a waiting acquire that close() can cancel
         return kept(holding, keeper.lanes, self.retry, on_lost, plan.release_timeout, keeper)

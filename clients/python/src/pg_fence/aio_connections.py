@@ -91,6 +91,7 @@ class AsyncLanes(Source):
         self._open: Set[psycopg.AsyncConnection] = set()
         #: Connections made since the keeper started: more than `size` only after a failure.
         self.made = 0
+        self._opening = False
 
     async def checkout(self) -> psycopg.AsyncConnection:
         await self._slots.acquire()
@@ -118,11 +119,33 @@ class AsyncLanes(Source):
             self._idle.append(conn)
         self._slots.release()
 
+    async def open(self) -> None:
+        """Makes the lanes' connections now, once: a renewal due later finds them open, even if
+        the server has no connection slot left by then. A failure is left to the calls to meet."""
+        if self._opening:
+            return
+        self._opening = True
+        for _ in range(self.size):
+            try:
+                with connecting():
+                    conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.kwargs)
+            except Exception:
+                return
+            self.made += 1
+            self._open.add(conn)
+            self._idle.append(conn)
+
     def current(self) -> Optional[psycopg.AsyncConnection]:
         return None
 
     def forget(self, conn: psycopg.AsyncConnection) -> None:
         self._slots.release()
+        # Those waiting idle may run over the same dead route: the next call makes a new one.
+        stale, self._idle = self._idle, []
+        for idle in stale:
+            disposal = asyncio.ensure_future(self._dispose(idle))
+            _abandoned.add(disposal)
+            disposal.add_done_callback(_abandoned.discard)
 
     async def abandoned(self, conn: psycopg.AsyncConnection) -> None:
         await self._dispose(conn)

@@ -128,6 +128,12 @@ class Caller:
             raise
         if session_bound:
             return kept(holding, connections, self.retry, on_lost, plan.release_timeout)
+        try:
+            keeper.lanes.open()
+        except BaseException:
+            # Interrupted: the lease was granted, and nobody will keep it.
+            keeper.give_up(holding.lease.release_query(), holding.ttl, self._limit())
+            raise
         if connections is not self._connections:
             connections.close()  # a campaign's own, for a waiting acquire that close() can cancel
         return kept(holding, keeper.lanes, self.retry, on_lost, plan.release_timeout, keeper)

@@ -131,6 +131,7 @@ class Lanes(Source):
         self._lock = threading.Lock()
         #: Connections made since the keeper started: more than `size` only after a failure.
         self.made = 0
+        self._opening = False
 
     @contextlib.contextmanager
     def use(self) -> Iterator[psycopg.Connection]:
@@ -174,11 +175,33 @@ class Lanes(Source):
                     self._idle.append(conn)
         self._slots.release()
 
+    def open(self) -> None:
+        """As AsyncLanes.open: the lanes' connections made now, once."""
+        with self._lock:
+            if self._opening:
+                return
+            self._opening = True
+        for _ in range(self.size):
+            try:
+                with connecting():
+                    conn = psycopg.connect(self.conninfo, **self.kwargs)
+            except Exception:
+                return
+            with self._lock:
+                self.made += 1
+                self._open.add(conn)
+                self._idle.append(conn)
+
     def current(self) -> Optional[psycopg.Connection]:
         return None
 
     def forget(self, conn: psycopg.Connection) -> bool:
         self._slots.release()
+        # Those waiting idle may run over the same dead route: the next call makes a new one.
+        with self._lock:
+            stale, self._idle = self._idle, []
+        for idle in stale:
+            self.dispose(idle)
         return False
 
     def abandoned(self, conn: psycopg.Connection) -> None:
