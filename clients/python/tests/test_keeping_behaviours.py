@@ -30,7 +30,7 @@ SCENARIOS = behaviours("keeping.json")
 
 @pytest.fixture(scope="module")
 def keeping_cluster():
-    cluster = Cluster("keeping_behaviours", 27630).create()
+    cluster = Cluster("keeping_behaviours", 27622).create()
     yield cluster
     cluster.destroy()
 
