@@ -53,8 +53,9 @@ type ElectorConfig struct {
 	// (an address, a version).
 	Identity string
 	// HoldOptions is the leadership's lease (TTL, Fast, SessionBound, LockDelay) and how it is
-	// kept (RenewEvery, Margin, Timeout). The elector sets the owner, the wait and the token;
-	// Shared and Permits are refused, and OnLost is its own (use the callbacks).
+	// kept (RenewEvery, Margin, Timeout). TTL is required to campaign, not to observe. The
+	// elector sets the owner, the wait and the token, and OnLost is its own (use the callbacks):
+	// NewElector refuses them set, as it does Shared and Permits.
 	HoldOptions
 	// ReleaseOnCancel: when the context a leadership was campaigned with ends, release the
 	// lease, so that the next candidate is elected at once (true), or stop renewing and leave it
@@ -86,8 +87,18 @@ func NewElector(client *Client, cfg ElectorConfig) (*Elector, error) {
 	if cfg.Key == "" || cfg.Shared || cfg.permits() != 1 {
 		return nil, fmt.Errorf("%w: an elector needs a key, and its lease is exclusive", ErrInvalidOptions)
 	}
-	if _, _, _, err := cfg.timing(); err != nil {
-		return nil, err
+	// Set, they would be silently overridden by the elector's own: refused instead.
+	for name, set := range map[string]bool{"Owner": cfg.Owner != "", "Wait": cfg.Wait != 0, "OnLost": cfg.OnLost != nil,
+		"Token": cfg.Token != uuid.Nil} {
+		if set {
+			return nil, fmt.Errorf("%w: %s is the elector's own (use Identity and the callbacks)", ErrInvalidOptions, name)
+		}
+	}
+	// An elector that only observes needs no TTL; Campaign says it is required.
+	if cfg.TTL != 0 {
+		if _, _, _, err := cfg.timing(); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.ObserveTimeout <= 0 {
 		cfg.ObserveTimeout = 30 * time.Second
@@ -147,6 +158,9 @@ func (e *Elector) Run(ctx context.Context) error {
 // campaign, the wait is cancelled on the server and nothing is left granted; when it ends while
 // leading, the leadership ends (ReleaseOnCancel says how).
 func (e *Elector) Campaign(ctx context.Context) (*Leadership, error) {
+	if e.cfg.TTL <= 0 {
+		return nil, fmt.Errorf("%w: TTL is required to campaign", ErrInvalidOptions)
+	}
 	opts := e.cfg.HoldOptions
 	opts.Owner, opts.Wait, opts.OnLost = e.cfg.Identity, campaignWait, nil
 	for {
