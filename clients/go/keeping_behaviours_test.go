@@ -18,7 +18,7 @@ import (
 // step by step, against a real server. Prints the connections and renewal latency of 200 leases.
 func TestKeepingBehaviours(t *testing.T) {
 	t.Parallel()
-	pgtest.RunScenarios(t, "keeping.json", "keeping", 27790, 27791, func(t *testing.T, c *pgtest.Cluster, scenario pgtest.Scenario) {
+	pgtest.RunScenarios(t, "keeping.json", "keeping", 27743, 27744, func(t *testing.T, c *pgtest.Cluster, scenario pgtest.Scenario) {
 		run := &keepingRun{t: t, c: c, scenario: scenario, key: fmt.Sprintf("%s:%d", scenario.Name, time.Now().UnixNano()),
 			clients: map[string]*keepingClient{}}
 		defer run.close()
