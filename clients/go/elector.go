@@ -32,17 +32,29 @@ const (
 	StopCancelled StopReason = "cancelled"
 )
 
+type leadershipKey struct{}
+
+// LeadershipOf is the leadership whose context ctx is (or derives from): what OnStartedLeading's
+// ctx carries; nil for another context.
+func LeadershipOf(ctx context.Context) *Leadership {
+	l, _ := ctx.Value(leadershipKey{}).(*Leadership)
+	return l
+}
+
 // LeaderCallbacks are client-go's leader election callbacks.
 type LeaderCallbacks struct {
 	// OnStartedLeading runs in a goroutine of its own once elected, with the leadership's
-	// context: cancelled the moment the leadership may end (context.Cause says why).
+	// context: cancelled the moment the leadership may end (context.Cause says why);
+	// LeadershipOf(ctx) is the leadership, with its fence. Neither Run nor Resign waits for it
+	// to return: stop its work when ctx is done.
 	OnStartedLeading func(ctx context.Context)
 	// OnStoppedLeading is called once a leadership that started has ended, after its Context
 	// was cancelled; Leadership.StopReason says why.
 	OnStoppedLeading func()
 	// OnNewLeader is called with the identity (the value) of each new leader of the key as it is
 	// observed, this candidate included, and "" when nobody leads; from a goroutine of the
-	// elector's that observes until Close.
+	// elector's that observes until Close. Calls are not queued: while one runs, the changes
+	// that come and go are not told; the next call has the latest leader (keep it short).
 	OnNewLeader func(identity string)
 }
 
@@ -180,6 +192,8 @@ func (e *Elector) Campaign(ctx context.Context) (*Leadership, error) {
 func (e *Elector) elected(ctx context.Context, kept *KeptLease) *Leadership {
 	l := &Leadership{elector: e, kept: kept, value: e.cfg.Identity, stopped: make(chan struct{}), telling: make(chan struct{})}
 	l.ctx, l.cancel = context.WithCancelCause(ctx)
+	// The callback gets the leadership with its context, so that it need not capture the elector.
+	l.ctx = context.WithValue(l.ctx, leadershipKey{}, l)
 	e.mu.Lock()
 	e.leadership = l
 	e.mu.Unlock()
@@ -251,7 +265,7 @@ func (o *observing) next(ctx context.Context) (*Leader, error) {
 		if o.blind {
 			now, err := e.client.AwaitChange(ctx, e.cfg.Key, nil, 0)
 			if err != nil {
-				return nil, err
+				return nil, observeEnded(ctx, err)
 			}
 			o.seen, o.blind = now, false
 			return now, nil
@@ -259,7 +273,7 @@ func (o *observing) next(ctx context.Context) (*Leader, error) {
 		if o.seen == nil || o.seen.ExpiresAt.IsZero() {
 			now, err := e.client.AwaitChange(ctx, e.cfg.Key, o.seen, e.cfg.ObserveTimeout)
 			if err != nil {
-				return nil, err
+				return nil, observeEnded(ctx, err)
 			}
 			if !o.seen.Same(now) {
 				o.seen = now
@@ -275,7 +289,7 @@ func (o *observing) next(ctx context.Context) (*Leader, error) {
 		cancel()
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return nil, err
+			return nil, observeEnded(ctx, err)
 		case err != nil:
 			o.blind = true
 			return nil, &ObserverBlindError{Key: e.cfg.Key, Last: o.seen, Err: err}
@@ -286,6 +300,15 @@ func (o *observing) next(ctx context.Context) (*Leader, error) {
 			o.seen = now // the same leader, renewed: its new expiry bounds the next wait
 		}
 	}
+}
+
+// observeEnded is ctx's cause once ctx has ended: an await_change given up by its observer changed
+// nothing, whatever the retries made of it ("outcome unknown").
+func observeEnded(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
 }
 
 // Leadership is a leader's term: its lease, kept renewed, with proclaim, hand-off and resign.

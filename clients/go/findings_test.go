@@ -50,3 +50,42 @@ func TestElectorOptionsFindings(t *testing.T) {
 		break
 	}
 }
+
+// Observe ended by its own context ends with that context's error, not "outcome unknown": an
+// await_change given up changes nothing.
+func TestObserveEndedByItsContextIsNotOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	c, k := keptCluster(t), key(t)
+	observer := must[*pgfence.Elector](t)(pgfence.NewElector(c.Client(t, "findings_observe"), pgfence.ElectorConfig{Key: k, Identity: "o"}))
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	for seen, err := range observer.Observe(ctx) {
+		if !errors.Is(err, context.Canceled) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
+			t.Fatalf("observe ended by its context: %+v, %v", seen, err)
+		}
+	}
+}
+
+// OnStartedLeading gets its leadership, and the fence to guard writes with, from its context.
+func TestOnStartedLeadingHasItsLeadership(t *testing.T) {
+	t.Parallel()
+	c, k := keptCluster(t), key(t)
+	got := make(chan *pgfence.Leadership, 1)
+	cfg := electorConfig(k, "a", 3*time.Second)
+	cfg.Callbacks.OnStartedLeading = func(ctx context.Context) { got <- pgfence.LeadershipOf(ctx) }
+	elector := must[*pgfence.Elector](t)(pgfence.NewElector(c.Client(t, "findings_started"), cfg))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l := must[*pgfence.Leadership](t)(elector.Campaign(ctx))
+	select {
+	case started := <-got:
+		if started != l || started.Fence() != l.Lease().Fence || started.Fence() == 0 {
+			t.Fatalf("OnStartedLeading had %v, not the leadership", started)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("OnStartedLeading not called")
+	}
+	if pgfence.LeadershipOf(context.Background()) != nil {
+		t.Fatal("a leadership from another context")
+	}
+}
