@@ -90,8 +90,9 @@ func (k kept) ended(ctx context.Context, q Querier) (*ended, error) {
 	return endedOn(ctx, q, k.keys(), k.first().Token, k.first().Durable)
 }
 
-// KeptLease is a lease (Hold) or a lease set (HoldAll) kept renewed in the background, on a
-// connection of its own. Its Context is cancelled the moment the lease may be lost, with a cause
+// KeptLease is a lease (Hold) or a lease set (HoldAll) kept renewed in the background by the
+// client's keeper, over its few connections (a session-bound lease: on the connection that took
+// it). Its Context is cancelled the moment the lease may be lost, with a cause
 // (context.Cause) that says why: a *LeaseLostError with its Reason, or ErrReleased. Stop the work
 // then, and guard every write with its fence anyway: stopping is never guaranteed to be in time.
 type KeptLease struct {
@@ -140,8 +141,9 @@ type KeptLease struct {
 }
 
 // Hold acquires key (waiting up to opts.Wait; ErrWaitTimedOut when not granted) and keeps it: a
-// goroutine renews it every opts.RenewEvery on a connection of its own (made from the pool's
-// config, outside the pool), retrying failed renewals, and cancels its Context when the server
+// goroutine renews it every opts.RenewEvery through the client's keeper (its few connections of
+// its own, outside the pool; a session-bound lease on the connection that took it), retrying
+// failed renewals, and cancels its Context when the server
 // says it is lost, when its session ends (session-bound: told at once, the connection is
 // watched), or at the local deadline when no renewal succeeded in time. ctx bounds the acquire;
 // the kept lease lives until Release or Close. A shared lease or a permit is kept the same way.
