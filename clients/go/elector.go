@@ -484,11 +484,23 @@ func (l *Leadership) lostNow(ctx context.Context) error {
 	return &LeaseLostError{Key: l.Lease().Key, Reason: reason}
 }
 
-// Resign releases the leadership, once OnStoppedLeading was called (which may itself resign):
+// Resign releases the leadership and returns, as Run does, once OnStoppedLeading has returned:
 // true when the server said so (StopReleased); false when it had ended already (StopReason says
-// why, and Kept().Reason() what the release found).
+// why, and Kept().Reason() what the release found). A Resign once OnStoppedLeading was called
+// (from it, which may resign too) returns without waiting for it. Neither Resign nor Run waits
+// for OnStartedLeading to return.
 func (l *Leadership) Resign(ctx context.Context) (bool, error) {
+	told := false
+	select {
+	case <-l.telling:
+		told = true // maybe from OnStoppedLeading itself, which waiting would deadlock
+	default:
+	}
 	released, err := l.kept.Release(ctx)
-	<-l.telling
+	if told {
+		<-l.telling
+	} else {
+		<-l.stopped
+	}
 	return released, err
 }

@@ -89,3 +89,25 @@ func TestOnStartedLeadingHasItsLeadership(t *testing.T) {
 		t.Fatal("a leadership from another context")
 	}
 }
+
+// Resign returns, as Run does, once OnStoppedLeading has returned.
+func TestResignWaitsForOnStoppedLeadingAsRunDoes(t *testing.T) {
+	t.Parallel()
+	c, k := keptCluster(t), key(t)
+	returned := make(chan struct{})
+	cfg := electorConfig(k, "a", 3*time.Second)
+	cfg.Callbacks.OnStoppedLeading = func() {
+		time.Sleep(300 * time.Millisecond)
+		close(returned)
+	}
+	elector := must[*pgfence.Elector](t)(pgfence.NewElector(c.Client(t, "findings_resign"), cfg))
+	l := must[*pgfence.Leadership](t)(elector.Campaign(context.Background()))
+	if released, err := l.Resign(context.Background()); !released || err != nil {
+		t.Fatalf("resigned %v, %v", released, err)
+	}
+	select {
+	case <-returned:
+	default:
+		t.Fatal("Resign returned before OnStoppedLeading did")
+	}
+}
