@@ -171,8 +171,9 @@ class AsyncCaller:
                     raise
                 if request.session_bound and outcome_unknown(err):
                     # A grant of that try is bound to its session, which may live on without us
-                    # (a partition): give it up, and try again with a new token on a new session.
-                    self._give_up(request, token, ttl)
+                    # (a partition): give it up before trying again with a new token on a new
+                    # session, which would otherwise find the key still held by that grant.
+                    await self.keeper().release_now(give_up_query(request, token), ttl, self._limit())
                     token, anchor = new_token(), None
                 await asleep(pause)
                 anchor = clock() if anchor is None else anchor

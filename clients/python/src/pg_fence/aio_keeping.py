@@ -151,6 +151,15 @@ class AsyncKeeper:
         else:
             aspawn(lambda: self._release(release, end, limit), "pg_fence give up")
 
+    async def release_now(self, release: Query, ttl: float, limit: Optional[float]) -> None:
+        """Releases at once what a given-up acquire may have been granted, for a caller about to
+        try again, whose next try would find the key still held by that grant; one try, bounded
+        by `limit`, and on failure on in the background as give_up."""
+        try:
+            await bounded(self.lanes, lambda conn: aio_calls.one(conn, release, ""), limit or ttl)
+        except Exception:
+            self.give_up(release, ttl, limit)
+
     async def _release(self, release: Query, end: float, limit: Optional[float]) -> None:
         failures = 0
         while clock() < end and not self._closed:

@@ -135,6 +135,15 @@ class Keeper:
         end = clock() + ttl
         spawn(lambda: self._release(release, end, limit), "pg_fence give up")
 
+    def release_now(self, release: Query, ttl: float, limit: Optional[float]) -> None:
+        """Releases at once what a given-up acquire may have been granted, for a caller about to
+        try again, whose next try would find the key still held by that grant; one try, bounded
+        by `limit`, and on failure on in the background as give_up."""
+        try:
+            bounded(self.lanes, lambda conn: calls.one(conn, release, ""), limit or ttl)
+        except Exception:
+            self.give_up(release, ttl, limit)
+
     def _release(self, release: Query, end: float, limit: Optional[float]) -> None:
         failures = 0
         while clock() < end and not self._closed:
