@@ -15,7 +15,6 @@ from .calls import (
     status,
 )
 from .client import Client
-from .election import Blind, Leader
 from .errors import ConnectFailed, LeaseLost, OutcomeUnknown, PgFenceError, StaleFence, WaitCancelled, WaitTimedOut
 from .keeper import KeptLease, KeptLeaseSet
 from .lease import Lease, LeaseSet, LeaseStatus
@@ -31,8 +30,6 @@ __all__ = [
     "LeaseStatus",
     "LossReason",
     "Retry",
-    "Blind",
-    "Leader",
     "PgFenceError",
     "LeaseLost",
     "StaleFence",
