@@ -263,3 +263,37 @@ AS $$ SELECT coalesce(fence.renew_all_if_held(keys, token, ttl), fence.raise_lea
 
 REVOKE EXECUTE ON FUNCTION fence.raise_lease_set_lost(text[], uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fence.raise_lease_set_lost(text[], uuid) TO fence_user;
+
+-- Kept leases at scale: many renewals in one call, and the first free key of a list
+-- (src/leases/calls/renew_many.rs, src/leases/calls/first_free.rs).
+CREATE FUNCTION fence."lease_renew_many"(
+	"keys" TEXT[],
+	"tokens" uuid[],
+	"ttls" interval[]
+) RETURNS TABLE (
+	"key" TEXT,
+	"token" uuid,
+	"expires_at" timestamp with time zone
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lease_renew_many_wrapper';
+
+CREATE FUNCTION fence."lease_acquire_any"(
+	"keys" TEXT[],
+	"ttl" interval,
+	"owner" TEXT DEFAULT NULL,
+	"session_bound" bool DEFAULT false,
+	"durable" bool DEFAULT true,
+	"token" uuid DEFAULT NULL
+) RETURNS fence.lease
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lease_acquire_any_wrapper';
+
+REVOKE EXECUTE ON FUNCTION fence.lease_renew_many(text[], uuid[], interval[]),
+    fence.lease_acquire_any(text[], interval, text, boolean, boolean, uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fence.lease_renew_many(text[], uuid[], interval[]),
+    fence.lease_acquire_any(text[], interval, text, boolean, boolean, uuid) TO fence_user;

@@ -3,6 +3,7 @@ package pgfence
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -265,4 +266,39 @@ func Revoke(ctx context.Context, q Querier, key string) (bool, error) {
 	var revoked bool
 	err := q.QueryRow(ctx, "SELECT fence.lease_revoke($1)", key).Scan(&revoked)
 	return revoked, err
+}
+
+// AcquireAny grants the first key of keys, in order, that is free now (never waiting, as SKIP
+// LOCKED takes the first free row), an exclusive lease; nil, nil when none is. Without opts.Token,
+// a fresh one is drawn for this call; a retry with the same token and keys gets the lease it
+// already holds. Wait, Shared, Permits and LockDelay are refused: the server's call has none.
+func AcquireAny(ctx context.Context, q Querier, keys []string, opts AcquireOptions) (*Lease, error) {
+	if err := opts.checkAny(); err != nil {
+		return nil, err
+	}
+	opts = opts.withToken()
+	var owner any
+	if opts.Owner != "" {
+		owner = opts.Owner
+	}
+	rows, err := q.Query(ctx, leaseColumns+"fence.lease_acquire_any($1::text[], $2::interval, $3::text, $4, $5, $6::uuid)",
+		keys, opts.TTL, owner, opts.SessionBound, !opts.Fast, opts.Token)
+	if err != nil {
+		return nil, typed(err, strings.Join(keys, ", "), 0)
+	}
+	leases, err := scanLeases(rows, opts)
+	if err != nil || len(leases) == 0 {
+		return nil, typed(err, strings.Join(keys, ", "), 0)
+	}
+	return &leases[0], nil
+}
+
+func (o AcquireOptions) checkAny() error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	if o.Wait > 0 || o.Shared || o.Permits > 1 || o.LockDelay > 0 {
+		return fmt.Errorf("%w: the first free key is taken without a wait, exclusive, without a lock delay", ErrInvalidOptions)
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package pgfence
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -20,6 +21,13 @@ type Client struct {
 	Backoff Backoff
 	// CallTimeout bounds each try of a call (beyond an acquire's wait); 0: 30 s.
 	CallTimeout time.Duration
+	// KeeperConnections is how many connections of its own the client's keeper renews its kept
+	// leases over (session-bound ones aside); 0: DefaultKeeperConnections. Read when the first
+	// lease is kept.
+	KeeperConnections int
+
+	keeperOnce sync.Once
+	keeper     *keeper
 }
 
 // NewClient is a Client over pool (see ParsePoolConfig for a pool tuned for it).

@@ -3,6 +3,7 @@ package pgfence
 import (
 	"context"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -60,6 +61,7 @@ func pooled(pool *pgxpool.Pool) getConn {
 type ownConn struct {
 	config *pgx.ConnConfig
 	conn   *pgx.Conn
+	made   *atomic.Int64 // a keeper's count of the connections it made; nil for a lease's own
 }
 
 func (o *ownConn) get(ctx context.Context) (*pgx.Conn, func(bool), error) {
@@ -69,6 +71,9 @@ func (o *ownConn) get(ctx context.Context) (*pgx.Conn, func(bool), error) {
 			return nil, nil, err
 		}
 		o.conn = conn
+		if o.made != nil {
+			o.made.Add(1)
+		}
 	}
 	conn := o.conn
 	return conn, func(broken bool) {

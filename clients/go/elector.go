@@ -32,17 +32,29 @@ const (
 	StopCancelled StopReason = "cancelled"
 )
 
+type leadershipKey struct{}
+
+// LeadershipOf is the leadership whose context ctx is (or derives from): what OnStartedLeading's
+// ctx carries; nil for another context.
+func LeadershipOf(ctx context.Context) *Leadership {
+	l, _ := ctx.Value(leadershipKey{}).(*Leadership)
+	return l
+}
+
 // LeaderCallbacks are client-go's leader election callbacks.
 type LeaderCallbacks struct {
 	// OnStartedLeading runs in a goroutine of its own once elected, with the leadership's
-	// context: cancelled the moment the leadership may end (context.Cause says why).
+	// context: cancelled the moment the leadership may end (context.Cause says why);
+	// LeadershipOf(ctx) is the leadership, with its fence. Neither Run nor Resign waits for it
+	// to return: stop its work when ctx is done.
 	OnStartedLeading func(ctx context.Context)
 	// OnStoppedLeading is called once a leadership that started has ended, after its Context
 	// was cancelled; Leadership.StopReason says why.
 	OnStoppedLeading func()
 	// OnNewLeader is called with the identity (the value) of each new leader of the key as it is
 	// observed, this candidate included, and "" when nobody leads; from a goroutine of the
-	// elector's that observes until Close.
+	// elector's that observes until Close. Calls are not queued: while one runs, the changes
+	// that come and go are not told; the next call has the latest leader (keep it short).
 	OnNewLeader func(identity string)
 }
 
@@ -53,8 +65,9 @@ type ElectorConfig struct {
 	// (an address, a version).
 	Identity string
 	// HoldOptions is the leadership's lease (TTL, Fast, SessionBound, LockDelay) and how it is
-	// kept (RenewEvery, Margin, Timeout). The elector sets the owner, the wait and the token;
-	// Shared and Permits are refused, and OnLost is its own (use the callbacks).
+	// kept (RenewEvery, Margin, Timeout). TTL is required to campaign, not to observe. The
+	// elector sets the owner, the wait and the token, and OnLost is its own (use the callbacks):
+	// NewElector refuses them set, as it does Shared and Permits.
 	HoldOptions
 	// ReleaseOnCancel: when the context a leadership was campaigned with ends, release the
 	// lease, so that the next candidate is elected at once (true), or stop renewing and leave it
@@ -86,8 +99,18 @@ func NewElector(client *Client, cfg ElectorConfig) (*Elector, error) {
 	if cfg.Key == "" || cfg.Shared || cfg.permits() != 1 {
 		return nil, fmt.Errorf("%w: an elector needs a key, and its lease is exclusive", ErrInvalidOptions)
 	}
-	if _, _, _, err := cfg.timing(); err != nil {
-		return nil, err
+	// Set, they would be silently overridden by the elector's own: refused instead.
+	for name, set := range map[string]bool{"Owner": cfg.Owner != "", "Wait": cfg.Wait != 0, "OnLost": cfg.OnLost != nil,
+		"Token": cfg.Token != uuid.Nil} {
+		if set {
+			return nil, fmt.Errorf("%w: %s is the elector's own (use Identity and the callbacks)", ErrInvalidOptions, name)
+		}
+	}
+	// An elector that only observes needs no TTL; Campaign says it is required.
+	if cfg.TTL != 0 {
+		if _, _, _, err := cfg.timing(); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.ObserveTimeout <= 0 {
 		cfg.ObserveTimeout = 30 * time.Second
@@ -147,6 +170,9 @@ func (e *Elector) Run(ctx context.Context) error {
 // campaign, the wait is cancelled on the server and nothing is left granted; when it ends while
 // leading, the leadership ends (ReleaseOnCancel says how).
 func (e *Elector) Campaign(ctx context.Context) (*Leadership, error) {
+	if e.cfg.TTL <= 0 {
+		return nil, fmt.Errorf("%w: TTL is required to campaign", ErrInvalidOptions)
+	}
 	opts := e.cfg.HoldOptions
 	opts.Owner, opts.Wait, opts.OnLost = e.cfg.Identity, campaignWait, nil
 	for {
@@ -166,6 +192,8 @@ func (e *Elector) Campaign(ctx context.Context) (*Leadership, error) {
 func (e *Elector) elected(ctx context.Context, kept *KeptLease) *Leadership {
 	l := &Leadership{elector: e, kept: kept, value: e.cfg.Identity, stopped: make(chan struct{}), telling: make(chan struct{})}
 	l.ctx, l.cancel = context.WithCancelCause(ctx)
+	// The callback gets the leadership with its context, so that it need not capture the elector.
+	l.ctx = context.WithValue(l.ctx, leadershipKey{}, l)
 	e.mu.Lock()
 	e.leadership = l
 	e.mu.Unlock()
@@ -198,40 +226,89 @@ func (e *Elector) Leader(ctx context.Context) (*Leader, error) {
 // leader (at once, or when one is elected), then every change: a new leader (a higher fence), a
 // new value proclaimed (the same fence), nil when nobody leads (a resign, a revoke, an expiry, a
 // session's end, a fast lease lost in a crash). A broken connection is made again without
-// missing a change; an error the retries could not get past, or ctx's, is the last item.
+// missing a change. While it sees a leader, no answer by that leader's lease expiry (a silent
+// network, a server gone) yields an *ObserverBlindError (errors.Is ErrObserverBlind), not the
+// old leader nor a vacancy; Observe goes on, and yields what the server says once it answers.
+// Any other error the retries could not get past, or ctx's, is the last item.
 func (e *Elector) Observe(ctx context.Context) iter.Seq2[*Leader, error] {
 	return func(yield func(*Leader, error) bool) {
 		o := e.observing()
 		for {
 			leader, err := o.next(ctx)
-			if !yield(leader, err) || err != nil {
+			if !yield(leader, err) || err != nil && !errors.Is(err, ErrObserverBlind) {
 				return
 			}
 		}
 	}
 }
 
-// observing follows a key's leader; seen is what it saw last (nil: nobody, or nothing yet).
+// observing follows a key's leader; seen is what it saw last (nil: nobody, or nothing yet), blind
+// that it last said it cannot see.
 type observing struct {
 	elector *Elector
 	seen    *Leader
+	blind   bool
 }
+
+// blindSlack is how long past the observed lease's expiry an observer waits for an answer before
+// it says it cannot see: the server's answer at that expiry needs its round trip.
+const blindSlack = 500 * time.Millisecond
 
 func (e *Elector) observing() *observing { return &observing{elector: e} }
 
 // next is the next change: a vacancy before any leader is no news.
+// While a leader is seen, no answer by its lease's expiry is an *ObserverBlindError: the leader
+// it saw may be gone, and only the server can say; after it, what the server says is news.
 func (o *observing) next(ctx context.Context) (*Leader, error) {
 	for {
 		e := o.elector
-		now, err := e.client.AwaitChange(ctx, e.cfg.Key, o.seen, e.cfg.ObserveTimeout)
-		if err != nil {
-			return nil, err
-		}
-		if !o.seen.Same(now) {
-			o.seen = now
+		if o.blind {
+			now, err := e.client.AwaitChange(ctx, e.cfg.Key, nil, 0)
+			if err != nil {
+				return nil, observeEnded(ctx, err)
+			}
+			o.seen, o.blind = now, false
 			return now, nil
 		}
+		if o.seen == nil || o.seen.ExpiresAt.IsZero() {
+			now, err := e.client.AwaitChange(ctx, e.cfg.Key, o.seen, e.cfg.ObserveTimeout)
+			if err != nil {
+				return nil, observeEnded(ctx, err)
+			}
+			if !o.seen.Same(now) {
+				o.seen = now
+				return now, nil
+			}
+			continue
+		}
+		// The server answers by the lease's expiry at the latest (with the same leader if it
+		// renewed), so an answer missing then is blindness, whatever its cause.
+		wait := min(e.cfg.ObserveTimeout, max(time.Until(o.seen.ExpiresAt), 50*time.Millisecond))
+		bounded, cancel := context.WithTimeout(ctx, wait+blindSlack)
+		now, err := e.client.AwaitChange(bounded, e.cfg.Key, o.seen, wait)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil, observeEnded(ctx, err)
+		case err != nil:
+			o.blind = true
+			return nil, &ObserverBlindError{Key: e.cfg.Key, Last: o.seen, Err: err}
+		case !o.seen.Same(now):
+			o.seen = now
+			return now, nil
+		case now != nil:
+			o.seen = now // the same leader, renewed: its new expiry bounds the next wait
+		}
 	}
+}
+
+// observeEnded is ctx's cause once ctx has ended: an await_change given up by its observer changed
+// nothing, whatever the retries made of it ("outcome unknown").
+func observeEnded(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return err
 }
 
 // Leadership is a leader's term: its lease, kept renewed, with proclaim, hand-off and resign.
@@ -407,11 +484,23 @@ func (l *Leadership) lostNow(ctx context.Context) error {
 	return &LeaseLostError{Key: l.Lease().Key, Reason: reason}
 }
 
-// Resign releases the leadership, once OnStoppedLeading was called (which may itself resign):
+// Resign releases the leadership and returns, as Run does, once OnStoppedLeading has returned:
 // true when the server said so (StopReleased); false when it had ended already (StopReason says
-// why, and Kept().Reason() what the release found).
+// why, and Kept().Reason() what the release found). A Resign once OnStoppedLeading was called
+// (from it, which may resign too) returns without waiting for it. Neither Resign nor Run waits
+// for OnStartedLeading to return.
 func (l *Leadership) Resign(ctx context.Context) (bool, error) {
+	told := false
+	select {
+	case <-l.telling:
+		told = true // maybe from OnStoppedLeading itself, which waiting would deadlock
+	default:
+	}
 	released, err := l.kept.Release(ctx)
-	<-l.telling
+	if told {
+		<-l.telling
+	} else {
+		<-l.stopped
+	}
 	return released, err
 }

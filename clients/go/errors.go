@@ -41,6 +41,25 @@ var (
 	ErrReleased = errors.New("pgfence: lease released by its holder")
 )
 
+// ErrObserverBlind: an observer had no answer from the server by the expiry of the lease it saw;
+// an *ObserverBlindError says which.
+var ErrObserverBlind = errors.New("pgfence: observer cannot see the key")
+
+// ObserverBlindError is what Observe yields when the server did not answer by the observed
+// leader's lease expiry: that leader may be gone, and the observer cannot tell. Observe goes on
+// (reconnecting) after it, and its next item is what the server then says, whatever it is.
+type ObserverBlindError struct {
+	Key  string
+	Last *Leader // the leader seen last
+	Err  error   // why no answer came
+}
+
+func (e *ObserverBlindError) Error() string {
+	return fmt.Sprintf("pgfence: observer of %q cannot see it: %v", e.Key, e.Err)
+}
+
+func (e *ObserverBlindError) Unwrap() []error { return []error{ErrObserverBlind, e.Err} }
+
 // LeaseLostError is ErrLeaseLost with the key (a set's keys, comma-separated) and why. Reason is
 // empty from the one-statement Renew, which does not ask; the Client, a kept lease and the elector
 // ask the server's lease_status.

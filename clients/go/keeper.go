@@ -90,8 +90,9 @@ func (k kept) ended(ctx context.Context, q Querier) (*ended, error) {
 	return endedOn(ctx, q, k.keys(), k.first().Token, k.first().Durable)
 }
 
-// KeptLease is a lease (Hold) or a lease set (HoldAll) kept renewed in the background, on a
-// connection of its own. Its Context is cancelled the moment the lease may be lost, with a cause
+// KeptLease is a lease (Hold) or a lease set (HoldAll) kept renewed in the background by the
+// client's keeper, over its few connections (a session-bound lease: on the connection that took
+// it). Its Context is cancelled the moment the lease may be lost, with a cause
 // (context.Cause) that says why: a *LeaseLostError with its Reason, or ErrReleased. Stop the work
 // then, and guard every write with its fence anyway: stopping is never guaranteed to be in time.
 type KeptLease struct {
@@ -125,8 +126,10 @@ type KeptLease struct {
 	// channel, not a mutex: the keeper waits for it only until the deadline, so that a proclaim
 	// hanging while it holds it cannot keep the lease told held past the deadline.
 	renewing chan struct{}
-	// own is the keeper's connection, used by its goroutine, and by Release once that has ended.
-	own ownConn
+	// keeper renews the lease, with the client's others; nil for a session-bound lease, which
+	// keeps its own connection: own, used by its goroutine, and by Release once that has ended.
+	keeper *keeper
+	own    ownConn
 
 	releaseOnce sync.Once
 	// releasing: a release was sent, which may end the lease and grant the key to a waiter
@@ -138,8 +141,9 @@ type KeptLease struct {
 }
 
 // Hold acquires key (waiting up to opts.Wait; ErrWaitTimedOut when not granted) and keeps it: a
-// goroutine renews it every opts.RenewEvery on a connection of its own (made from the pool's
-// config, outside the pool), retrying failed renewals, and cancels its Context when the server
+// goroutine renews it every opts.RenewEvery through the client's keeper (its few connections of
+// its own, outside the pool; a session-bound lease on the connection that took it), retrying
+// failed renewals, and cancels its Context when the server
 // says it is lost, when its session ends (session-bound: told at once, the connection is
 // watched), or at the local deadline when no renewal succeeded in time. ctx bounds the acquire;
 // the kept lease lives until Release or Close. A shared lease or a permit is kept the same way.
@@ -159,12 +163,46 @@ func (c *Client) Hold(ctx context.Context, key string, opts HoldOptions) (*KeptL
 	if opts.SessionBound {
 		lease, token, err = k.acquireBound(ctx, key, opts.AcquireOptions)
 	} else {
-		lease, err = retrying(ctx, k.retry(opts.Wait, opts.Token), func(ctx context.Context, conn *pgx.Conn) (*Lease, error) {
+		lease, err = retrying(ctx, k.acquiring(opts.Wait, opts.Token), func(ctx context.Context, conn *pgx.Conn) (*Lease, error) {
 			return Acquire(ctx, conn, key, opts.AcquireOptions)
 		})
 	}
 	if err != nil || lease == nil {
 		return nil, k.notGranted(err, key, token)
+	}
+	k.kept = kept{lease: lease}
+	return k.start(sent)
+}
+
+// HoldFirstFree takes the first key of keys, in order, that is free now (fence.lease_acquire_any,
+// one round trip, never waiting) and keeps it as Hold does: nil, nil when none is free. For a
+// worker pool that wants any one item of many. opts.Wait, Shared, Permits, LockDelay and
+// SessionBound are refused (ErrInvalidOptions). A call given up after it was sent releases its
+// token, whichever key it may have been granted.
+func (c *Client) HoldFirstFree(ctx context.Context, keys []string, opts HoldOptions) (*KeptLease, error) {
+	if err := opts.checkAny(); err != nil {
+		return nil, err
+	}
+	if opts.SessionBound {
+		return nil, fmt.Errorf("%w: the first free key is kept by the keeper, not session-bound", ErrInvalidOptions)
+	}
+	opts.AcquireOptions = opts.AcquireOptions.withToken()
+	k, err := c.newKept(opts)
+	if err != nil {
+		return nil, err
+	}
+	sent := time.Now()
+	lease, err := retrying(ctx, k.acquiring(0, opts.Token), func(ctx context.Context, conn *pgx.Conn) (*Lease, error) {
+		return AcquireAny(ctx, conn, keys, opts.AcquireOptions)
+	})
+	if err != nil {
+		for _, key := range keys {
+			_ = k.notGranted(err, key, opts.Token)
+		}
+		return nil, err
+	}
+	if lease == nil {
+		return nil, nil
 	}
 	k.kept = kept{lease: lease}
 	return k.start(sent)
@@ -184,7 +222,7 @@ func (c *Client) HoldAll(ctx context.Context, keys []string, opts HoldOptions) (
 		return nil, err
 	}
 	sent := time.Now()
-	r := k.retry(opts.Wait, uuid.Nil)
+	r := k.acquiring(opts.Wait, uuid.Nil)
 	r.resend = false
 	set, err := retrying(ctx, r, func(ctx context.Context, conn *pgx.Conn) (*LeaseSet, error) {
 		return AcquireAll(ctx, conn, keys, opts.AcquireOptions)
@@ -204,14 +242,33 @@ func (c *Client) newKept(opts HoldOptions) (*KeptLease, error) {
 	k := &KeptLease{client: c, ttl: opts.TTL, span: span, every: every, timeout: timeout,
 		bound: opts.SessionBound, onLost: opts.OnLost, state: StateHeld, done: make(chan struct{}), renewing: make(chan struct{}, 1), releaseDone: make(chan struct{}),
 		own: ownConn{config: c.Pool.Config().ConnConfig}}
+	if !k.bound {
+		k.keeper = c.keeperOf()
+	}
 	k.ctx, k.cancel = context.WithCancelCause(context.Background())
 	k.halt, k.stop = context.WithCancel(context.Background())
 	return k, nil
 }
 
-// retry is how the keeper's own calls are tried again: on its own connection, made anew.
+// retry is how the keeper's calls are tried again: on the client keeper's connections, or a
+// session-bound lease's own, made anew after one broke or hung.
 func (k *KeptLease) retry(extra time.Duration, token uuid.UUID) retry {
-	return retry{get: k.own.get, backoff: k.client.Backoff, limit: k.timeout + extra, resend: true, token: token}
+	get := k.own.get
+	if k.keeper != nil {
+		get = k.keeper.get
+	}
+	return retry{get: get, backoff: k.client.Backoff, limit: k.timeout + extra, resend: true, token: token}
+}
+
+// acquiring is how an acquire is tried: where the caller's calls go (the pool), since the lease
+// is the keeper's only once granted; a session-bound lease's on the connection that will be its
+// session.
+func (k *KeptLease) acquiring(extra time.Duration, token uuid.UUID) retry {
+	r := k.retry(extra, token)
+	if !k.bound {
+		r.get = pooled(k.client.Pool)
+	}
+	return r
 }
 
 // acquireBound acquires a session-bound lease. The server returns the lease a token holds to
@@ -267,11 +324,37 @@ func (k *KeptLease) notGranted(err error, key string, token uuid.UUID) error {
 		return fmt.Errorf("%w: %q", ErrWaitTimedOut, key)
 	}
 	if token != uuid.Nil && (errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-		ctx, cancel := context.WithTimeout(context.Background(), k.timeout)
-		defer cancel()
-		_, _ = k.client.ReleaseToken(ctx, key, token)
+		k.releaseGivenUp(key, token)
 	}
 	return err
+}
+
+// releaseGivenUp releases the token of an acquire its caller gave up, on the keeper's
+// connections (not the caller's, which may be the ones that hung): the caller waits for it up to
+// the timeout, and it goes on in the background until done or the TTL has passed, when any grant
+// of that token has ended anyway. Each try is short, so that a hung connection is soon replaced.
+func (k *KeptLease) releaseGivenUp(key string, token uuid.UUID) {
+	until := time.Now().Add(k.ttl)
+	r := k.retry(0, token)
+	r.limit = min(k.timeout, max(k.every, time.Second))
+	release := func(ctx context.Context) bool {
+		_, err := retrying(ctx, r, func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+			return ReleaseToken(ctx, conn, key, token)
+		})
+		return err == nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), min(k.ttl, k.timeout))
+	defer cancel()
+	if release(ctx) || !time.Now().Before(until) {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithDeadline(context.Background(), until)
+		defer cancel()
+		for ctx.Err() == nil && !release(ctx) {
+			sleep(ctx, k.retryDelay(0))
+		}
+	}()
 }
 
 // start starts the keeper of what was granted by a try sent no earlier than sent.
@@ -347,7 +430,7 @@ func (k *KeptLease) renewUntilEnded() (State, LossReason) {
 		case errors.Is(err, ErrLeaseLost):
 			// Told one statement later, with the reason.
 			ctx, cancel := context.WithTimeout(k.halt, min(k.every, k.timeout))
-			why, _ := k.kept.ended(ctx, k.own.conn)
+			why := k.whyEnded(ctx)
 			cancel()
 			if why == nil {
 				return StateLost, ReasonUnknown
@@ -362,11 +445,29 @@ func (k *KeptLease) renewUntilEnded() (State, LossReason) {
 	}
 }
 
+// whyEnded asks lease_status once, on the connection the renewal came back on; nil without an
+// answer.
+func (k *KeptLease) whyEnded(ctx context.Context) *ended {
+	if k.keeper == nil {
+		why, _ := k.kept.ended(ctx, k.own.conn)
+		return why
+	}
+	r := k.retry(0, uuid.Nil)
+	r.backoff.MaxAttempts = 1
+	why, _ := retrying(ctx, r, func(ctx context.Context, conn *pgx.Conn) (*ended, error) { return k.kept.ended(ctx, conn) })
+	return why
+}
+
 // pause sleeps until due, or until the keeper is stopped; for a session-bound lease it watches
 // the connection meanwhile: the server writes to an idle session only to end it (a terminate, a
 // shutdown, a crash), so the read that returns early tells that the lease ended with its session.
 // Whether it did.
 func (k *KeptLease) pause(due time.Time) (closed bool) {
+	if !k.bound {
+		// Early to a grid, so that the renewals of leases kept at about the same period fall
+		// due together and are sent in one call.
+		due = due.Truncate(min(k.every/8, 50*time.Millisecond))
+	}
 	ctx, cancel := context.WithDeadline(k.halt, due)
 	defer cancel()
 	if !k.bound {
@@ -454,6 +555,10 @@ func (k *KeptLease) retryDelay(retry int) time.Duration {
 func (k *KeptLease) tryRenew(ctx context.Context, limit time.Duration) (time.Time, error) {
 	if k.bound && (k.own.conn == nil || k.own.conn.IsClosed()) {
 		return time.Time{}, errSessionLost
+	}
+	if k.keeper != nil {
+		_, expires, err := k.keeper.renew(ctx, k.kept, k.ttl, limit)
+		return expires, err
 	}
 	conn, _, err := k.own.get(ctx)
 	if err != nil {

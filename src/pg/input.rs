@@ -66,6 +66,81 @@ pub fn key_set(keys: Option<Vec<Option<String>>>) -> Vec<String> {
     keys
 }
 
+/// The most keys lease_acquire_any tries in one call: each try is a read of the key's rows.
+pub const MAX_ANY_KEYS: usize = 1_000;
+
+/// lease_acquire_any's keys, each checked as `key`, distinct, in the caller's order.
+pub fn key_list(keys: Option<Vec<Option<String>>>) -> Vec<String> {
+    let keys = required(keys, "keys");
+    let hint = "Pass an array of 1 to 1000 distinct, non-empty keys in the order to try them, such as \
+                ARRAY['invoice:1', 'invoice:2'].";
+    if keys.is_empty() {
+        errors::invalid_argument("keys must not be empty".into(), hint);
+    }
+    if keys.len() > MAX_ANY_KEYS {
+        errors::invalid_argument(
+            format!("keys has {} elements, more than the limit of {MAX_ANY_KEYS}", keys.len()),
+            hint,
+        );
+    }
+    let keys: Vec<String> = keys
+        .into_iter()
+        .map(|key| key.unwrap_or_else(|| errors::null_argument("an element of keys")))
+        .collect();
+    for each in &keys {
+        key(Some(each));
+    }
+    let mut sorted: Vec<&String> = keys.iter().collect();
+    sorted.sort();
+    if let Some(twice) = sorted.windows(2).find(|pair| pair[0] == pair[1]) {
+        errors::invalid_argument(format!("key \"{}\" appears more than once in keys", twice[0]), hint);
+    }
+    keys
+}
+
+/// The most leases lease_renew_many renews in one call: each keeps its key's lock until the
+/// transaction ends, in the shared lock table that max_locks_per_transaction sizes (as a set).
+pub const MAX_RENEWALS: usize = MAX_SET_KEYS;
+
+/// lease_renew_many's leases: (key, token, ttl in µs) for each position of the three arrays, which
+/// must be of one length; each element checked as lease_renew checks it.
+pub fn renewals(
+    keys: Option<Vec<Option<String>>>,
+    tokens: Option<Vec<Option<pgrx::Uuid>>>,
+    ttls: Option<Vec<Option<Interval>>>,
+) -> Vec<(String, pgrx::Uuid, i64)> {
+    let (keys, tokens, ttls) = (required(keys, "keys"), required(tokens, "tokens"), required(ttls, "ttls"));
+    let hint = "Pass three arrays of one length, at most 64: each lease's key, its token and its new ttl, \
+                such as ARRAY['a', 'b'], ARRAY[token_a, token_b], ARRAY['30 s', '30 s']::interval[].";
+    if keys.len() != tokens.len() || keys.len() != ttls.len() {
+        errors::invalid_argument(
+            format!(
+                "keys, tokens and ttls must be of one length, got {}, {} and {}",
+                keys.len(),
+                tokens.len(),
+                ttls.len()
+            ),
+            hint,
+        );
+    }
+    if keys.len() > MAX_RENEWALS {
+        errors::invalid_argument(
+            format!("{} leases to renew, more than the limit of {MAX_RENEWALS} in one call", keys.len()),
+            "Renew the others in another call.",
+        );
+    }
+    keys.into_iter()
+        .zip(tokens)
+        .zip(ttls)
+        .map(|((each_key, token), each_ttl)| {
+            let each_key = required(each_key, "an element of keys");
+            key(Some(&each_key));
+            let token = required(token, "an element of tokens");
+            (each_key, token, ttl(Some(required(each_ttl, "an element of ttls"))))
+        })
+        .collect()
+}
+
 /// Returns the TTL in microseconds. Months count as 30 days, as in interval comparisons.
 pub fn ttl(ttl: Option<Interval>) -> i64 {
     let ttl = required(ttl, "ttl");

@@ -21,3 +21,22 @@ pub fn sleep(micros: i64) {
     }
     pgrx::check_for_interrupts!();
 }
+
+/// Sleeps for `micros` whatever sets the latch meanwhile (a wake-up then waits for the next
+/// `sleep`); query cancel and statement_timeout end it within 10 ms.
+pub fn pause(micros: i64) {
+    let end = std::time::Instant::now() + std::time::Duration::from_micros(micros.max(0) as u64);
+    let events = pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
+    loop {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        let timeout_ms = left.as_millis().clamp(1, 10) as std::ffi::c_long;
+        // SAFETY: a timed wait without the latch (WaitLatch ignores it without WL_LATCH_SET).
+        unsafe {
+            pg_sys::WaitLatch(std::ptr::null_mut(), events as i32, timeout_ms, pg_sys::PG_WAIT_EXTENSION);
+        }
+        pgrx::check_for_interrupts!();
+    }
+}

@@ -33,6 +33,10 @@ static FAST_LEASES_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 /// Whether each change to a fast lease in shared memory is handed to a tracing function (tests).
 static TRACE_FAST_CHANGES: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// How long, in milliseconds, an observer's session waits after an answer of await_change that told
+/// a change before it looks at the key again.
+static OBSERVE_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
+
 /// How long, in milliseconds, a guard may hold back a waiting grant before the sweeper worker ends
 /// its backend (0: never).
 static GUARD_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -157,6 +161,18 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"pg_fence.observe_interval",
+        c"The least time between two answers of fence.await_change that tell a change of a key, per session.",
+        c"A key that changes faster is seen at this pace, its latest state each time, so that its \
+          observers cost its holders and acquirers little. Superuser-only (ALTER ROLE ... SET for \
+          an observer that needs another pace).",
+        &OBSERVE_INTERVAL_MS,
+        0,
+        60_000,
+        GucContext::Suset,
+        GucFlags::UNIT_MS,
+    );
     // SAFETY: reserves the prefix, as an extension's _PG_init does after defining its settings.
     unsafe {
         pgrx::pg_sys::MarkGUCPrefixReserved(c"pg_fence".as_ptr());
@@ -180,6 +196,10 @@ pub fn sweep_interval() -> Duration {
 }
 
 /// pg_fence.guard_timeout; None when off.
+pub fn observe_interval() -> Duration {
+    Duration::from_millis(OBSERVE_INTERVAL_MS.get().max(0) as u64)
+}
+
 pub fn guard_timeout() -> Option<Duration> {
     let ms = GUARD_TIMEOUT_MS.get();
     (ms > 0).then(|| Duration::from_millis(ms as u64))

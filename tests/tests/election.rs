@@ -282,3 +282,55 @@ fn the_leader_election_example_of_the_docs_runs_as_it_says() {
         .unwrap_or_else(|| panic!("no lock-delay line in:\n{stdout}"));
     assert!(after >= 2.0, "v4 was granted {after} s after v3's lease expired, within its lock-delay");
 }
+
+/// A leader frozen inside a transaction that passed its guard holds failover back: its lease expires
+/// at its TTL, but the next grant waits for the writes under the old fence, until that transaction
+/// ends. With pg_fence.guard_timeout the sweeper worker ends it past the timeout, and a candidate
+/// leads while the frozen leader's transaction would still be open. Prints the failover times that
+/// docs/leader-election.md quotes (from the leader's last renewal to the candidate's grant).
+#[test]
+fn a_frozen_leader_holds_back_failover_until_guard_timeout_ends_its_transaction() {
+    let settings = ["shared_preload_libraries=pg_fence", "pg_fence.sweep_interval=100ms"];
+    let cluster = Cluster::start("election_frozen", 27615, &settings);
+    let mut admin = cluster.connect();
+    admin
+        .batch_execute("CREATE TABLE work (id int PRIMARY KEY, fence bigint); INSERT INTO work VALUES (1, 0)")
+        .unwrap();
+    let mut failover = |guard_timeout: &str, frozen_for: Duration| -> (Duration, Option<String>) {
+        admin.batch_execute(&format!("ALTER SYSTEM SET pg_fence.guard_timeout = '{guard_timeout}'")).unwrap();
+        admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+        let mut leader = cluster.connect();
+        let lease = Acquire::new("leader", "3 seconds").owner("frozen").run(&mut leader).unwrap();
+        let frozen_at = std::time::Instant::now();
+        // The leader's last act: a guarded write left open, as a process stopped mid-transaction leaves it.
+        leader.batch_execute("BEGIN").unwrap();
+        leader.query_one("SELECT fence.fence_guard('leader', $1)", &[&lease.fence]).unwrap();
+        leader.execute("UPDATE work SET fence = $1 WHERE id = 1", &[&lease.fence]).unwrap();
+        let unfreeze = thread::spawn(move || {
+            thread::sleep(frozen_for);
+            leader
+                .batch_execute("COMMIT")
+                .err()
+                .map(|err| err.code().map_or(String::new(), |code| code.code().to_string()))
+        });
+        let mut candidate = cluster.connect();
+        let granted =
+            Acquire::new("leader", "3 seconds").owner("candidate").wait("60 seconds").run(&mut candidate);
+        let took = frozen_at.elapsed();
+        let granted = granted.expect("the candidate was never granted");
+        assert!(granted.fence > lease.fence);
+        assert!(granted.release(&mut candidate));
+        (took, unfreeze.join().unwrap())
+    };
+    // Off: the grant waits for the frozen transaction, which commits its write under the old fence.
+    let (off, ended) = failover("0", Duration::from_secs(7));
+    assert_eq!(ended, None, "the frozen transaction was ended with guard_timeout off");
+    assert!(off >= Duration::from_secs(7), "granted after {off:?}, before the frozen transaction ended");
+    // On: the worker terminates the frozen transaction's backend, and its write rolls back.
+    let (on, ended) = failover("1s", Duration::from_secs(20));
+    assert!(
+        ended.as_deref().is_some_and(|code| code == "57P01" || code.is_empty()),
+        "frozen session: {ended:?}"
+    );
+    println!("failover with a leader frozen in a guarded transaction (ttl 3 s): guard_timeout off {off:?} (frozen 7 s), 1 s {on:?}");
+}

@@ -253,3 +253,56 @@ fn an_observer_is_told_when_pg_fence_is_dropped_under_it() {
     admin.batch_execute("SET lock_timeout = '5s'; DROP EXTENSION pg_fence").unwrap();
     assert_eq!(waiting.join().unwrap(), Err("55000".to_string()), "the observer's call after DROP EXTENSION");
 }
+
+/// A session's observer is paced: after an answer that told a change it looks at the key no sooner
+/// than `pg_fence.observe_interval` later, and is then told the key's latest state, the changes in
+/// between passed over; cancel ends that pause as it ends a wait.
+#[test]
+fn an_observer_is_told_the_latest_state_at_its_pace() {
+    let cluster = Cluster::start("observe_paced", 27606, &[]);
+    let (mut holder, mut observer, mut watcher) = (cluster.connect(), cluster.connect(), cluster.connect());
+    observer.batch_execute("SET pg_fence.observe_interval = '1500ms'").unwrap();
+    let first = Acquire::new("paced", "1 hour").owner("node-1").run(&mut holder).unwrap();
+    // Before the first call: the server's last answer came after this instant.
+    let asked_at = Instant::now();
+    let (seen, _) = await_change(&mut observer, "paced", &(None, None), "10 seconds");
+    assert_eq!(seen, state_of(&first));
+
+    let observer_pid = backend_pid(&mut observer);
+    let waiting = thread::spawn(move || {
+        let answer = await_change(&mut observer, "paced", &seen, "10 seconds");
+        (answer, asked_at.elapsed(), observer)
+    });
+    // Three changes while the observer is paused; it must be told the last one only.
+    assert!(first.release(&mut holder));
+    let second = Acquire::new("paced", "1 hour").owner("node-2").run(&mut holder).unwrap();
+    assert!(holder
+        .query_one("SELECT fence.lease_proclaim('paced', $1, 'node-2 at 10.0.0.2')", &[&second.token])
+        .unwrap()
+        .get::<_, bool>(0));
+    let ((state, live), after, mut observer) = waiting.join().unwrap();
+    assert_eq!(state, (Some(second.fence), Some("node-2 at 10.0.0.2".to_string())), "not the latest state");
+    assert!(live);
+    // A lower bound only: the pause lasts at least the interval, however busy the machine.
+    assert!(
+        after >= Duration::from_millis(1500),
+        "told {after:?} after the last answer, within the interval"
+    );
+    println!("paced observer told {after:?} after its last answer (interval 1.5 s)");
+
+    // Cancelled in its pause, the call ends with 57014 as a wait does.
+    observer.batch_execute("SET pg_fence.observe_interval = '1min'").unwrap();
+    assert!(second.release(&mut holder));
+    let cancelled = thread::spawn(move || {
+        observer
+            .query_one(
+                "SELECT fence FROM fence.await_change('paced', $1, $2, '10 minutes')",
+                &[&state.0, &state.1],
+            )
+            .err()
+    });
+    assert!(comes_to_wait_on(&mut watcher, observer_pid, "Extension"), "the observer did not pause");
+    watcher.query_one("SELECT pg_cancel_backend($1)", &[&observer_pid]).unwrap();
+    let err = cancelled.join().unwrap().expect("the paused call was not cancelled");
+    assert_eq!(err.code().map(|code| code.code()), Some("57014"), "{err}");
+}

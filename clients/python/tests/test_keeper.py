@@ -132,3 +132,35 @@ def test_a_release_that_finds_the_lease_gone_says_lost_not_released(cluster, key
         assert lease.release() is False
         assert lease.state == "lost" and lease.lost.is_set()
         assert lease.reason == "revoked", "the release asked the server why it found nothing"
+
+
+def test_keeper_connections_must_be_a_positive_int():
+    for wrong in (0, -1, 1.5, True):
+        with pytest.raises(ValueError):
+            Client("", keeper_connections=wrong)
+
+
+def test_a_revoked_lease_among_many_is_told_alone(cluster, key):
+    """lease_renew_many answers each lease on its own: the revoked one is lost with its reason,
+    the others renewed in the same calls stay held."""
+    with Client(cluster.conninfo, keeper_connections=1) as client:
+        leases = [client.lease(f"{key}-{n}", 1.5) for n in range(10)]
+        cluster.sql("SELECT fence.lease_revoke(%s)", (f"{key}-3",))
+        assert leases[3].lost.wait(5), "the revoked lease was not told"
+        assert leases[3].state == "lost" and leases[3].reason == "revoked"
+        time.sleep(2)
+        assert [lease.state for n, lease in enumerate(leases) if n != 3] == ["held"] * 9
+        assert client.keeper().lanes.made == 1
+        for lease in leases:
+            lease.release()
+
+
+def test_the_first_free_key_as_a_plain_call(cluster, key):
+    keys = [f"{key}-{n}" for n in range(3)]
+    with Client(cluster.conninfo) as client:
+        first = client.acquire_first_free(keys, 30)
+        second = client.acquire_first_free(keys, 30)
+        assert (first.key, second.key) == (keys[0], keys[1])
+        assert client.acquire_first_free(keys[:2], 30) is None
+        for lease in (first, second):
+            assert client.release(lease)

@@ -64,7 +64,7 @@ fn acquire_in_mode(
 /// The key's live lease, as last committed, if `token` holds it: (key, owner, fence, token,
 /// acquired_at, expires_at), unchanged. With `kind`, among the key's leases of that kind only (see
 /// `rows::held_with_of_kind`).
-fn lease_held_with(key: &str, token: Uuid, kind: Option<Kind>) -> Option<Lease> {
+pub(super) fn lease_held_with(key: &str, token: Uuid, kind: Option<Kind>) -> Option<Lease> {
     let (hash, now) = (token_hash(token), clock::now());
     let held = match kind {
         Some(kind) => rows::held_with_of_kind(kind, key, &hash, now),
@@ -129,7 +129,7 @@ impl Request<'_> {
     /// for those writes) counts as held: `wait => 0` means an answer at once, as
     /// pg_try_advisory_lock gives one. So does a key with waiters, whichever mode they wait for:
     /// they are served first.
-    fn grant_unless_held(&self) -> Option<Lease> {
+    pub(super) fn grant_unless_held(&self) -> Option<Lease> {
         if !keylock::try_lock(self.key, self.key_lock()) {
             return None;
         }

@@ -10,6 +10,12 @@
 //! needs no call: the observer sleeps until the lease it saw expires. The observers are looked up
 //! after the commit, so one that arrives meanwhile reads the change committed; while nobody
 //! observes, a change pays that one look at the lock table (GetLockConflicts).
+//!
+//! An observer is paced: a session looks at a key no sooner than `pg_fence.observe_interval` after
+//! its last answer that told a change of that key, sleeping meanwhile without its observer lock,
+//! where no change wakes it. A key that changes faster than that is seen at that pace, its latest state each time; its
+//! holders then pay for at most one wake-up and one look per observer and interval, not for one per
+//! change (without the pace, 100 observers slowed a hot key's acquire+release pairs 17x on 2 cores).
 use crate::leases::line::wakeups;
 use crate::leases::state::found::Live;
 use crate::leases::state::rows;
@@ -18,10 +24,18 @@ use crate::pg::{clock, input, latch};
 use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::time::Instant;
 
 /// An observer looks again at least this often (µs), for the changes that wake nobody (see
 /// `request::RECHECK_AT_LEAST_EVERY`) and for the changes a standby replays.
 const RECHECK_AT_LEAST_EVERY: i64 = 1_000_000;
+
+thread_local! {
+    /// When this session's await_change last told a change of each key (by hash), for the keys
+    /// told within the last interval: a session that watches many keys keeps a few entries.
+    static LAST_TOLD: RefCell<Vec<(u64, Instant)>> = const { RefCell::new(Vec::new()) };
+}
 
 /// What an observer sees of a key: its live lease with the highest fence (the latest granted; the
 /// only one, but for shared leases and semaphores), or vacancy.
@@ -68,6 +82,7 @@ fn await_change(
     let deadline = clock::deadline_after(input::timeout(timeout));
     // The hash reads fence.lock_secret (once per backend): that lock, too, is not kept.
     let hash = crate::pg::subtransaction::without_keeping_locks(|| key_hash::of(key), still_installed);
+    wait_for_the_pace(hash, deadline);
     wakeups::observe(hash);
     let state = loop {
         latch::arm();
@@ -84,6 +99,9 @@ fn await_change(
         latch::sleep(left.min(until_expiry).clamp(1, RECHECK_AT_LEAST_EVERY));
     };
     wakeups::stop_observing(hash);
+    if state.differs_from(seen_fence, seen_owner) {
+        told_now(hash);
+    }
     let row = match state.lease {
         Some(lease) => (
             Some(lease.fence),
@@ -95,6 +113,26 @@ fn await_change(
         None => (None, None, false, None, None),
     };
     TableIterator::once(row)
+}
+
+/// Sleeps, without the observer lock and deaf to wake-ups, until `pg_fence.observe_interval` has
+/// passed since this session's last answer that told a change of the key (or until `deadline`).
+fn wait_for_the_pace(hash: u64, deadline: Instant) {
+    let told = LAST_TOLD.with_borrow(|told| told.iter().find(|(each, _)| *each == hash).map(|(_, at)| *at));
+    let Some(told) = told else { return };
+    let until = (told + crate::pg::settings::observe_interval()).min(deadline);
+    let left = until.saturating_duration_since(Instant::now());
+    if !left.is_zero() {
+        latch::pause(left.as_micros() as i64);
+    }
+}
+
+fn told_now(hash: u64) {
+    let (now, interval) = (Instant::now(), crate::pg::settings::observe_interval());
+    LAST_TOLD.with_borrow_mut(|told| {
+        told.retain(|(each, at)| *each != hash && now.duration_since(*at) < interval);
+        told.push((hash, now));
+    });
 }
 
 /// Raises an error if pg_fence's tables are gone (DROP EXTENSION while a call waited), as the

@@ -15,6 +15,7 @@ from .calls import (
     status,
 )
 from .client import Client
+from .election import Blind, Leader
 from .errors import ConnectFailed, LeaseLost, OutcomeUnknown, PgFenceError, StaleFence, WaitCancelled, WaitTimedOut
 from .keeper import KeptLease, KeptLeaseSet
 from .lease import Lease, LeaseSet, LeaseStatus
@@ -30,6 +31,8 @@ __all__ = [
     "LeaseStatus",
     "LossReason",
     "Retry",
+    "Blind",
+    "Leader",
     "PgFenceError",
     "LeaseLost",
     "StaleFence",

@@ -4,19 +4,19 @@ builds on it, and so does the elector, which campaigns as the client's lease() a
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any, Awaitable, Callable, Optional, Tuple, TypeVar
 
 import psycopg
 
 from . import aio_calls
-from .aio_connections import AsyncConnections, bounded, cancel
+from .aio_connections import AsyncConnections, AsyncLanes, bounded, cancel
+from .aio_keeping import KEEPER_CONNECTIONS, AsyncKeeper
 from .concurrency import asleep
 from .errors import OutcomeUnknown, outcome_unknown
 from .holding import Holding, KeepPlan, clock
 from .kept import Kept
-from .lease import Acquire, AcquireAll, Held, Query, Seconds, interval, new_token, release_query
+from .lease import Acquire, AcquireAll, Held, Seconds, give_up_query, interval, new_token
 from .retry import Retry, Tries
 from .source import APPLICATION_NAME
 
@@ -58,6 +58,7 @@ class AsyncCaller:
         application_name: str = APPLICATION_NAME,
         connect_timeout: float = 5,
         call_timeout: Optional[float] = 30,
+        keeper_connections: int = KEEPER_CONNECTIONS,
     ):
         self.conninfo = conninfo
         self.pool = pool
@@ -66,6 +67,24 @@ class AsyncCaller:
         self.connect_timeout = connect_timeout
         self.call_timeout = call_timeout
         self._connections = self.connections()
+        if isinstance(keeper_connections, bool) or not isinstance(keeper_connections, int) or keeper_connections < 1:
+            raise ValueError(f"keeper_connections must be an int of at least 1, not {keeper_connections!r}")
+        self.keeper_connections = keeper_connections
+        self._keeper: Optional[AsyncKeeper] = None
+
+    def keeper(self) -> AsyncKeeper:
+        """The client's keeper (aio_keeping.py), made at its first use: its connections carry the
+        application_name of the client's with " keeper" after it."""
+        if self._keeper is None:
+            conninfo = self.conninfo or (getattr(self.pool, "conninfo", "") if self.pool is not None else "")
+            lanes = AsyncLanes(
+                conninfo,
+                self.keeper_connections,
+                application_name=f"{self.application_name} keeper",
+                connect_timeout=self.connect_timeout,
+            )
+            self._keeper = AsyncKeeper(lanes, self.retry)
+        return self._keeper
 
     def connections(self, pinned: bool = False) -> AsyncConnections:
         return AsyncConnections(
@@ -90,21 +109,41 @@ class AsyncCaller:
         on_lost: Optional[Callable[[Any], None]],
         connections: Optional[AsyncConnections] = None,
     ) -> K:
-        """Acquires as `plan` asks, on `connections` (pinned; new ones by default), and keeps it as a
-        `kept` (a kept lease's class: the sync or asyncio KeptLease, KeptLeaseSet or Leadership)."""
-        connections = connections or self.connections(pinned=True)
+        """Acquires as `plan` asks, on `connections` (the caller's own: the client's pool or
+        connection by default), and keeps it as a `kept` (a kept lease's class: the sync or asyncio
+        KeptLease, KeptLeaseSet or Leadership) on the keeper's connections. A session-bound lease's
+        session is the lease: it is acquired on a connection of its own and keeps it."""
+        session_bound = plan.request.session_bound
+        if connections is None:
+            connections = self.connections(pinned=True) if session_bound else self._connections
+        keeper = self.keeper()
         try:
-            holding = plan.holding(*await self._acquire_to_keep(connections, plan.request))
+            holding = plan.holding(*await self._acquire_to_keep(connections, plan.request, plan.ttl))
             if holding.anchored_long_ago():
-                await self._renew_now(connections, holding)
+                await self._renew_now(connections if session_bound else keeper.lanes, holding)
         except BaseException:
-            await connections.close()
+            if connections is not self._connections:
+                await connections.close()
             raise
-        return kept(holding, connections, self.retry, on_lost, plan.release_timeout)
+        if session_bound:
+            return kept(holding, connections, self.retry, on_lost, plan.release_timeout)
+        try:
+            await keeper.lanes.open()
+        except BaseException:
+            # Interrupted: the lease was granted, and nobody will keep it.
+            keeper.give_up(holding.lease.release_query(), holding.ttl, self._limit())
+            raise
+        if connections is not self._connections:
+            await connections.close()  # a campaign's own, for a waiting acquire that close() can cancel
+        return kept(holding, keeper.lanes, self.retry, on_lost, plan.release_timeout, keeper)
 
-    async def _acquire_to_keep(self, connections: AsyncConnections, request: Acquire) -> Tuple[Optional[Held], float]:
+    async def _acquire_to_keep(
+        self, connections: AsyncConnections, request: Acquire, ttl: float
+    ) -> Tuple[Optional[Held], float]:
         """The lease and the instant its deadline counts from: before the first try that carried
-        its token, since any of those tries may be the one that granted it."""
+        its token, since any of those tries may be the one that granted it. A call given up after
+        a try was sent (cancelled, out of tries) gives up what its token may have been granted, on
+        the keeper's connections: no one else knows that token."""
         anchor = clock()
         if isinstance(request, AcquireAll):
             # No token to send again: only tries that cannot have been granted are retried.
@@ -118,21 +157,23 @@ class AsyncCaller:
             except BaseException as err:
                 if not isinstance(err, Exception):
                     # Interrupted (KeyboardInterrupt, a cancelled task): end the wait on the server
-                    # (psycopg has ended a task's already), and give up what its token may have been
-                    # granted.
-                    await cancel(connections.current())
-                    await self._give_up(connections, release_query(request.key, token))
+                    # (psycopg has ended a task's already; a connection shared with other calls is
+                    # not ours to cancel), and give up what its token may have been granted.
+                    if connections.pinned:
+                        await cancel(connections.current())
+                    self._give_up(request, token, ttl)
                     raise
                 try:
                     pause = tries.pause_or_raise(err)
                 except OutcomeUnknown as unknown:
-                    await self._give_up(connections, release_query(request.key, token))
+                    self._give_up(request, token, ttl)
                     unknown.token = token
                     raise
                 if request.session_bound and outcome_unknown(err):
                     # A grant of that try is bound to its session, which may live on without us
-                    # (a partition): give it up, and try again with a new token on a new session.
-                    await self._give_up(connections, release_query(request.key, token))
+                    # (a partition): give it up before trying again with a new token on a new
+                    # session, which would otherwise find the key still held by that grant.
+                    await self.keeper().release_now(give_up_query(request, token), ttl, self._limit())
                     token, anchor = new_token(), None
                 await asleep(pause)
                 anchor = clock() if anchor is None else anchor
@@ -145,11 +186,11 @@ class AsyncCaller:
                 connections, lambda conn: aio_calls.renew(conn, holding.lease, holding.ttl), self._limit()
             )
         except BaseException:
-            await self._give_up(connections, holding.lease.release_query())
+            self.keeper().give_up(holding.lease.release_query(), holding.ttl, self._limit())
             raise
         holding.renewed(sent, renewed)
 
-    async def _give_up(self, connections: AsyncConnections, release: Query) -> None:
-        """Releases, best effort, whatever lease the token of `release` may hold."""
-        with contextlib.suppress(Exception):
-            await bounded(connections, lambda conn: aio_calls.one(conn, release, ""), self._limit())
+    def _give_up(self, request: Acquire, token: Any, ttl: float) -> None:
+        """Releases, in the background on the keeper's connections, whatever lease `token` (sent
+        with `request`) may hold."""
+        self.keeper().give_up(give_up_query(request, token), ttl, self._limit())

@@ -15,9 +15,18 @@ from .aio_connections import bounded
 from .aio_elector import AsyncElector
 from .aio_keeper import AsyncKeptLease, AsyncKeptLeaseSet
 from .election import ElectorOptions
-from .errors import LeaseLost
+from .errors import LeaseLost, WaitTimedOut
 from .holding import KeepPlan
-from .lease import Acquire, Lease, LeaseSet, LeaseStatus, Seconds, acquire_all_request, new_token
+from .lease import (
+    Acquire,
+    Lease,
+    LeaseSet,
+    LeaseStatus,
+    Seconds,
+    acquire_all_request,
+    acquire_any_request,
+    new_token,
+)
 from .reasons import UNKNOWN as NO_REASON
 from .reasons import loss_reason
 
@@ -144,6 +153,43 @@ class AsyncClient(AsyncCaller):
         request = acquire_all_request(keys, ttl, owner, wait, session_bound, durable)
         return await self._keep(AsyncKeptLeaseSet, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
 
+    async def acquire_first_free(
+        self,
+        keys: Iterable[str],
+        ttl: Seconds,
+        *,
+        owner: Optional[str] = None,
+        session_bound: bool = False,
+        durable: bool = True,
+        token: Optional[uuid.UUID] = None,
+    ) -> Optional[Lease]:
+        """An exclusive lease on the first key of `keys`, in order, that is free now
+        (lease_acquire_any: never waits, as SKIP LOCKED), or None when none is."""
+        request = acquire_any_request(keys, ttl, owner, session_bound, durable)
+        token = token or new_token()
+        return await self._call(lambda conn: aio_calls.acquire_with(conn, request, token))
+
+    async def lease_first_free(
+        self,
+        keys: Iterable[str],
+        ttl: Seconds,
+        *,
+        owner: Optional[str] = None,
+        session_bound: bool = False,
+        durable: bool = True,
+        renew_every: Optional[Seconds] = None,
+        margin: Seconds = 0,
+        on_lost: Optional[Callable[[AsyncKeptLease], None]] = None,
+        release_timeout: Seconds = 5,
+    ) -> Optional[AsyncKeptLease]:
+        """As lease(), on the first key of `keys`, in order, that is free now, in one round trip
+        (acquire_first_free); None when none is, and then nothing is held. `lease.key` says which."""
+        request = acquire_any_request(keys, ttl, owner, session_bound, durable)
+        try:
+            return await self._keep(AsyncKeptLease, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
+        except WaitTimedOut:
+            return None
+
     def elector(self, key: str, ttl: Seconds, **options: Any) -> AsyncElector:
         """Leader election on `key` (README, Leader election; the options are ElectorOptions'):
         campaign(value) waits until elected and keeps the leadership as lease() keeps a lease
@@ -154,6 +200,9 @@ class AsyncClient(AsyncCaller):
         return AsyncElector(self, ElectorOptions(key, ttl, **options))
 
     async def close(self) -> None:
+        """Closes the client's connection and its keeper's (release the leases it keeps first)."""
+        if self._keeper is not None:
+            await self._keeper.close()
         await self._connections.close()
 
     async def __aenter__(self) -> "AsyncClient":

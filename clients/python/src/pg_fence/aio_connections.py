@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Awaitable, Callable, Optional, Set, TypeVar
+from typing import Any, Awaitable, Callable, List, Optional, Set, TypeVar
 
 import psycopg
 
@@ -76,6 +76,97 @@ class AsyncConnections(Source):
         await self.pool.putconn(conn)
 
 
+class AsyncLanes(Source):
+    """A keeper's connections (keeping.py): at most `size` in use at once, of its own (made from the
+    conninfo, never taken from the application's pool, so a busy pool cannot starve a renewal),
+    kept open and reused. A call past its limit gives up its slot at once (forget), so the next
+    call makes a new connection in time for the deadline, while the abandoned one is closed when
+    its call returns. close() is a kept lease's: the lanes are the keeper's, shut by shut()."""
+
+    def __init__(self, conninfo: str, size: int, **kwargs: Any):
+        super().__init__(conninfo, None, pinned=True, **kwargs)
+        self.size = size
+        self._slots = asyncio.Semaphore(size)
+        self._idle: List[psycopg.AsyncConnection] = []
+        self._open: Set[psycopg.AsyncConnection] = set()
+        #: Connections made since the keeper started: more than `size` only after a failure.
+        self.made = 0
+        self._opening = False
+
+    async def checkout(self) -> psycopg.AsyncConnection:
+        await self._slots.acquire()
+        try:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed and not conn.broken:
+                    return conn
+                self._open.discard(conn)
+            with connecting():
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.kwargs)
+            self.made += 1
+            self._open.add(conn)
+            return conn
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def checkin(self, conn: psycopg.AsyncConnection, failure: Optional[BaseException]) -> None:
+        if failure is not None and (conn.broken or not isinstance(failure, Exception) or retryable(failure)):
+            await self._dispose(conn)
+        elif conn.closed:
+            self._open.discard(conn)
+        else:
+            self._idle.append(conn)
+        self._slots.release()
+
+    async def open(self) -> None:
+        """Makes the lanes' connections now, once: a renewal due later finds them open, even if
+        the server has no connection slot left by then. A failure is left to the calls to meet."""
+        if self._opening:
+            return
+        self._opening = True
+        for _ in range(self.size):
+            try:
+                with connecting():
+                    conn = await psycopg.AsyncConnection.connect(self.conninfo, **self.kwargs)
+            except Exception:
+                return
+            self.made += 1
+            self._open.add(conn)
+            self._idle.append(conn)
+
+    def current(self) -> Optional[psycopg.AsyncConnection]:
+        return None
+
+    def forget(self, conn: psycopg.AsyncConnection) -> None:
+        self._slots.release()
+        # Those waiting idle may run over the same dead route: the next call makes a new one.
+        stale, self._idle = self._idle, []
+        for idle in stale:
+            disposal = asyncio.ensure_future(self._dispose(idle))
+            _abandoned.add(disposal)
+            disposal.add_done_callback(_abandoned.discard)
+
+    async def abandoned(self, conn: psycopg.AsyncConnection) -> None:
+        await self._dispose(conn)
+
+    def sibling(self, pinned: bool = False) -> "AsyncLanes":
+        return self
+
+    async def close(self) -> None:
+        pass
+
+    async def shut(self) -> None:
+        for conn in list(self._open):
+            await self._dispose(conn)
+        self._idle.clear()
+
+    async def _dispose(self, conn: psycopg.AsyncConnection) -> None:
+        self._open.discard(conn)
+        with contextlib.suppress(Exception):
+            await conn.close()
+
+
 #: Calls past their limit, still being cancelled: a task the loop alone refers to may be collected.
 _abandoned: Set["asyncio.Task[None]"] = set()
 
@@ -96,10 +187,16 @@ async def bounded(
     try:
         await asyncio.wait((running,), timeout=limit)
     except BaseException as err:
-        # Cancelled: so is the call, whose statement psycopg cancels on the server itself.
+        # Cancelled: so is the call, whose statement psycopg cancels on the server itself. Its
+        # cancel waits for the server's answer, which a dead route never brings: waited for a
+        # moment only, then the connection is abandoned, so the caller's clean-up (giving up its
+        # token) starts at once.
         running.cancel()
-        with contextlib.suppress(BaseException):
-            await running
+        await asyncio.wait((running,), timeout=CANCEL_TIMEOUT)
+        if not running.done():
+            connections.forget(conn)
+            _abandon(running, conn, connections)
+            raise
         await connections.checkin(conn, err)
         raise
     if not running.done():
@@ -107,9 +204,7 @@ async def bounded(
         # (a dead route), and the caller must be free to try again on a new one at once.
         connections.forget(conn)
         running.cancel()
-        disposal = asyncio.ensure_future(_dispose_after(running, conn, connections))
-        _abandoned.add(disposal)
-        disposal.add_done_callback(_abandoned.discard)
+        _abandon(running, conn, connections)
         raise CallTimedOut(f"no answer from the server within {limit:.1f} s")
     try:
         result = running.result()
@@ -118,6 +213,12 @@ async def bounded(
         raise
     await connections.checkin(conn, None)
     return result
+
+
+def _abandon(running: "asyncio.Future[Any]", conn: psycopg.AsyncConnection, connections: AsyncConnections) -> None:
+    disposal = asyncio.ensure_future(_dispose_after(running, conn, connections))
+    _abandoned.add(disposal)
+    disposal.add_done_callback(_abandoned.discard)
 
 
 async def _dispose_after(

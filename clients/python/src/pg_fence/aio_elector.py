@@ -10,16 +10,17 @@ import asyncio
 import contextlib
 import functools
 import threading
-from typing import Any, AsyncIterator, Iterator, List, Optional
+from typing import Any, AsyncIterator, Iterator, List, Optional, Union
 
 from . import aio_calls
 from .aio_caller import AsyncCaller, retrying
-from .aio_connections import AsyncConnections, cancel
+from .aio_connections import AsyncConnections, bounded, cancel
 from .aio_keeper import AsyncKeptLease
 from .concurrency import AEvent, aspawn
 from .election import (
     HANDED_OFF,
     NO_NEWS,
+    Blind,
     Campaign,
     ElectorOptions,
     Leader,
@@ -34,6 +35,7 @@ from .election import (
 from .errors import WaitCancelled, WaitTimedOut
 from .holding import HELD, LOST
 from .lease import Seconds
+from .retry import Tries
 
 
 class AsyncLeadership(LeadershipView, AsyncKeptLease):
@@ -159,29 +161,32 @@ class AsyncElector:
         """The key's leader now; None when nobody leads."""
         return leader_of(await self._client._call(lambda conn: aio_calls.one(conn, leader_query(self.key), self.key)))
 
-    async def observe(self) -> AsyncIterator[Optional[Leader]]:
+    async def observe(self) -> AsyncIterator[Union[Leader, None, Blind]]:
         """The key's leaders as they change: the first leader (at once, or when one is elected),
         then every change: a new leader (a higher fence), a new value proclaimed (the same fence),
         None when nobody leads (a resign, a revoke, an expiry, a session's end, a fast lease lost in
-        a crash). Ends when the elector is closed; raises what the client's retries could not get
-        past (an outage longer than Retry.total)."""
+        a crash). Blind when it cannot reach the server, within the elector's TTL of its last
+        answer (not the old leader again, nor a vacancy); it reconnects and goes on, and its next
+        answer is yielded whatever it says. Ends when the elector is closed; raises what the
+        client's retries could not get past (an outage longer than Retry.total)."""
         connections = self._client.connections(pinned=True)
-        watching = Watching(self.key, self.options.observe_timeout)
-        limit = self._client._limit(self.options.observe_timeout)
+        watching = Watching(self.key, self.options.observe_timeout, self.options.ttl)
+        limit = watching.call_limit or self._client._limit(self.options.observe_timeout)
+        tries = Tries(self._client.retry)
         try:
             with self._using(connections):
                 while not self._closed.is_set():
                     try:
-                        row = await retrying(
-                            connections,
-                            self._client.retry,
-                            lambda c: aio_calls.one(c, watching.query(), self.key),
-                            limit,
-                        )
-                    except Exception:
+                        row = await bounded(connections, lambda c: aio_calls.one(c, watching.query(), self.key), limit)
+                    except Exception as err:
                         if self._closed.is_set():
                             return
-                        raise
+                        pause = tries.pause_or_raise(err)
+                        if watching.blinded():
+                            yield Blind(f"{type(err).__name__}: {err}")
+                        await self._closed.wait_timeout(pause)
+                        continue
+                    tries = Tries(self._client.retry)
                     news = watching.news(row)
                     if news is not NO_NEWS:
                         yield news

@@ -1,7 +1,8 @@
 """A lease kept renewed in the background, and declared lost the moment it may be.
 
-Two threads (tasks, in pg_fence.aio): the renewer renews every `renew_every` on the lease's own
-connection and retries failures with jittered pauses; the watchdog declares the lease "unknown" at
+Two threads (tasks, in pg_fence.aio): the renewer renews every `renew_every`, through the client's
+keeper (aio_keeping.py: with the other leases due, on the keeper's connections; a session-bound
+lease on its own session), and retries failures with jittered pauses; the watchdog declares the lease "unknown" at
 its local deadline (see holding.py). Each renewal is bounded (connections.bounded): one that hangs
 on a stopped server is abandoned with its connection, and the next try makes a new one, which a
 multi-host conninfo may send to a new primary. The watchdog does not wait for any of it.
@@ -22,11 +23,12 @@ import psycopg
 from . import aio_calls
 from .aio_caller import retrying
 from .aio_connections import AsyncConnections, bounded
+from .aio_keeping import AsyncKeeper
 from .concurrency import AEvent, ALock, AStop, aspawn
 from .errors import LeaseLost, StaleFence
 from .holding import HELD, LOST, UNKNOWN, Holding, clock
 from .kept import Kept, SetView
-from .lease import Held
+from .lease import Held, Lease
 from .reasons import SESSION_ENDED, ended_reason
 from .reasons import UNKNOWN as NO_REASON
 from .retry import Retry
@@ -44,9 +46,14 @@ class AsyncKeptLease(Kept):
         retry: Retry,
         on_lost: Optional[Callable[["AsyncKeptLease"], Any]],
         release_timeout: float,
+        keeper: Optional[AsyncKeeper] = None,
     ):
         self._holding = holding
+        # The keeper's connections (AsyncLanes), or a session-bound lease's own.
         self._connections = connections
+        # Whose lease_renew_many calls renew this lease with others; None: renewed on its own
+        # (a session-bound lease, renewed on its session; a set, by lease_renew_all).
+        self._keeper = keeper if isinstance(holding.lease, Lease) and not holding.session_bound else None
         self._retry = retry
         self._on_lost = on_lost
         self._release_timeout = release_timeout
@@ -195,7 +202,10 @@ class AsyncKeptLease(Kept):
                 async with self._renewing:
                     if holding.state != HELD:
                         return  # handed off meanwhile
-                    renewed = await bounded(self._connections, self._renew, holding.attempt_limit())
+                    if self._keeper is not None:
+                        renewed = await self._keeper.renew(holding, holding.attempt_limit())
+                    else:
+                        renewed = await bounded(self._connections, self._renew, holding.attempt_limit())
             except Exception as err:
                 if holding.renewal_failed(err, self._retry.pause):
                     # PF001, or a session-bound lease whose session we lost (it may live on in it,

@@ -15,10 +15,19 @@ from .caller import Caller, retrying
 from .connections import bounded
 from .election import ElectorOptions
 from .elector import Elector
-from .errors import LeaseLost
+from .errors import LeaseLost, WaitTimedOut
 from .holding import KeepPlan
 from .keeper import KeptLease, KeptLeaseSet
-from .lease import Acquire, Lease, LeaseSet, LeaseStatus, Seconds, acquire_all_request, new_token
+from .lease import (
+    Acquire,
+    Lease,
+    LeaseSet,
+    LeaseStatus,
+    Seconds,
+    acquire_all_request,
+    acquire_any_request,
+    new_token,
+)
 from .reasons import UNKNOWN as NO_REASON
 from .reasons import loss_reason
 
@@ -143,6 +152,43 @@ class Client(Caller):
         request = acquire_all_request(keys, ttl, owner, wait, session_bound, durable)
         return self._keep(KeptLeaseSet, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
 
+    def acquire_first_free(
+        self,
+        keys: Iterable[str],
+        ttl: Seconds,
+        *,
+        owner: Optional[str] = None,
+        session_bound: bool = False,
+        durable: bool = True,
+        token: Optional[uuid.UUID] = None,
+    ) -> Optional[Lease]:
+        """An exclusive lease on the first key of `keys`, in order, that is free now
+        (lease_acquire_any: never waits, as SKIP LOCKED), or None when none is."""
+        request = acquire_any_request(keys, ttl, owner, session_bound, durable)
+        token = token or new_token()
+        return self._call(lambda conn: calls.acquire_with(conn, request, token))
+
+    def lease_first_free(
+        self,
+        keys: Iterable[str],
+        ttl: Seconds,
+        *,
+        owner: Optional[str] = None,
+        session_bound: bool = False,
+        durable: bool = True,
+        renew_every: Optional[Seconds] = None,
+        margin: Seconds = 0,
+        on_lost: Optional[Callable[[KeptLease], None]] = None,
+        release_timeout: Seconds = 5,
+    ) -> Optional[KeptLease]:
+        """As lease(), on the first key of `keys`, in order, that is free now, in one round trip
+        (acquire_first_free); None when none is, and then nothing is held. `lease.key` says which."""
+        request = acquire_any_request(keys, ttl, owner, session_bound, durable)
+        try:
+            return self._keep(KeptLease, KeepPlan(request, renew_every, margin, release_timeout), on_lost)
+        except WaitTimedOut:
+            return None
+
     def elector(self, key: str, ttl: Seconds, **options: Any) -> Elector:
         """Leader election on `key` (README, Leader election; the options are ElectorOptions'):
         campaign(value) waits until elected and keeps the leadership as lease() keeps a lease
@@ -153,6 +199,9 @@ class Client(Caller):
         return Elector(self, ElectorOptions(key, ttl, **options))
 
     def close(self) -> None:
+        """Closes the client's connection and its keeper's (release the leases it keeps first)."""
+        if self._keeper is not None:
+            self._keeper.close()
         self._connections.close()
 
     def __enter__(self) -> "Client":

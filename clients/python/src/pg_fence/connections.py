@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, Set, TypeVar
 
 import psycopg
 
-from .errors import READ_ONLY, CallTimedOut, connecting, sqlstate
+from .errors import READ_ONLY, CallTimedOut, connecting, retryable, sqlstate
 from .source import CANCEL_TIMEOUT, Source
 
 T = TypeVar("T")
@@ -116,6 +116,114 @@ class Connections(Source):
         self._autocommit[id(conn)] = conn.autocommit
         conn.autocommit = True
         return conn
+
+
+class Lanes(Source):
+    """As aio_connections.AsyncLanes: a keeper's own connections, at most `size` in use at once,
+    kept open and reused; a call past its limit gives up its slot at once."""
+
+    def __init__(self, conninfo: str, size: int, **kwargs: Any):
+        super().__init__(conninfo, None, pinned=True, **kwargs)
+        self.size = size
+        self._slots = threading.Semaphore(size)
+        self._idle: List[psycopg.Connection] = []
+        self._open: Set[psycopg.Connection] = set()
+        self._lock = threading.Lock()
+        #: Connections made since the keeper started: more than `size` only after a failure.
+        self.made = 0
+        self._opening = False
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[psycopg.Connection]:
+        conn = self.checkout()
+        failure: Optional[BaseException] = None
+        try:
+            yield conn
+        except BaseException as err:
+            failure = err
+            raise
+        finally:
+            self.checkin(conn, failure)
+
+    def checkout(self) -> psycopg.Connection:
+        self._slots.acquire()
+        try:
+            with self._lock:
+                while self._idle:
+                    conn = self._idle.pop()
+                    if not conn.closed and not conn.broken:
+                        return conn
+                    self._open.discard(conn)
+            with connecting():
+                conn = psycopg.connect(self.conninfo, **self.kwargs)
+            with self._lock:
+                self.made += 1
+                self._open.add(conn)
+            return conn
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def checkin(self, conn: psycopg.Connection, failure: Optional[BaseException] = None) -> None:
+        if failure is not None and (conn.broken or not isinstance(failure, Exception) or retryable(failure)):
+            self.dispose(conn)
+        else:
+            with self._lock:
+                if conn.closed:
+                    self._open.discard(conn)
+                else:
+                    self._idle.append(conn)
+        self._slots.release()
+
+    def open(self) -> None:
+        """As AsyncLanes.open: the lanes' connections made now, once."""
+        with self._lock:
+            if self._opening:
+                return
+            self._opening = True
+        for _ in range(self.size):
+            try:
+                with connecting():
+                    conn = psycopg.connect(self.conninfo, **self.kwargs)
+            except Exception:
+                return
+            with self._lock:
+                self.made += 1
+                self._open.add(conn)
+                self._idle.append(conn)
+
+    def current(self) -> Optional[psycopg.Connection]:
+        return None
+
+    def forget(self, conn: psycopg.Connection) -> bool:
+        self._slots.release()
+        # Those waiting idle may run over the same dead route: the next call makes a new one.
+        with self._lock:
+            stale, self._idle = self._idle, []
+        for idle in stale:
+            self.dispose(idle)
+        return False
+
+    def abandoned(self, conn: psycopg.Connection) -> None:
+        self.dispose(conn)
+
+    def sibling(self, pinned: bool = False) -> "Lanes":
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def shut(self) -> None:
+        with self._lock:
+            conns, self._idle = list(self._open), []
+        for conn in conns:
+            self.dispose(conn)
+
+    def dispose(self, conn: psycopg.Connection) -> None:
+        with self._lock:
+            self._open.discard(conn)
+        with contextlib.suppress(Exception):
+            conn.close()
 
 
 def cancel(conn: Optional[psycopg.Connection]) -> None:

@@ -75,13 +75,36 @@ def leader_query(key: str) -> Query:
 _NOTHING_YET = object()
 
 
-class Watching:
-    """An observer's loop of await_change: the state it saw last, and whether a row is news."""
+@dataclass(frozen=True)
+class Blind:
+    """What an observer yields when it cannot reach the server (instead of leaving the leader it
+    saw last standing, or taking the silence for a vacancy): by the observed lease's TTL after the
+    observer's last answer at the latest. It goes on trying; its next answer is yielded whatever
+    it says. `error` is the failure that told it."""
 
-    def __init__(self, key: str, timeout: Seconds):
+    error: str
+
+
+class Watching:
+    """An observer's loop of await_change: the state it saw last, and whether a row is news. Each
+    wait on the server lasts 3/4 of the TTL at most (`ttl`: the elector's, the longest lease it
+    expects to see), and each call the TTL: a call unanswered by then means the observer cannot
+    see, which it says before the lease it saw could have ended unseen."""
+
+    def __init__(self, key: str, timeout: Seconds, ttl: Optional[Seconds] = None):
         self.key = key
-        self.timeout = interval(timeout)
+        ttl_seconds = None if ttl is None else interval(ttl).total_seconds()
+        seconds = interval(timeout).total_seconds()
+        self.call_limit = ttl_seconds
+        self.timeout = interval(seconds if ttl_seconds is None else min(seconds, ttl_seconds * 0.75))
         self.seen: Any = _NOTHING_YET
+        # Blind since the last answer (told once): the next answer is news whatever it says.
+        self.blind = False
+
+    def blinded(self) -> bool:
+        """Marks the observer blind; True the first time since its last answer (tell it then)."""
+        first, self.blind = not self.blind, True
+        return first
 
     def query(self) -> Query:
         # First (NULL, NULL), which returns the leader at once, or waits for one; a vacancy seen
@@ -98,6 +121,10 @@ class Watching:
         NO_NEWS when it does not (the timeout ran out)."""
         leader = leader_of(row)
         first = self.seen is _NOTHING_YET
+        if self.blind:
+            self.blind = False
+            self.seen = leader
+            return leader
         if (first and leader is None) or (not first and leader == self.seen):
             return NO_NEWS
         self.seen = leader
@@ -130,6 +157,7 @@ class ElectorOptions:
         on_started_leading: Optional[Callable[[Any], Any]] = None,
         on_stopped_leading: Optional[Callable[[StopReason], Any]] = None,
         on_new_leader: Optional[Callable[[Optional[Leader]], Any]] = None,
+        on_blind: Optional[Callable[[Blind], Any]] = None,
     ):
         self.key, self.ttl = key, ttl
         self.durable, self.session_bound, self.lock_delay = durable, session_bound, lock_delay
@@ -139,6 +167,7 @@ class ElectorOptions:
         self.on_started_leading = on_started_leading
         self.on_stopped_leading = on_stopped_leading
         self.on_new_leader = on_new_leader
+        self.on_blind = on_blind
         self.plan("", None)  # checks the options before anything is sent
 
     def plan(self, value: str, wait: Optional[float]) -> KeepPlan:
@@ -149,8 +178,11 @@ class ElectorOptions:
         )
         return KeepPlan(request, self.renew_every, self.margin, self.release_timeout)
 
-    def new_leader(self, leader: Optional[Leader]) -> None:
-        call_back("on_new_leader", self.on_new_leader, leader)
+    def new_leader(self, leader: Union[Leader, None, Blind]) -> None:
+        if isinstance(leader, Blind):
+            call_back("on_blind", self.on_blind, leader)
+        else:
+            call_back("on_new_leader", self.on_new_leader, leader)
 
 
 class Campaign:

@@ -245,8 +245,64 @@ def acquire_all_request(
     return AcquireAll("", ttl, owner, wait, session_bound, durable, keys=tuple(keys))
 
 
+@dataclass(frozen=True)
+class AcquireAny(Acquire):
+    """lease_acquire_any's arguments: `key` is unused, `keys` the list, of which the first free one
+    is granted (never waiting: `wait` is 0)."""
+
+    keys: Tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return ", ".join(self.keys)
+
+    def query(self, token: uuid.UUID) -> Query:
+        return (
+            "SELECT key, owner, fence, token, acquired_at, expires_at"
+            " FROM fence.lease_acquire_any(%s, %s, %s, %s, %s, %s)",
+            (list(self.keys), interval(self.ttl), self.owner, self.session_bound, self.durable, token),
+        )
+
+    def release_query(self, token: uuid.UUID) -> Query:
+        """Releases whichever key of the list `token` may have been granted."""
+        return (
+            "SELECT coalesce(bool_or(fence.lease_release(key, %s)), false) FROM unnest(%s::text[]) AS key",
+            (token, list(self.keys)),
+        )
+
+
+def acquire_any_request(
+    keys: Iterable[str], ttl: Seconds, owner: Optional[str], session_bound: bool, durable: bool
+) -> AcquireAny:
+    if isinstance(keys, str):
+        raise TypeError("keys must be a list of keys, not a str")
+    keys = tuple(keys)
+    if not keys:
+        raise ValueError("keys must name at least one key")
+    return AcquireAny("", ttl, owner, 0, session_bound, durable, keys=keys)
+
+
 def release_query(key: str, token: uuid.UUID) -> Query:
     return ("SELECT fence.lease_release(%s, %s)", (key, token))
+
+
+def give_up_query(request: Acquire, token: uuid.UUID) -> Query:
+    """Releases whatever lease `token`, sent with `request`, may have been granted."""
+    if isinstance(request, AcquireAny):
+        return request.release_query(token)
+    return release_query(request.key, token)
+
+
+#: The most leases one lease_renew_many call renews (the server refuses more, 22023).
+RENEW_MANY_LIMIT = 64
+
+
+def renew_many_query(leases: Sequence[Lease], ttls: Sequence[float]) -> Query:
+    """lease_renew_many of `leases`, each for its ttl in seconds, a row for each in order."""
+    return (
+        "SELECT key, token, expires_at FROM fence.lease_renew_many(%s::text[], %s::uuid[], %s::interval[])",
+        ([lease.key for lease in leases], [lease.token for lease in leases], [interval(ttl) for ttl in ttls]),
+    )
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ public final class Elector implements AutoCloseable {
   private volatile boolean closed;
   private final Set<Connection> busy = ConcurrentHashMap.newKeySet();
   private final List<Leadership> leaderships = new CopyOnWriteArrayList<>();
+  private final List<Observer> observers = new CopyOnWriteArrayList<>();
   private final Thread watcher;
 
   public Elector(FenceClient client, String key, ElectorOptions options) {
@@ -77,6 +78,7 @@ public final class Elector implements AutoCloseable {
    */
   public Leadership campaign(String value, Duration wait) throws SQLException {
     long end = wait == null ? Long.MAX_VALUE : System.nanoTime() + wait.toNanos();
+    int outages = 0;
     while (true) {
       checkOpen();
       long left = end == Long.MAX_VALUE ? Long.MAX_VALUE : Math.max(0, end - System.nanoTime());
@@ -100,7 +102,7 @@ public final class Elector implements AutoCloseable {
       KeptLease kept;
       Connection[] using = {null};
       try {
-        kept = client.hold(key, opts, keep, tracked(using));
+        kept = client.hold(key, opts, keep, campaigning(using));
       } catch (WaitTimedOutException timedOut) {
         checkOpen();
         if (System.nanoTime() - end >= 0) {
@@ -108,6 +110,25 @@ public final class Elector implements AutoCloseable {
         }
         continue;
       } catch (SQLException e) {
+        checkOpen();
+        boolean unreachable =
+            e instanceof OutcomeUnknownException
+                || e instanceof NoConnectionException
+                || Sql.retryable(e);
+        if (!unreachable || System.nanoTime() - end >= 0) {
+          throw e;
+        }
+        // A restart or a failover outlasted the hold's retries (any grant it may have made was
+        // released by its token): the campaign goes on, as a campaign must.
+        try {
+          Thread.sleep(client.backoffDelay(outages++).toMillis());
+        } catch (InterruptedException interrupted) {
+          Thread.currentThread().interrupt();
+          throw new WaitCancelledException(key, e);
+        }
+        continue;
+      } catch (java.util.concurrent.CancellationException e) {
+        // Given up by close(): the hold released the token it sent, on the keeper's connections.
         checkOpen();
         throw e;
       }
@@ -139,6 +160,20 @@ public final class Elector implements AutoCloseable {
     };
   }
 
+  /**
+   * {@link #tracked}, for a campaign's tries: once the elector is closed no try follows (the hold
+   * then releases the token it sent, in case a grant's reply was lost).
+   */
+  private Consumer<Connection> campaigning(Connection[] current) {
+    Consumer<Connection> tracking = tracked(current);
+    return conn -> {
+      tracking.accept(conn);
+      if (conn != null && closed) {
+        throw new java.util.concurrent.CancellationException("the elector was closed");
+      }
+    };
+  }
+
   private void checkOpen() throws WaitCancelledException {
     if (closed) {
       throw new WaitCancelledException(key, new SQLException("the elector was closed", "57014"));
@@ -152,7 +187,9 @@ public final class Elector implements AutoCloseable {
 
   /** The key's leaders as they change; close the observer (or the elector) to stop it. */
   public Observer observe() {
-    return new Observer();
+    Observer observer = new Observer();
+    observers.add(observer);
+    return observer;
   }
 
   /**
@@ -164,56 +201,163 @@ public final class Elector implements AutoCloseable {
   public final class Observer implements AutoCloseable {
     private Leader seen;
     private boolean seenAny;
+    private boolean tellNext;
     private volatile boolean stopped;
     private final Connection[] using = {null};
+
+    /**
+     * The observer's own session, kept from one call of {@link #next()} to the next, as a session
+     * the server paces: a new one per call would not notice a route that died under the one before.
+     */
+    private Connection conn; // by next()'s thread, or by close() when next() is not running
+
+    private boolean inNext; // guarded by this
 
     private Observer() {}
 
     /**
      * Blocks until the next change and returns it; {@link WaitCancelledException} once the observer
-     * or the elector is closed; what the retries could not get past otherwise.
+     * or the elector is closed; {@link ObserverBlindException} when the server has not answered for
+     * the lease's TTL (what was seen last may have expired meanwhile: the caller must not take it
+     * as still true), after which the next call reconnects and goes on; a server error that no
+     * retry can help otherwise.
      */
     public Optional<Leader> next() throws SQLException {
-      while (true) {
-        if (stopped || closed) {
-          throw new WaitCancelledException(key, new SQLException("observer closed", "57014"));
-        }
-        Optional<Leader> now;
-        try {
-          now = client.awaitChange(key, seen, options.observeTimeout(), tracked(using));
-        } catch (SQLException e) {
+      long ttl = options.lease().ttl().toNanos();
+      // The server asked to answer at least twice within a TTL, unchanged or not: each answer says
+      // we can still see, so that only a silence as long as a lease can live means blindness.
+      Duration ask = options.observeTimeout();
+      if (ask.toNanos() > ttl / 2) {
+        ask = Duration.ofNanos(ttl / 2);
+      }
+      long heard = System.nanoTime();
+      int tries = 0;
+      synchronized (this) {
+        inNext = true;
+      }
+      try {
+        while (true) {
           if (stopped || closed) {
-            throw new WaitCancelledException(key, e);
+            throw new WaitCancelledException(key, new SQLException("observer closed", "57014"));
           }
-          throw e;
+          long left = heard + ttl - System.nanoTime();
+          Optional<Leader> now;
+          try {
+            if (left <= 0) {
+              throw new SQLException("no answer within the TTL", "08006");
+            }
+            if (conn == null) {
+              conn = client.dataSource().getConnection();
+              tracked(using).accept(conn);
+            }
+            FenceClient.prepare(conn, Duration.ofNanos(left));
+            now = PgFence.awaitChange(conn, key, seen, ask);
+            heard = System.nanoTime();
+            tries = 0;
+          } catch (SQLException e) {
+            if (conn != null) {
+              tracked(using).accept(null);
+              FenceClient.abort(conn);
+            }
+            boolean connected = conn != null;
+            conn = null;
+            if (stopped || closed) {
+              throw new WaitCancelledException(key, e);
+            }
+            if (connected && !Sql.retryable(e)) {
+              throw e;
+            }
+            if (System.nanoTime() - (heard + ttl) >= 0) {
+              throw new ObserverBlindException(key, e);
+            }
+            long pause =
+                Math.min(client.backoffDelay(tries++).toNanos(), heard + ttl - System.nanoTime());
+            try {
+              java.util.concurrent.TimeUnit.NANOSECONDS.sleep(Math.max(0, pause));
+            } catch (InterruptedException interrupted) {
+              Thread.currentThread().interrupt();
+              throw new WaitCancelledException(key, e);
+            }
+            continue;
+          }
+          Leader leader = now.orElse(null);
+          if (!tellNext
+              && ((!seenAny && leader == null) || (seenAny && Objects.equals(leader, seen)))) {
+            continue; // no news: a vacancy before any leader, or the timeout ran out
+          }
+          seenAny = true;
+          tellNext = false;
+          seen = leader;
+          return now;
         }
-        Leader leader = now.orElse(null);
-        if ((!seenAny && leader == null) || (seenAny && Objects.equals(leader, seen))) {
-          continue; // no news: a vacancy before any leader, or the timeout ran out
+      } finally {
+        synchronized (this) {
+          inNext = false;
+          if (stopped || closed) {
+            dropConnection();
+          }
         }
-        seenAny = true;
-        seen = leader;
-        return now;
+      }
+    }
+
+    /**
+     * Forgets what it saw: its next answer is the key's leader (or vacancy) as it is then, told
+     * even when unchanged. For a caller that showed blindness instead of what it saw last.
+     */
+    public void forget() {
+      seen = null;
+      tellNext = true;
+    }
+
+    /** Gives the observer's connection back. */
+    private void dropConnection() {
+      if (conn != null) {
+        tracked(using).accept(null);
+        FenceClient.giveBack(conn);
+        conn = null;
       }
     }
 
     @Override
     public void close() {
       stopped = true;
-      Connection conn = using[0];
-      if (conn != null) {
-        cancel(conn);
+      observers.remove(this);
+      Connection current = using[0];
+      if (current != null) {
+        cancel(current);
+      }
+      synchronized (this) {
+        if (!inNext) {
+          dropConnection();
+        }
       }
     }
   }
 
-  /** onNewLeader's thread: observes until closed, again a second after a failure. */
+  /**
+   * onNewLeader's thread: observes until closed, again a second after a failure. After a blind
+   * spell the next leader seen is told even if it is the one told before: the callback was told it
+   * could not see.
+   */
   private void watch() {
     while (!closed) {
       try {
         Observer observer = observe();
         while (!closed) {
-          Optional<Leader> leader = observer.next();
+          Optional<Leader> leader;
+          try {
+            leader = observer.next();
+          } catch (ObserverBlindException blind) {
+            if (options.onBlind() != null) {
+              try {
+                options.onBlind().accept(blind);
+              } catch (RuntimeException ignored) {
+                // A callback's failure is its own.
+              }
+            }
+            observer.forget();
+            continue;
+          }
           try {
             options.onNewLeader().accept(leader);
           } catch (RuntimeException ignored) {
@@ -246,7 +390,13 @@ public final class Elector implements AutoCloseable {
   public void close() {
     closed = true;
     for (Connection conn : busy) {
+      // The cancel ends a wait on the server (nothing is granted then); the abort ends a try whose
+      // grant was made but whose reply cannot come (its token is then released by the keeper).
       cancel(conn);
+      FenceClient.abort(conn);
+    }
+    for (Observer observer : observers) {
+      observer.close();
     }
     for (Leadership leadership : leaderships) {
       if (leadership.isLeader()) {

@@ -20,6 +20,7 @@ public final class ElectorOptions implements Cloneable {
   private Consumer<Leadership> onStartedLeading;
   private Consumer<StopReason> onStoppedLeading;
   private Consumer<Optional<Leader>> onNewLeader;
+  private Consumer<ObserverBlindException> onBlind;
 
   private ElectorOptions(AcquireOptions lease) {
     this.lease = lease;
@@ -89,6 +90,15 @@ public final class ElectorOptions implements Cloneable {
     return with(copy -> copy.onNewLeader = callback);
   }
 
+  /**
+   * Told, from the thread that tells {@link #onNewLeader}, when it cannot see the key ({@link
+   * ObserverBlindException}: no answer from the server for the TTL); what it last told may be over.
+   * It goes on observing, and tells the leader again once it sees.
+   */
+  public ElectorOptions onBlind(Consumer<ObserverBlindException> callback) {
+    return with(copy -> copy.onBlind = callback);
+  }
+
   AcquireOptions lease() {
     return lease;
   }
@@ -115,5 +125,9 @@ public final class ElectorOptions implements Cloneable {
 
   Consumer<Optional<Leader>> onNewLeader() {
     return onNewLeader;
+  }
+
+  Consumer<ObserverBlindException> onBlind() {
+    return onBlind;
   }
 }

@@ -12,6 +12,7 @@ import java.util.Objects;
 import java.util.Optional;
 import java.util.OptionalLong;
 import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.Executor;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
@@ -27,7 +28,10 @@ import javax.sql.DataSource;
  * call ends in {@link OutcomeUnknownException}, which carries an acquire's token. Fenced writes are
  * not retried: only the caller knows whether a write may happen twice.
  *
- * <p>{@link #hold} keeps a lease renewed in the background: see {@link KeptLease}.
+ * <p>{@link #hold} keeps a lease renewed in the background: see {@link KeptLease}. The client's
+ * keeper renews all its kept leases over a few connections of its own (2 by default), from the
+ * keeper's DataSource: give it one outside the application's pool ({@link #FenceClient(DataSource,
+ * DataSource, int)}), so that a busy pool cannot starve a renewal.
  */
 public final class FenceClient implements AutoCloseable {
   /** Runs the driver's network-timeout work on the caller's thread (the driver needs none). */
@@ -37,10 +41,29 @@ public final class FenceClient implements AutoCloseable {
   private final Backoff backoff;
   private final Duration callTimeout;
   private final ScheduledThreadPoolExecutor timers;
+  private final DataSource keeperSource;
+  private final int keeperConnections;
+  private Keeper keeper; // guarded by this; made with the first kept lease
 
-  /** A client with {@link Backoff#defaults()} and a 30 s bound on each try. */
+  /** The keeper's connections when not told otherwise. */
+  public static final int KEEPER_CONNECTIONS = 2;
+
+  /**
+   * A client with {@link Backoff#defaults()} and a 30 s bound on each try, whose keeper opens its 2
+   * connections from {@code dataSource} too (and keeps them while it keeps leases): with a pool,
+   * prefer {@link #FenceClient(DataSource, DataSource, int)}.
+   */
   public FenceClient(DataSource dataSource) {
     this(dataSource, Backoff.defaults(), Duration.ofSeconds(30));
+  }
+
+  /**
+   * A client whose calls go to {@code dataSource} (the application's pool) and whose keeper renews
+   * every kept lease over at most {@code keeperConnections} connections of its own, opened from
+   * {@code keeperSource} (a DataSource of plain connections to the same server, not the pool).
+   */
+  public FenceClient(DataSource dataSource, DataSource keeperSource, int keeperConnections) {
+    this(dataSource, keeperSource, keeperConnections, Backoff.defaults(), Duration.ofSeconds(30));
   }
 
   /**
@@ -50,6 +73,27 @@ public final class FenceClient implements AutoCloseable {
    *     a dead route) must not hang the caller
    */
   public FenceClient(DataSource dataSource, Backoff backoff, Duration callTimeout) {
+    this(dataSource, dataSource, KEEPER_CONNECTIONS, backoff, callTimeout);
+  }
+
+  /**
+   * @param dataSource where the calls' connections come from
+   * @param keeperSource where the keeper's connections come from
+   * @param keeperConnections how many connections the keeper opens at most (1 or more)
+   * @param backoff how failed tries are retried
+   * @param callTimeout bounds each try (beyond an acquire's wait)
+   */
+  public FenceClient(
+      DataSource dataSource,
+      DataSource keeperSource,
+      int keeperConnections,
+      Backoff backoff,
+      Duration callTimeout) {
+    if (keeperConnections < 1) {
+      throw new IllegalArgumentException("keeperConnections must be 1 or more");
+    }
+    this.keeperSource = Objects.requireNonNull(keeperSource);
+    this.keeperConnections = keeperConnections;
     this.dataSource = Objects.requireNonNull(dataSource);
     this.backoff = Objects.requireNonNull(backoff);
     this.callTimeout = Objects.requireNonNull(callTimeout);
@@ -70,6 +114,24 @@ public final class FenceClient implements AutoCloseable {
 
   ScheduledThreadPoolExecutor timers() {
     return timers;
+  }
+
+  /** The client's keeper, started with its first kept lease. */
+  synchronized Keeper keeper() {
+    if (keeper == null) {
+      keeper = new Keeper(this, keeperSource, keeperConnections);
+    }
+    return keeper;
+  }
+
+  /** The keeper's stats; null before its first kept lease. */
+  synchronized Keeper.Stats keeperStats() {
+    return keeper == null ? null : keeper.stats();
+  }
+
+  /** The backoff's delay before retry {@code attempt} (0 first). */
+  Duration backoffDelay(int attempt) {
+    return backoff.delay(attempt);
   }
 
   /** One try of a call, on a connection in autocommit. */
@@ -444,9 +506,10 @@ public final class FenceClient implements AutoCloseable {
 
   /**
    * Acquires {@code key} (waiting up to the options' wait; {@link WaitTimedOutException} when not
-   * granted) and keeps it: a thread renews it every {@code renewEvery} (ttl/3) on a connection of
-   * its own, retrying failed renewals with backoff, and the lease is declared lost the moment the
-   * server says so, or {@code unknown} ({@link LossReason#UNREACHABLE}) when the local deadline
+   * granted) and keeps it: the client's keeper renews it every {@code renewEvery} (ttl/3) with its
+   * other kept leases over the keeper's connections (a session-bound lease on the connection it was
+   * granted on), retrying failed renewals with backoff, and the lease is declared lost the moment
+   * the server says so, or {@code unknown} ({@link LossReason#UNREACHABLE}) when the local deadline
    * passes without a renewal, even while a renewal hangs.
    */
   public KeptLease hold(String key, AcquireOptions opts, KeepOptions keep) throws SQLException {
@@ -474,15 +537,172 @@ public final class FenceClient implements AutoCloseable {
       lease = granted.get().lease();
       bound = granted.get().conn();
     } else {
-      lease =
-          acquire(key, tokened, keep.timeout(), using)
-              .orElseThrow(() -> new WaitTimedOutException(key));
+      Optional<Lease> granted;
+      try {
+        granted = acquire(key, tokened, keep.timeout(), using);
+      } catch (SQLException | RuntimeException e) {
+        if (e instanceof OutcomeUnknownException
+            || e instanceof java.util.concurrent.CancellationException
+            || (e instanceof SQLException sql && Sql.mayHaveTakenEffect(sql))) {
+          // Granted, perhaps, with a reply that never came: nobody else knows the token.
+          keeper().releaseToken(key, tokened.token().get(), opts.ttl());
+        }
+        throw e;
+      }
+      lease = granted.orElseThrow(() -> new WaitTimedOutException(key));
     }
     KeptLease kept =
         new KeptLease(
             this, lease, keep, opts.ttl(), timing.span(), timing.every(), sent, bound, null);
     kept.start();
     return kept;
+  }
+
+  /**
+   * {@link #hold(String, AcquireOptions, KeepOptions)} with its answers as results: the kept lease,
+   * or empty when the key was not free within the options' wait, and empty at once, waiting for
+   * nothing, when this thread already keeps a lease of the key here (it would wait for itself).
+   */
+  public Optional<KeptLease> tryHold(String key, AcquireOptions opts, KeepOptions keep)
+      throws SQLException {
+    synchronized (this) {
+      if (keeper != null && keeper.heldBy(key, Thread.currentThread())) {
+        return Optional.empty();
+      }
+    }
+    try {
+      return Optional.of(hold(key, opts, keep));
+    } catch (WaitTimedOutException notFree) {
+      return Optional.empty();
+    }
+  }
+
+  /**
+   * {@link #hold(String, AcquireOptions, KeepOptions)} on a thread of its own, for a caller that
+   * may give up: cancelling the future (or its completing otherwise first, as {@link
+   * CompletableFuture#orTimeout} does) abandons the acquire with its connection, and the token it
+   * sent is released on the keeper's connections (retried until done or the TTL has passed), so
+   * that a grant whose reply never came is not left behind. A lease granted after the caller gave
+   * up is released the same way.
+   */
+  public CompletableFuture<KeptLease> holdAsync(String key, AcquireOptions opts, KeepOptions keep) {
+    opts.check();
+    AcquireOptions tokened = opts.withToken();
+    CompletableFuture<KeptLease> future = new CompletableFuture<>();
+    GiveUp giveUp = new GiveUp();
+    Thread thread =
+        new Thread(
+            () -> {
+              KeptLease kept;
+              try {
+                kept = hold(key, tokened, keep, giveUp);
+              } catch (SQLException | RuntimeException e) {
+                // The server's answer (not granted, an error) or the hold's own release after a
+                // give-up: nothing more to release.
+                giveUp.finish();
+                future.completeExceptionally(e);
+                return;
+              }
+              if (!giveUp.finish() || !future.complete(kept)) {
+                kept.abandon(KeptLease.State.RELEASED);
+                keeper().releaseToken(key, kept.token(), opts.ttl());
+              }
+            },
+            "pg-fence-hold " + key);
+    thread.setDaemon(true);
+    thread.start();
+    future.whenComplete(
+        (kept, error) -> {
+          if (error != null && giveUp.giveUp()) {
+            keeper().releaseToken(key, tokened.token().get(), opts.ttl());
+          }
+        });
+    return future;
+  }
+
+  /**
+   * A caller's giving up, for a call's tries: the try in flight is aborted with its connection, and
+   * no try follows.
+   */
+  private static final class GiveUp implements Consumer<Connection> {
+    private Connection current; // guarded by this
+    private boolean givenUp; // guarded by this
+    private boolean finished; // guarded by this
+
+    @Override
+    public void accept(Connection conn) {
+      synchronized (this) {
+        if (givenUp && conn != null) {
+          throw new java.util.concurrent.CancellationException("the caller gave up");
+        }
+        current = conn;
+      }
+    }
+
+    /** The call ended before any give-up: true, and a later give-up does nothing. */
+    synchronized boolean finish() {
+      if (givenUp) {
+        return false;
+      }
+      finished = true;
+      return true;
+    }
+
+    /** True the first time, while the call runs: the try in flight is aborted. */
+    boolean giveUp() {
+      Connection conn;
+      synchronized (this) {
+        if (givenUp || finished) {
+          return false;
+        }
+        givenUp = true;
+        conn = current;
+      }
+      if (conn != null) {
+        abort(conn);
+      }
+      return true;
+    }
+  }
+
+  /**
+   * Takes the first free key of {@code keys}, in their order (as SKIP LOCKED does for rows: a held
+   * key is passed over, never waited for), in one round trip ({@code fence.lease_acquire_any}), and
+   * keeps it as {@link #hold} does; empty when none is free. The options' wait, {@code shared},
+   * {@code permits} and {@code lockDelay} do not apply (an {@link IllegalArgumentException}), nor
+   * does {@code sessionBound}: hold a session-bound lease by its key.
+   */
+  public Optional<KeptLease> holdFirstFree(List<String> keys, AcquireOptions opts, KeepOptions keep)
+      throws SQLException {
+    opts.check();
+    if (opts.isSessionBound() || opts.isShared() || opts.permits() != 1) {
+      throw new IllegalArgumentException(
+          "holdFirstFree takes exclusive leases that are not session-bound");
+    }
+    if (!opts.waitTime().isZero() || !opts.lockDelay().isZero()) {
+      throw new IllegalArgumentException("holdFirstFree never waits, and takes no lock delay");
+    }
+    AcquireOptions tokened = opts.withToken();
+    Timing timing = Timing.of(opts, keep);
+    long sent = System.nanoTime();
+    Optional<Lease> granted;
+    try {
+      Retry retry = new Retry(backoff, keep.timeout(), true, tokened.token().get(), false);
+      granted = retrying(retry, conn -> PgFence.acquireAny(conn, keys, tokened));
+    } catch (OutcomeUnknownException e) {
+      for (String key : keys) {
+        keeper().releaseToken(key, tokened.token().get(), opts.ttl());
+      }
+      throw e;
+    }
+    if (granted.isEmpty()) {
+      return Optional.empty();
+    }
+    KeptLease kept =
+        new KeptLease(
+            this, granted.get(), keep, opts.ttl(), timing.span(), timing.every(), sent, null, null);
+    kept.start();
+    return Optional.of(kept);
   }
 
   /**
@@ -542,9 +762,17 @@ public final class FenceClient implements AutoCloseable {
     }
   }
 
-  /** Stops the deadline timers of the kept leases (it does not release them: close those). */
+  /**
+   * Stops the keeper (closing its connections) and the deadline timers of the kept leases (it does
+   * not release them: close those).
+   */
   @Override
   public void close() {
+    synchronized (this) {
+      if (keeper != null) {
+        keeper.close();
+      }
+    }
     timers.shutdownNow();
     try {
       timers.awaitTermination(1, TimeUnit.SECONDS);

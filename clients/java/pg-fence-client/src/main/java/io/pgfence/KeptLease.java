@@ -15,10 +15,11 @@ import java.util.concurrent.TimeUnit;
 import org.postgresql.PGConnection;
 
 /**
- * A lease kept alive by {@link FenceClient#hold}: a thread renews it every {@code renewEvery}
- * (ttl/3) on a connection of its own, and tells its holder the moment it is no longer held, through
- * {@link #lost()} (a future completed with the {@link LossReason}) and the {@link LeaseListener} of
- * its {@link KeepOptions}.
+ * A lease kept alive by {@link FenceClient#hold}: the client's {@link Keeper} renews it every
+ * {@code renewEvery} (ttl/3) together with the client's other kept leases, over the keeper's few
+ * connections (a session-bound lease, whose session is the lease, on its own connection), and tells
+ * its holder the moment it is no longer held, through {@link #lost()} (a future completed with the
+ * {@link LossReason}) and the {@link LeaseListener} of its {@link KeepOptions}.
  *
  * <p><b>The local deadline.</b> The keeper takes {@link System#nanoTime()} just before sending each
  * acquire or renew; when one succeeds, the deadline is that time plus the ttl, less a margin. The
@@ -67,7 +68,17 @@ public final class KeptLease implements AutoCloseable {
   private final boolean sessionBound;
   private final Object monitor = new Object();
   private final CompletableFuture<LossReason> lost = new CompletableFuture<>();
+
+  /** A session-bound lease's own renewing thread; null for a lease the client's keeper renews. */
   private final Thread keeper;
+
+  /** The client's keeper; null for a session-bound lease. */
+  private final Keeper shared;
+
+  private final Thread holder = Thread.currentThread();
+  private volatile long dueNanos;
+  private volatile boolean inFlight;
+  private int retries; // by the keeper's calls, one at a time per lease
 
   /**
    * Held around each renewal, and by an elector's proclaim and hand-off, which must not meet a
@@ -108,8 +119,15 @@ public final class KeptLease implements AutoCloseable {
     this.conn = bound;
     this.deadline = sentNanos + spanNanos;
     this.expiresAt = lease.expiresAt();
-    this.keeper = new Thread(this::keep, "pg-fence-keeper " + key());
-    this.keeper.setDaemon(true);
+    this.dueNanos = sentNanos + everyNanos;
+    if (sessionBound) {
+      this.keeper = new Thread(this::keep, "pg-fence-keeper " + key());
+      this.keeper.setDaemon(true);
+      this.shared = null;
+    } else {
+      this.keeper = null;
+      this.shared = client.keeper();
+    }
   }
 
   /**
@@ -117,6 +135,14 @@ public final class KeptLease implements AutoCloseable {
    * deadline then counts from that renewal. On failure the lease is released and the error thrown.
    */
   void start() throws SQLException {
+    if (!sessionBound) {
+      // Due already when the acquire took longer than a renewal period: the keeper renews it now.
+      synchronized (monitor) {
+        scheduleTimer();
+      }
+      shared.add(this);
+      return;
+    }
     if (System.nanoTime() - (deadline - spanNanos) >= everyNanos) {
       try {
         long sent = System.nanoTime();
@@ -222,7 +248,24 @@ public final class KeptLease implements AutoCloseable {
    * closes it first. A copy: completing or cancelling it changes nothing here.
    */
   public CompletableFuture<LossReason> lost() {
-    return lost.copy();
+    // Not lost.copy(): a copy of a cancelled future completes exceptionally, and is not cancelled.
+    CompletableFuture<LossReason> copy = new CompletableFuture<>();
+    lost.whenComplete(
+        (reason, error) -> {
+          if (error == null) {
+            copy.complete(reason);
+          } else if (lost.isCancelled()) {
+            copy.cancel(false);
+          } else {
+            copy.completeExceptionally(error);
+          }
+        });
+    return copy;
+  }
+
+  /** The thread that took the lease. */
+  Thread holder() {
+    return holder;
   }
 
   /** {@link System#nanoTime()} when the loss was told; 0 while held. For measurements. */
@@ -366,13 +409,109 @@ public final class KeptLease implements AutoCloseable {
                 TimeUnit.NANOSECONDS);
   }
 
-  private boolean keeping() {
+  boolean keeping() {
     synchronized (monitor) {
       return !closing && state == State.HELD;
     }
   }
 
-  /** The keeper thread: pause, renew, until the lease ends or is closed. */
+  Duration ttl() {
+    return ttl;
+  }
+
+  long dueNanos() {
+    return dueNanos;
+  }
+
+  /** How early a renewal may go with others: a tenth of the period. */
+  long earlyNanos() {
+    return everyNanos / 10;
+  }
+
+  long deadlineNanos() {
+    return deadline;
+  }
+
+  boolean inFlight() {
+    return inFlight;
+  }
+
+  void inFlight(boolean sending) {
+    inFlight = sending;
+  }
+
+  /** The statement_timeout of a renewal on the keeper's connections: the renewal period. */
+  long everyMillis() {
+    return Math.max(1, TimeUnit.NANOSECONDS.toMillis(everyNanos));
+  }
+
+  /**
+   * How long one renewal may take before it is abandoned with its connection: a period, and never
+   * past the deadline, so that another try has time.
+   */
+  long tryBoundNanos() {
+    return Math.max(
+        TimeUnit.MILLISECONDS.toNanos(1), Math.min(everyNanos, deadline - System.nanoTime()));
+  }
+
+  /** Tried again {@code nanos} from now (its elector holds it for a proclaim or hand-off). */
+  void postpone(long nanos) {
+    dueNanos = System.nanoTime() + nanos;
+  }
+
+  /** The keeper's renewal, sent at {@code sent}, was answered with {@code expiry}. */
+  void renewed(long sent, Instant expiry) {
+    retries = 0;
+    if (System.nanoTime() - deadline >= 0) {
+      declare(State.UNKNOWN, LossReason.UNREACHABLE);
+      return;
+    }
+    synchronized (monitor) {
+      deadline = sent + spanNanos;
+      expiresAt = expiry;
+      dueNanos = sent + everyNanos;
+      if (state == State.HELD) {
+        scheduleTimer();
+      }
+    }
+  }
+
+  /**
+   * The keeper's renewal got no answer: tried again after the backoff, until the deadline's timer
+   * says unreachable.
+   */
+  void renewFailed() {
+    long sleep = keep.retry().delay(retries++).toNanos();
+    dueNanos = System.nanoTime() + Math.max(0, Math.min(sleep, deadline - System.nanoTime()));
+  }
+
+  /**
+   * The server said the token holds the lease no more (a NULL of lease_renew_many): lost, for
+   * {@code why} (lease_status's reason, asked on the keeper's connection; null: it gave none). A
+   * set is lost whole, its other leases released.
+   */
+  void notHeld(LossReason why) {
+    if (!keeping()) {
+      return;
+    }
+    declare(State.LOST, why == null ? LossReason.UNKNOWN : why);
+    if (set != null) {
+      Thread release =
+          new Thread(
+              () -> {
+                try {
+                  releaseBounded();
+                } catch (SQLException ignored) {
+                  // They end at their TTL.
+                }
+              },
+              "pg-fence-release " + key());
+      release.setDaemon(true);
+      release.start();
+    }
+  }
+
+  /** A session-bound lease's thread: pause, renew, until the lease ends or is closed. */
   private void keep() {
     try {
       while (pauseUntil(deadline - spanNanos + everyNanos) && renewUntilAnswered()) {
@@ -513,20 +652,11 @@ public final class KeptLease implements AutoCloseable {
     }
   }
 
-  /**
-   * One renewal on the keeper's connection, every read bounded by {@code limitNanos}. A plain
-   * lease's connection carries a {@code statement_timeout} of the renewal period, so that a stuck
-   * renewal does not keep the key's lock on the server; it is reset before the connection is given
-   * back.
-   */
+  /** One renewal on the session-bound lease's own connection, every read bounded. */
   private Instant renewOnce(long limitNanos) throws SQLException {
     if (conn == null) {
-      conn = client.dataSource().getConnection();
-      FenceClient.prepare(conn, Duration.ofNanos(limitNanos));
-      try (Statement statement = conn.createStatement()) {
-        statement.execute(
-            "SET statement_timeout = " + Math.max(1, TimeUnit.NANOSECONDS.toMillis(everyNanos)));
-      }
+      // Its session is gone with its connection: nothing else can renew it.
+      throw new SQLException("the session-bound lease's connection is closed", "08003");
     }
     int millis = (int) Math.max(1, Math.min(Integer.MAX_VALUE, limitNanos / 1_000_000 + 1));
     conn.setNetworkTimeout(FenceClient.DIRECT, millis);

@@ -67,6 +67,34 @@ public final class PgFence {
     }
   }
 
+  /**
+   * Grants the first key of {@code keys}, in their order, that is free now ({@code
+   * fence.lease_acquire_any}: a held key is passed over, never waited for), an exclusive lease;
+   * empty when none is free. The options' ttl, owner, session_bound, durable and token apply (with
+   * the token, a retry after a lost reply gets the lease that reply granted); their wait does not.
+   */
+  public static Optional<Lease> acquireAny(Connection conn, List<String> keys, AcquireOptions opts)
+      throws SQLException {
+    opts.check();
+    UUID token = opts.token().orElseGet(UUID::randomUUID);
+    return Sql.query(
+        conn,
+        LEASE_COLUMNS + "fence.lease_acquire_any(?::text[], ?::interval, ?, ?, ?, ?::uuid)",
+        statement -> {
+          statement.setArray(1, conn.createArrayOf("text", keys.toArray()));
+          statement.setString(2, Sql.interval(opts.ttl()));
+          if (opts.owner().isPresent()) {
+            statement.setString(3, opts.owner().get());
+          } else {
+            statement.setNull(3, Types.VARCHAR);
+          }
+          statement.setBoolean(4, opts.isSessionBound());
+          statement.setBoolean(5, opts.isDurable());
+          statement.setObject(6, token);
+        },
+        row -> Optional.ofNullable(row == null ? null : leaseOf(row, opts)));
+  }
+
   /** Binds ttl, owner, wait, session_bound and durable from {@code first}; the next index. */
   private static int bindCommon(PreparedStatement statement, AcquireOptions opts, int first)
       throws SQLException {
