@@ -24,30 +24,36 @@ def test_on_new_leader_is_told_every_change(cluster, key):
     told: list = []
     with Client(cluster.conninfo) as client:
         with client.elector(key, 5, on_new_leader=told.append) as elector:
+            assert eventually(lambda: told == [None], 5), "the present first, the vacancy"
             with elector.campaign("v1") as leadership:
-                assert eventually(lambda: told == [Leader(leadership.fence, "v1")], 5), told
+                assert eventually(lambda: told == [None, Leader(leadership.fence, "v1")], 5), told
                 leadership.proclaim("v2")
                 assert leadership.value == "v2"
                 assert eventually(lambda: told[-1:] == [Leader(leadership.fence, "v2")], 5), told
             assert eventually(lambda: told[-1:] == [None], 5), told
-            assert len(told) == 3
+            assert len(told) == 4
 
 
 async def test_async_on_new_leader_is_told_every_change(cluster, key):
     told: list = []
     async with AsyncClient(cluster.conninfo) as client:
         async with client.elector(key, 5, on_new_leader=told.append) as elector:
-            async with await elector.campaign("v1") as leadership:
-                for _ in range(500):
-                    if told:
-                        break
-                    await asyncio.sleep(0.01)
-                assert told == [Leader(leadership.fence, "v1")]
             for _ in range(500):
-                if len(told) == 2:
+                if told:
                     break
                 await asyncio.sleep(0.01)
-            assert told == [Leader(leadership.fence, "v1"), None]
+            assert told == [None], "the present first, the vacancy"
+            async with await elector.campaign("v1") as leadership:
+                for _ in range(500):
+                    if len(told) == 2:
+                        break
+                    await asyncio.sleep(0.01)
+                assert told == [None, Leader(leadership.fence, "v1")]
+            for _ in range(500):
+                if len(told) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            assert told == [None, Leader(leadership.fence, "v1"), None]
 
 
 def test_a_campaign_waits_as_long_as_asked(cluster, key):

@@ -107,13 +107,14 @@ class Watching:
         return first
 
     def query(self) -> Query:
-        # First (NULL, NULL), which returns the leader at once, or waits for one; a vacancy seen
-        # before any leader is no news. Then what it saw: the call returns once the state differs.
-        seen = None if self.seen is _NOTHING_YET else self.seen
+        # First a look that does not wait (timeout 0), so that the present is told at once, the
+        # vacancy included; then what it saw: the call returns once the state differs.
+        first = self.seen is _NOTHING_YET
+        seen = None if first else self.seen
         fence, owner = (seen.fence, seen.owner) if seen is not None else (None, None)
         return (
             "SELECT fence, owner, live, acquired_at, expires_at FROM fence.await_change(%s, %s, %s, %s)",
-            (self.key, fence, owner, self.timeout),
+            (self.key, fence, owner, interval(0) if first else self.timeout),
         )
 
     def news(self, row: Optional[Sequence[Any]]) -> Any:
@@ -125,7 +126,7 @@ class Watching:
             self.blind = False
             self.seen = leader
             return leader
-        if (first and leader is None) or (not first and leader == self.seen):
+        if not first and leader == self.seen:
             return NO_NEWS
         self.seen = leader
         return leader

@@ -160,7 +160,7 @@ class Elector:
         return leader_of(self._client._call(lambda conn: calls.one(conn, leader_query(self.key), self.key)))
 
     def observe(self) -> Iterator[Union[Leader, None, Blind]]:
-        """The key's leaders as they change: the first leader (at once, or when one is elected),
+        """The key's leaders as they change: first the present, at once (the leader, or None),
         then every change: a new leader (a higher fence), a new value proclaimed (the same fence),
         None when nobody leads (a resign, a revoke, an expiry, a session's end, a fast lease lost in
         a crash). Blind when it cannot reach the server, within the elector's TTL of its last
