@@ -24,6 +24,8 @@ use crate::leases::line::notify::{self, Event};
 use crate::leases::state::durability;
 use crate::leases::state::kinds::Kind;
 use crate::leases::state::memory;
+use crate::leases::state::mode::LeaseMode;
+use crate::leases::state::slots;
 use crate::locks::keylock::{self, Mode};
 use crate::pg::clock;
 use crate::pg::errors;
@@ -54,24 +56,29 @@ thread_local! {
 /// In one lease table, from page $3 on, up to $2 rows to tidy, skipping rows another transaction has locked: leases
 /// that have ended by $1 without being released (expired, or session-bound ones whose session has
 /// ended), which it marks ended (ended at $1 at the latest); and rows of leases that ended before
-/// $4 (pg_fence.retain_ended ago; NULL: keep them all), which it deletes. Returns each row's key,
-/// fence, page, and whether it was deleted.
+/// $4 (pg_fence.retain_ended ago; NULL: keep them all), which it returns to be deleted once no writer
+/// under them is left (`slots::writers_done`), locked. Returns each row's key, fence, page, whether it is to be deleted, its
+/// slot and mode, and its ctid.
 macro_rules! sweep {
     ($table:literal) => {
         sweep!(
             $table,
             concat!(", ", record_end!(involuntary_end!("$1"), "least(s.expires_at, $1)")),
             // A row whose lock-delay runs on keeps the key back (see `leases::ended`).
-            " AND (lock_delay = 0 OR expires_at + lock_delay * interval '1 microsecond' < $1)"
+            " AND (lock_delay = 0 OR expires_at + lock_delay * interval '1 microsecond' < $1)",
+            "slot AS c_slot, shared AS c_shared, permits AS c_permits"
         )
     };
     ($table:literal, before_0_5_0) => {
-        sweep!($table, "", "")
+        // Every lease of these versions is exclusive, in slot 0.
+        sweep!($table, "", "", "0 AS c_slot, false AS c_shared, 1 AS c_permits")
     };
-    ($table:literal, $record:expr, $delayed:expr) => {
+    ($table:literal, $record:expr, $delayed:expr, $mode:expr) => {
         concat!(
             "WITH candidate AS (
-        SELECT ctid, token_hash IS NULL AS ended FROM ",
+        SELECT ctid, key AS c_key, fence AS c_fence, token_hash IS NULL AS ended, ",
+            $mode,
+            " FROM ",
             $table,
             "
          WHERE ctid >= pg_catalog.format('(%s,0)', $3)::pg_catalog.tid AND key <> ''
@@ -89,18 +96,23 @@ macro_rules! sweep {
             "
           FROM candidate c
          WHERE s.ctid = c.ctid AND NOT c.ended
-        RETURNING s.key, s.fence, c.ctid),
-    deleted AS (
-        DELETE FROM ",
-            $table,
-            " s USING candidate c
-         WHERE s.ctid = c.ctid AND c.ended
-        RETURNING s.key, s.fence, c.ctid)
-    SELECT key, fence, (ctid::pg_catalog.text::pg_catalog.point)[0]::pg_catalog.int8, gone
-      FROM (SELECT key, fence, ctid, false AS gone FROM marked
+        RETURNING s.key, s.fence, c.ctid, c.c_slot, c.c_shared, c.c_permits)
+    SELECT key, fence, (ctid::pg_catalog.text::pg_catalog.point)[0]::pg_catalog.int8, to_delete,
+           c_slot, c_shared, c_permits, ctid::pg_catalog.text
+      FROM (SELECT key, fence, ctid, false AS to_delete, c_slot, c_shared, c_permits FROM marked
             UNION ALL
-            SELECT key, fence, ctid, true FROM deleted) changed"
+            SELECT c_key, c_fence, ctid, true, c_slot, c_shared, c_permits FROM candidate WHERE ended) changed"
         )
+    };
+}
+
+/// Deletes the rows of one lease table at these ctids (text), which this sweep has locked.
+macro_rules! delete_rows {
+    ($table:literal) => {
+        concat!("DELETE FROM ", $table, " WHERE ctid = ANY ($1::pg_catalog.text[]::pg_catalog.tid[])")
+    };
+    ($table:literal, before_0_5_0) => {
+        delete_rows!($table)
     };
 }
 
@@ -214,21 +226,45 @@ fn sweep_table(
     let resume = RESUME_AT_PAGE.with(|pages| pages[kind as usize].get());
     let args = [clock::timestamp(now).into(), limit.into(), resume.into(), delete_before.into()];
     let statement = by_objects!(kind, sweep);
-    let rows: Vec<(String, i64, i64, bool)> = execute(statement, &args, |rows| {
-        rows.map(|row| {
-            (
-                row.get(1).unwrap_or_report().unwrap_or_default(),
-                row.get(2).unwrap_or_report().unwrap_or_default(),
-                row.get(3).unwrap_or_report().unwrap_or_default(),
-                row.get(4).unwrap_or_report().unwrap_or_default(),
-            )
+    let rows: Vec<Swept> = execute(statement, &args, |rows| {
+        rows.map(|row| Swept {
+            key: row.get(1).unwrap_or_report().unwrap_or_default(),
+            fence: row.get(2).unwrap_or_report().unwrap_or_default(),
+            page: row.get(3).unwrap_or_report().unwrap_or_default(),
+            to_delete: row.get(4).unwrap_or_report().unwrap_or_default(),
+            mode: LeaseMode {
+                shared: row.get(6).unwrap_or_report().unwrap_or_default(),
+                permits: row.get(7).unwrap_or_report().unwrap_or(1),
+            },
+            slot: row.get(5).unwrap_or_report().unwrap_or_default(),
+            ctid: row.get(8).unwrap_or_report().unwrap_or_default(),
         })
         .collect()
     });
     // A full batch: go on from its last page next time. Fewer: the end of the table was reached;
     // start again from the beginning.
-    let last_page = rows.iter().map(|(_, _, page, _)| *page).max().unwrap_or(0);
+    let last_page = rows.iter().map(|row| row.page).max().unwrap_or(0);
     let next = if rows.len() as i64 == limit { last_page } else { 0 };
     RESUME_AT_PAGE.with(|pages| pages[kind as usize].set(next));
-    rows.into_iter().map(|(key, fence, _, deleted)| (key, fence, deleted)).collect()
+
+    let (to_delete, marked): (Vec<Swept>, Vec<Swept>) = rows.into_iter().partition(|row| row.to_delete);
+    let deleted: Vec<Swept> =
+        to_delete.into_iter().filter(|row| slots::writers_done(&row.key, row.mode, row.slot)).collect();
+    if !deleted.is_empty() {
+        let ctids: Vec<String> = deleted.iter().map(|row| row.ctid.clone()).collect();
+        execute(by_objects!(kind, delete_rows), &[ctids.into()], |_| ());
+    }
+    let changed = |rows: Vec<Swept>, gone: bool| rows.into_iter().map(move |row| (row.key, row.fence, gone));
+    changed(marked, false).chain(changed(deleted, true)).collect()
+}
+
+/// A row the sweep found in one lease table.
+struct Swept {
+    key: String,
+    fence: i64,
+    page: i64,
+    to_delete: bool,
+    mode: LeaseMode,
+    slot: i32,
+    ctid: String,
 }

@@ -223,12 +223,37 @@ fn every_mode_is_granted_above_every_fence_after_failover_to_an_asynchronous_sta
     assert_eq!(every_mode_above(&mut promoted, &issued), 0, "a grant after failover reissued a fence");
 }
 
+/// An exclusive acquire of `key` on `writer` (durable or fast) comes to wait, and is still waiting
+/// a moment later, until `end_write` has ended the writing transaction; then it is granted.
+fn exclusive_waits_for_the_write(
+    observer: &mut Client,
+    mut writer: Client,
+    key: &'static str,
+    durable: bool,
+    end_write: impl FnOnce(),
+) -> (Lease, Client) {
+    let writer_pid = backend_pid(&mut writer);
+    let exclusive = thread::spawn(move || {
+        let lease = Acquire::new(key, "1 minute").durable(durable).wait("30 seconds").run(&mut writer);
+        (lease, writer)
+    });
+    assert!(
+        comes_to_wait_on(observer, writer_pid, "Lock"),
+        "{key}: the exclusive grant did not wait for the guard"
+    );
+    thread::sleep(Duration::from_millis(300));
+    assert!(!exclusive.is_finished(), "{key}: the exclusive grant went ahead of the guarded write");
+    end_write();
+    let (granted, writer) = exclusive.join().unwrap();
+    (granted.expect("the exclusive acquirer was never granted"), writer)
+}
+
 /// Invariant 3 for a shared holder: its guard, taken in a savepoint that rolls back, still holds
 /// back the next exclusive grant until the writing transaction ends; shared grants do not wait.
 #[test]
 fn a_shared_holders_guard_in_a_rolled_back_savepoint_holds_back_the_exclusive_grant() {
     let cluster = Cluster::start("modes_guard", 27495, &[]);
-    let (mut holder, mut reader, mut writer, mut observer) =
+    let (mut holder, mut reader, writer, mut observer) =
         (cluster.connect(), cluster.connect(), cluster.connect(), cluster.connect());
     holder.batch_execute("CREATE TABLE res (id int PRIMARY KEY, value text, fence bigint); INSERT INTO res VALUES (1, 'new', 0)").unwrap();
     let lease = Acquire::new("g", "2 seconds").shared(true).run(&mut holder).expect("g is free");
@@ -246,23 +271,62 @@ fn a_shared_holders_guard_in_a_rolled_back_savepoint_holds_back_the_exclusive_gr
     assert!(other.release(&mut reader));
     // Once the shared lease has expired, an exclusive acquirer must wait for the guarded write.
     wait_until_past(&mut observer, lease.expires_at);
-    let writer_pid = backend_pid(&mut writer);
-    let exclusive = thread::spawn(move || {
-        let lease = Acquire::new("g", "1 minute").wait("30 seconds").run(&mut writer);
-        (lease, writer)
-    });
-    assert!(
-        comes_to_wait_on(&mut observer, writer_pid, "Lock"),
-        "the exclusive grant did not wait for the guard"
-    );
-    thread::sleep(Duration::from_millis(300));
-    assert!(!exclusive.is_finished(), "the exclusive grant went ahead of the shared holder's write");
-    tx.commit().unwrap();
-    let (granted, _writer) = exclusive.join().unwrap();
-    let granted = granted.expect("the exclusive acquirer was never granted");
+    let (granted, _writer) =
+        exclusive_waits_for_the_write(&mut observer, writer, "g", true, || tx.commit().unwrap());
     assert!(granted.fence > other.fence && other.fence > lease.fence);
     let value: String = observer.query_one("SELECT value FROM res WHERE id = 1", &[]).unwrap().get(0);
     assert_eq!(value, "by the shared holder");
+}
+
+/// Invariant 3 against the sweep: the row of an ended shared lease (or semaphore permit) is what
+/// makes the next exclusive grant wait for the writers under it. With pg_fence.retain_ended = 0 the
+/// sweep would delete it while a writer's transaction is still open, and the exclusive grant would
+/// commit before that write: it keeps the row until the writer has ended. Durable and fast (in the
+/// fast table, and in shared memory where the suite runs again with it).
+#[test]
+fn the_sweep_keeps_an_ended_lease_whose_writer_is_still_open() {
+    let cluster = Cluster::start("modes_swept", 27497, &[]);
+    let (mut holder, mut sweeper, mut writer, mut observer) =
+        (cluster.connect(), cluster.connect(), cluster.connect(), cluster.connect());
+    sweeper.batch_execute("SET pg_fence.retain_ended = 0").unwrap();
+    for (key, durable, shared) in
+        [("sd", true, true), ("sf", false, true), ("pd", true, false), ("pf", false, false)]
+    {
+        let acquire = Acquire::new(key, "1 second").durable(durable);
+        let acquire = if shared { acquire.shared(true) } else { acquire.permits(2) };
+        // A permit in slot 1, whose guard lock is not the key's own (slot 0's is, and every grant
+        // takes that): the first permit is released.
+        let first = (!shared).then(|| acquire.run(&mut holder).expect("the key is free"));
+        let lease = acquire.run(&mut holder).expect("the key is free");
+        if let Some(first) = first {
+            assert!(first.release(&mut holder));
+        }
+        let mut tx = holder.transaction().unwrap();
+        tx.query_one("SELECT fence.fence_guard($1, $2)", &[&key, &lease.fence]).unwrap();
+        wait_until_past(&mut observer, lease.expires_at);
+        // The first sweep marks the lease ended; the next ones would delete its row.
+        for _ in 0..3 {
+            sweeper.query_one("SELECT fence.sweep()", &[]).unwrap();
+        }
+        let kept: Option<i64> = observer.query_one("SELECT fence.current_fence($1)", &[&key]).unwrap().get(0);
+        assert_eq!(
+            kept,
+            Some(lease.fence),
+            "{key}: the sweep deleted the row of a lease with an open writer"
+        );
+
+        let (granted, back) =
+            exclusive_waits_for_the_write(&mut observer, writer, key, durable, || tx.commit().unwrap());
+        writer = back;
+        assert!(granted.fence > lease.fence);
+        assert!(granted.release(&mut writer));
+    }
+    // With no writer left, the sweep deletes the ended rows.
+    for _ in 0..2 {
+        sweeper.query_one("SELECT fence.sweep()", &[]).unwrap();
+    }
+    let left: i64 = observer.query_one("SELECT count(*) FROM fence.leases", &[]).unwrap().get(0);
+    assert_eq!(left, 0, "the rows of ended leases without writers stayed");
 }
 
 /// FIFO across modes: while an exclusive acquirer waits, later shared acquirers queue behind it

@@ -2,7 +2,7 @@
 //! writers it waits for before it commits (invariant 3, see `locks::keylock`).
 use super::found::Found;
 use super::mode::LeaseMode;
-use crate::locks::keylock::GuardLock;
+use crate::locks::keylock::{self, GuardLock};
 
 /// The slot a grant in `mode` takes, given the key's rows: None while the live holders leave
 /// no room for it.
@@ -42,4 +42,20 @@ pub fn locks_to_wait_for(mode: LeaseMode, slot: i32, rows: &[Found]) -> Vec<Guar
     locks.sort();
     locks.dedup();
     locks
+}
+
+/// Whether no writer under the ended lease of `slot`, granted in `mode`, still holds its guard
+/// lock, so that the row may go (deleted by the sweep, or freed from shared memory). While the
+/// row is there, the key's next grant of another mode waits for those writers' transactions
+/// (`locks_to_wait_for`); without it, the grant would not. A writer cannot take the lock afresh: its
+/// guard finds the lease ended (as last committed) and refuses. So the lock, taken as a grant
+/// takes it, is given back at once. Not for a transaction that holds the lock itself: its own
+/// locks never stop it.
+pub fn writers_done(key: &str, mode: LeaseMode, slot: i32) -> bool {
+    let guard = [mode.guard_lock(slot)];
+    let done = keylock::lock_guards_for_grant(key, &guard, None);
+    if done {
+        keylock::unlock_guards_for_grant(key, &guard);
+    }
+    done
 }

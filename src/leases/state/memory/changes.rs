@@ -9,6 +9,7 @@ use crate::leases::state::found::{self as lease_row, Found, Live};
 use crate::leases::state::kinds::Kind;
 use crate::leases::state::mode::LeaseMode;
 use crate::leases::state::session_lock;
+use crate::leases::state::slots;
 use crate::locks::keylock::{self, Mode};
 use crate::pg::{errors, settings};
 use pgrx::pg_sys;
@@ -90,12 +91,10 @@ fn free_ended_rows(granting: &str, no_room: NoRoom) {
         });
         if let Some((place, row)) = row.filter(|(_, row)| can_be_freed(row, now, incarnation)) {
             let mode = LeaseMode { shared: row.shared, permits: row.permits };
-            let guard = [mode.guard_lock(row.slot)];
-            if !keylock::guard_held_by_me(&key, guard[0])
-                && keylock::lock_guards_for_grant(&key, &guard, None)
+            if !keylock::guard_held_by_me(&key, mode.guard_lock(row.slot))
+                && slots::writers_done(&key, mode, row.slot)
             {
                 super::shared::free_now(place, &key, row.slot, row.fence);
-                keylock::unlock_guards_for_grant(&key, &guard);
             }
         }
         keylock::unlock(&key, Mode::Change);
@@ -421,7 +420,8 @@ pub fn sweep(candidate: &SweepCandidate, now: i64, delete_before: Option<i64>) -
     if row.incarnation != incarnation
         || (row.token_hash.is_none()
             && delete_before.is_some_and(|before| row.expires_at < before)
-            && (row.lock_delay == 0 || row.expires_at + row.lock_delay < now))
+            && (row.lock_delay == 0 || row.expires_at + row.lock_delay < now)
+            && slots::writers_done(key, LeaseMode { shared: row.shared, permits: row.permits }, row.slot))
     {
         write_set::delete(key, row.slot);
         return Some((row.fence, true));
