@@ -1,0 +1,3 @@
+export * from "./calls.js";
+export * from "./errors.js";
+export * from "./client.js";
