@@ -4,6 +4,7 @@ import pg from "pg";
 import * as calls from "./calls.js";
 import type { AcquireOptions, Duration, Lease, LeaseStatus, Leader } from "./calls.js";
 import { OutcomeUnknownError, sqlstate } from "./errors.js";
+import { hold, type HoldOptions, type KeptLease } from "./keeper.js";
 
 /** Full-jitter exponential backoff: the nth retry sleeps a random time up to min(cap, base·2ⁿ). */
 export interface Backoff {
@@ -155,5 +156,10 @@ export class FenceClient {
     timeout: Duration,
   ): Promise<Leader | null> {
     return this.retrying((q) => calls.awaitChange(q, key, seen, timeout), { extraMs: calls.millis(timeout) });
+  }
+
+  /** A lease kept renewed on a connection of its own (see KeptLease), or null when refused. */
+  hold(key: string, opts: HoldOptions): Promise<KeptLease | null> {
+    return hold(this.pool, key, opts);
   }
 }

@@ -2,7 +2,7 @@
 // tests make (a proxy that loses a reply). The Node suite takes ports 27850-27899 (clusters
 // 27850-27879, proxies 27880-27899), each moved by $PG_FENCE_PORT_OFFSET.
 import { execFile } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import net from "node:net";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -93,6 +93,38 @@ export class Cluster {
     return (rows[0]?.v as string | null | undefined) ?? null;
   }
 
+  /** Sends SIGSTOP or SIGCONT to the postmaster and every process it started. */
+  async signal(sig: "SIGSTOP" | "SIGCONT"): Promise<void> {
+    const dir = process.env.PG_FENCE_TEST_DIR || "/tmp/pg_fence_test";
+    const pid = readFileSync(join(dir, this.name, "postmaster.pid"), "utf8").split("\n")[0]!;
+    const kids = await run("pgrep", ["-P", pid]).then(
+      (r) => r.stdout.split(/\s+/).filter(Boolean),
+      () => [] as string[],
+    );
+    for (const each of [pid, ...kids]) {
+      try {
+        process.kill(Number(each), sig);
+      } catch (err) {
+        if ((err as { code?: string }).code !== "ESRCH") throw err;
+      }
+    }
+  }
+
+  /** kill -9 of the server, then started again. */
+  async crash(): Promise<void> {
+    await this.admin?.end().catch(() => undefined);
+    this.admin = undefined;
+    await this.run("crash");
+    await this.run("start");
+  }
+
+  /** Ends every session of `app`. */
+  async terminate(app: string): Promise<void> {
+    await this.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", [
+      app,
+    ]);
+  }
+
   async destroy(): Promise<void> {
     await this.admin?.end().catch(() => undefined);
     this.admin = undefined;
@@ -103,6 +135,7 @@ export class Cluster {
 /** A TCP proxy to a cluster that can lose the reply to a message holding a marker. */
 export class Proxy {
   private marker: Buffer | undefined;
+  private readonly hung = new WeakSet<net.Socket>();
   private readonly sockets = new Set<net.Socket>();
   dropped = 0;
 
@@ -128,17 +161,25 @@ export class Proxy {
     this.marker = Buffer.from(marker);
   }
 
+  /** The connections open now stop carrying data either way (no reset, no answer); later ones work. */
+  hangExisting(): void {
+    for (const s of this.sockets) this.hung.add(s);
+  }
+
   private pair(client: net.Socket, to: number): void {
     const upstream = net.connect(to, "127.0.0.1");
     this.sockets.add(client).add(upstream);
     let armed = false;
     const end = () => {
+      this.sockets.delete(client);
+      this.sockets.delete(upstream);
       client.destroy();
       upstream.destroy();
     };
     client.on("error", end).on("close", end);
     upstream.on("error", end).on("close", end);
     client.on("data", (chunk: Buffer) => {
+      if (this.hung.has(client)) return;
       if (this.marker && chunk.includes(this.marker)) {
         this.marker = undefined;
         armed = true;
@@ -146,6 +187,7 @@ export class Proxy {
       upstream.write(chunk);
     });
     upstream.on("data", (chunk: Buffer) => {
+      if (this.hung.has(client)) return;
       if (armed) {
         // The server has answered (after its commit): the client never learns it.
         this.dropped++;

@@ -1,0 +1,84 @@
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { after, before, describe, it } from "node:test";
+import { promisify } from "node:util";
+import pg from "pg";
+import * as fence from "../src/index.js";
+import { Cluster, eventually } from "./harness.js";
+
+describe("hold", () => {
+  let cluster: Cluster;
+  let pool: pg.Pool;
+  let client: fence.FenceClient;
+
+  before(async () => {
+    cluster = await Cluster.create("hold", 27853);
+    pool = cluster.pool("node_hold");
+    client = new fence.FenceClient(pool);
+  });
+  after(async () => {
+    await pool.end();
+    await cluster.destroy();
+  });
+
+  it("aborts its signal with the reason the moment the lease is lost", async () => {
+    const kept = (await client.hold("hold:abort", { ttl: 1500 }))!;
+    assert.equal(kept.signal.aborted, false);
+    await cluster.sql("SELECT fence.lease_revoke('hold:abort')");
+    const told = await kept.lost;
+    assert.ok(kept.signal.aborted);
+    assert.equal(kept.signal.reason, told);
+    assert.ok(told instanceof fence.LeaseLostError);
+    assert.equal(told.reason, "revoked");
+    assert.throws(() => kept.throwIfLost(), fence.LeaseLostError);
+  });
+
+  it("refuses a held key with null, and fenced updates under a kept lease", async () => {
+    const kept = (await client.hold("hold:busy", { ttl: 30_000 }))!;
+    assert.equal(await client.hold("hold:busy", { ttl: 30_000 }), null);
+    await cluster.sql(
+      "CREATE TABLE hold_rows (id int PRIMARY KEY, body text); INSERT INTO hold_rows VALUES (1, 'a')",
+    );
+    assert.equal(await kept.fencedUpdate("hold_rows", { body: "b" }, { id: 1 }), 1n);
+    await cluster.sql("SELECT fence.lease_revoke('hold:busy')");
+    await assert.rejects(kept.fencedUpdate("hold_rows", { body: "c" }, { id: 1 }), fence.StaleFenceError);
+    assert.equal(kept.state, "lost");
+    assert.equal(kept.reason, "revoked");
+  });
+
+  it("releases at the end of an `await using` block", async () => {
+    let token = "";
+    {
+      await using kept = (await client.hold("hold:using", { ttl: 30_000 }))!;
+      token = kept.token;
+      assert.equal((await client.status("hold:using", token)).state, "live");
+    }
+    const s = await client.status("hold:using", token);
+    assert.deepEqual([s.state, s.reason], ["ended", "released"]);
+  });
+
+  it("releases when the caller's signal aborts", async () => {
+    const stop = new AbortController();
+    const kept = (await client.hold("hold:caller", { ttl: 30_000, signal: stop.signal }))!;
+    stop.abort();
+    await eventually(() => kept.state === "released", 10_000, "the release");
+    assert.equal((await client.status("hold:caller", kept.token)).reason, "released");
+  });
+
+  it("keeps no finished process alive", async () => {
+    const script = `
+      import pg from "pg";
+      import { hold } from "${new URL("../src/index.js", import.meta.url).href}";
+      const pool = new pg.Pool(${JSON.stringify(cluster.config("node_hold_child"))});
+      const kept = await hold(pool, "hold:child", { ttl: 60000 });
+      await pool.end();
+      console.log(kept.state);
+    `;
+    // Bounded generously: the process must end by itself, with its lease still held.
+    const { stdout } = await promisify(execFile)(process.execPath, ["--input-type=module", "-e", script], {
+      timeout: 60_000,
+      cwd: new URL("..", import.meta.url).pathname,
+    });
+    assert.equal(stdout.trim(), "held");
+  });
+});
