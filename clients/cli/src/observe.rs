@@ -4,20 +4,18 @@ use crate::args::{ConnArgs, ObserveArgs};
 use crate::connect::Server;
 use crate::exit::Exit;
 use crate::run::keep_options;
-use pg_fence_client::{AcquireOptions, ElectOptions, Elector, FenceClient, Leader};
+use pg_fence_client::{AcquireOptions, ElectOptions, Elector, Leader};
 use serde_json::json;
 use std::time::{Duration, SystemTime};
 
 pub async fn observe(args: ObserveArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
     let ttl = Duration::from_secs(30);
     let keep = keep_options(conn, ttl);
-    // The observer's first item is the first leader: a key nobody leads yet is said here.
-    let now = FenceClient::with_backoff(server.clone(), keep.retry.clone()).leader(&args.name).await?;
+    // The observer's first item is the present, the vacancy included.
     let opts = ElectOptions::new(AcquireOptions::new(ttl)).keep(keep);
     let elector = Elector::new(server, &args.name, opts);
     let mut observer = elector.observe();
-    let mut last = Some(now);
-    print(&args, last.as_ref().unwrap());
+    let mut last = None;
     while let Some(news) = observer.next().await {
         let leader = news?;
         if last.as_ref() != Some(&leader) {

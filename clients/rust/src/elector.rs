@@ -219,8 +219,8 @@ impl<C: Connector> Elector<C> {
         self.opts.client(self.connector.clone()).leader(&self.key).await
     }
 
-    /// The key's leaders as they change, as a stream (`futures_core::Stream`, or `next()`): the first
-    /// leader (at once, or when one is elected), then every change: a new leader (a higher fence), a
+    /// The key's leaders as they change, as a stream (`futures_core::Stream`, or `next()`): the
+    /// present at once (the leader, or None when nobody leads), then every change: a new leader (a higher fence), a
     /// new value proclaimed (the same fence), None when nobody leads (a resign, a revoke, an expiry,
     /// a session's end, a fast lease lost in a crash). On a connection of its own; an error the
     /// retries could not get past (an outage longer than `Backoff::max_elapsed`) is its last item.
@@ -548,12 +548,14 @@ struct Observing<C: Connector> {
 
 impl<C: Connector> Observing<C> {
     /// One await_change: the change it saw (Some(leader), or Some(None) for a vacancy), or None
-    /// when the state is what `seen` says (the timeout ran out; a vacancy before any leader is no
-    /// news). `seen` is None until something was seen.
+    /// when the state is what `seen` says (the timeout ran out). `seen` is None until something was
+    /// seen: the first look does not wait, and its answer is news whatever it is (the present, the
+    /// vacancy included, as elector.json says).
     async fn news(&self, seen: &mut Option<Option<Leader>>) -> Result<Option<Option<Leader>>, Error> {
         let asked = seen.clone().flatten();
-        let now = self.client.await_change(&self.key, asked.as_ref(), self.opts.observe_timeout).await?;
-        if seen.as_ref().map_or(now.is_none(), |before| *before == now) {
+        let wait = if seen.is_none() { Duration::ZERO } else { self.opts.observe_timeout };
+        let now = self.client.await_change(&self.key, asked.as_ref(), wait).await?;
+        if seen.as_ref().is_some_and(|before| *before == now) {
             return Ok(None);
         }
         *seen = Some(now.clone());
