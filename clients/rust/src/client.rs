@@ -118,6 +118,19 @@ impl<C: Connector> FenceClient<C> {
         self.retrying(opts.wait, |conn| async move { lease::acquire(&**conn, key, opts).await }).await
     }
 
+    /// `lease::acquire_any`, retried: the first free key of `keys`, in one round trip; None when
+    /// none is free. The token is chosen once (or taken from `opts`) for every try, so a retry after
+    /// a lost reply gets the lease that reply granted.
+    pub async fn acquire_any<K: AsRef<str> + Sync>(
+        &self,
+        keys: &[K],
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>, Error> {
+        let opts = &opts.with_token();
+        self.retrying(Duration::ZERO, |conn| async move { lease::acquire_any(&**conn, keys, opts).await })
+            .await
+    }
+
     /// `lease::acquire_all`, retried only while no try can have been granted (no connection, a
     /// standby, a server starting up): it takes no token, so a try whose reply was lost cannot be
     /// asked again for the set it may have granted. Such a try ends it with `OutcomeUnknown`; the set,

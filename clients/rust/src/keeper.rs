@@ -347,6 +347,28 @@ pub async fn hold<C: Connector>(
     start(Keeper::new(client, kept, bound, timing, &keep, sent), sent, &keep, lease).await
 }
 
+/// Takes the first free key of `keys`, in order, in one round trip (`lease::acquire_any`, as SKIP
+/// LOCKED takes the first unlocked row) and keeps it as `hold` does: None when none is free (it never
+/// waits). For worker pools: "the next free item" without a loop of refused `hold`s. The lease is
+/// exclusive and not session-bound (`Error::Config` otherwise).
+pub async fn hold_first_free<C: Connector, K: AsRef<str> + Sync>(
+    connector: C,
+    keys: &[K],
+    opts: &AcquireOptions,
+    keep: KeepOptions,
+) -> Result<Option<HeldLease>, Error> {
+    if opts.session_bound {
+        return Err(Error::Config("hold_first_free keeps a plain lease, not a session-bound one".into()));
+    }
+    let opts = opts.with_token();
+    let timing = Timing::of(&opts, &keep)?;
+    let client = FenceClient::with_backoff(connector, keep.retry.clone()).call_timeout(keep.timeout);
+    let sent = Stamp::now();
+    let Some(lease) = client.acquire_any(keys, &opts).await? else { return Ok(None) };
+    let kept = Kept::One(lease.clone());
+    start(Keeper::new(client, kept, None, timing, &keep, sent), sent, &keep, lease).await.map(Some)
+}
+
 /// As `hold`, for every key of `keys` or none (`lease::acquire_all`): one lease per key, kept as a
 /// set, renewed with `lease_renew_all` in one call per renewal, released with `lease_release_all`.
 /// `Error::WaitTimedOut` (its key the keys, comma-separated) when the set is not granted within

@@ -315,6 +315,56 @@ async fn renew_by(
     row.try_get(0).map_err(Error::Db)
 }
 
+/// Renews many leases in one call and one commit (fence.lease_renew_many; the server takes at most
+/// 64), each for `ttl`: for each lease, in the order given, its new expiry, or None when its token no
+/// longer holds a live lease of its key (what `renew` says as `Error::LeaseLost`; `status` says why).
+pub async fn renew_many(
+    client: &impl GenericClient,
+    leases: &[&Lease],
+    ttl: Duration,
+) -> Result<Vec<Option<SystemTime>>, Error> {
+    let keys: Vec<&str> = leases.iter().map(|lease| lease.key.as_str()).collect();
+    let tokens: Vec<Uuid> = leases.iter().map(|lease| lease.token).collect();
+    let ttls = vec![ttl.as_secs_f64(); leases.len()];
+    let params: [(&(dyn ToSql + Sync), Type); 3] =
+        [(&keys, Type::TEXT_ARRAY), (&tokens, Type::UUID_ARRAY), (&ttls, Type::FLOAT8_ARRAY)];
+    let sql = "SELECT r.expires_at FROM fence.lease_renew_many($1, $2, \
+               ARRAY(SELECT make_interval(secs => s) FROM unnest($3::float8[]) WITH ORDINALITY AS t(s, n) ORDER BY n)) \
+               WITH ORDINALITY AS r(key, token, expires_at, n) ORDER BY r.n";
+    let rows = client.query_typed(sql, &params).await.map_err(classify)?;
+    rows.iter().map(|row| row.try_get(0).map_err(Error::Db)).collect()
+}
+
+/// Grants the first key of `keys`, in order, that is free now (fence.lease_acquire_any: it never
+/// waits, and skips a held key as SKIP LOCKED skips a locked row): an exclusive lease; None when
+/// none is free. Sent again with the same token (`opts.token`), it returns the lease that token
+/// holds. `Error::Config` before anything is sent for a wait, `shared`, `permits` or a lock delay.
+pub async fn acquire_any<K: AsRef<str>>(
+    client: &impl GenericClient,
+    keys: &[K],
+    opts: &AcquireOptions,
+) -> Result<Option<Lease>, Error> {
+    opts.check()?;
+    if !opts.wait.is_zero() || opts.shared || opts.permits != 1 || !opts.lock_delay.is_zero() {
+        return Err(Error::Config("acquire_any takes an exclusive lease and never waits".into()));
+    }
+    let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+    let token = opts.token.unwrap_or_else(Uuid::new_v4);
+    let ttl = opts.ttl.as_secs_f64();
+    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+        (&keys, Type::TEXT_ARRAY),
+        (&ttl, Type::FLOAT8),
+        (&opts.owner, Type::TEXT),
+        (&opts.session_bound, Type::BOOL),
+        (&opts.durable, Type::BOOL),
+        (&token, Type::UUID),
+    ];
+    let sql = format!("{COLUMNS} fence.lease_acquire_any($1, make_interval(secs => $2), $3, $4, $5, $6)");
+    let rows = client.query_typed(&sql, &params).await.map_err(acquire_error)?;
+    let Some(row) = rows.first() else { return Ok(None) };
+    lease_of(row, opts)
+}
+
 /// Moves the live lease's expiry to `at`, by the server's clock (a renew whose ttl is `at` less the
 /// server's now): the new expiry; None, changing nothing, when `at` has passed by the server's clock.
 /// `Error::LeaseLost` when the token no longer holds the live lease.

@@ -27,7 +27,9 @@ pub use client::FenceClient;
 pub use connect::{Connector, PgConnection, TlsConfig, APPLICATION_NAME};
 pub use elector::{ElectOptions, Elector, Leadership, Observer, StopReason};
 pub use error::{BoxError, Error};
-pub use keeper::{hold, hold_all, Held, HeldLease, HeldLeaseSet, KeepOptions, LeaseState, OnLost};
+pub use keeper::{
+    hold, hold_all, hold_first_free, Held, HeldLease, HeldLeaseSet, KeepOptions, LeaseState, OnLost,
+};
 pub use lease::{AcquireOptions, Leader, Lease, LeaseSet, LeaseStatus};
 pub use reason::LossReason;
 pub use retry::Backoff;

@@ -98,3 +98,37 @@ fn defaults_fast_leases_bad_input_and_cancelled_waits() {
         ahead.await.unwrap().unwrap();
     });
 }
+
+#[test]
+fn renew_many_and_the_first_free_key() {
+    let cluster = cluster("rc_many", 27632);
+    run(async {
+        let conn = connect(cluster.port()).await;
+        let opts = AcquireOptions::new(Duration::from_secs(30));
+        let a = lease::acquire(&*conn, "many:a", &opts).await.unwrap().unwrap();
+        let b = lease::acquire(&*conn, "many:b", &opts).await.unwrap().unwrap();
+        assert!(lease::release(&*conn, &a).await.unwrap());
+        // One answer per lease, in order: None for the one its token no longer holds.
+        let renewed = lease::renew_many(&*conn, &[&a, &b], Duration::from_secs(60)).await.unwrap();
+        assert_eq!(renewed.len(), 2);
+        assert_eq!(renewed[0], None);
+        assert!(renewed[1].is_some_and(|at| at > b.expires_at), "{renewed:?}");
+
+        // The first free key of the list, in order; None when none is.
+        let keys = ["any:0", "any:1", "any:2"];
+        let other = lease::acquire(&*conn, "any:0", &opts).await.unwrap().unwrap();
+        let first = lease::acquire_any(&*conn, &keys, &opts.clone().owner("w")).await.unwrap().unwrap();
+        assert_eq!((first.key.as_str(), first.owner.as_str()), ("any:1", "w"));
+        let again = opts.clone().token(first.token);
+        let same = lease::acquire_any(&*conn, &keys, &again).await.unwrap().unwrap();
+        assert_eq!((same.key.as_str(), same.fence), ("any:1", first.fence), "a retry gets its lease");
+        let next = lease::acquire_any(&*conn, &keys, &opts).await.unwrap().unwrap();
+        assert_eq!(next.key, "any:2");
+        assert_eq!(lease::acquire_any(&*conn, &keys, &opts).await.unwrap(), None, "none free");
+        let waiting = lease::acquire_any(&*conn, &keys, &opts.clone().wait(Duration::from_secs(1))).await;
+        assert!(matches!(waiting, Err(Error::Config(_))), "{waiting:?}");
+        for held in [other, first, next] {
+            assert!(lease::release(&*conn, &held).await.unwrap());
+        }
+    });
+}
