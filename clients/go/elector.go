@@ -51,7 +51,8 @@ type LeaderCallbacks struct {
 	// OnStoppedLeading is called once a leadership that started has ended, after its Context
 	// was cancelled; Leadership.StopReason says why.
 	OnStoppedLeading func()
-	// OnNewLeader is called with the identity (the value) of each new leader of the key as it is
+	// OnNewLeader is called first with the present (the leader's identity, or "" when nobody
+	// leads), then with the identity (the value) of each new leader of the key as it is
 	// observed, this candidate included, and "" when nobody leads; from a goroutine of the
 	// elector's that observes until Close. Calls are not queued: while one runs, the changes
 	// that come and go are not told; the next call has the latest leader (keep it short).
@@ -222,8 +223,8 @@ func (e *Elector) Leader(ctx context.Context) (*Leader, error) {
 	return e.client.Leader(ctx, e.cfg.Key)
 }
 
-// Observe yields the key's leaders as they change (fence.await_change in a loop): the first
-// leader (at once, or when one is elected), then every change: a new leader (a higher fence), a
+// Observe yields the key's leaders as they change (fence.await_change in a loop): first the
+// present, at once (the leader, or nil when nobody leads), then every change: a new leader (a higher fence), a
 // new value proclaimed (the same fence), nil when nobody leads (a resign, a revoke, an expiry, a
 // session's end, a fast lease lost in a crash). A broken connection is made again without
 // missing a change. While it sees a leader, no answer by that leader's lease expiry (a silent
@@ -243,11 +244,12 @@ func (e *Elector) Observe(ctx context.Context) iter.Seq2[*Leader, error] {
 }
 
 // observing follows a key's leader; seen is what it saw last (nil: nobody, or nothing yet), blind
-// that it last said it cannot see.
+// that it last said it cannot see, started that it has told the present.
 type observing struct {
 	elector *Elector
 	seen    *Leader
 	blind   bool
+	started bool
 }
 
 // blindSlack is how long past the observed lease's expiry an observer waits for an answer before
@@ -256,18 +258,18 @@ const blindSlack = 500 * time.Millisecond
 
 func (e *Elector) observing() *observing { return &observing{elector: e} }
 
-// next is the next change: a vacancy before any leader is no news.
+// next is the next change; the first is the present, at once (nil when nobody leads).
 // While a leader is seen, no answer by its lease's expiry is an *ObserverBlindError: the leader
 // it saw may be gone, and only the server can say; after it, what the server says is news.
 func (o *observing) next(ctx context.Context) (*Leader, error) {
 	for {
 		e := o.elector
-		if o.blind {
+		if o.blind || !o.started {
 			now, err := e.client.AwaitChange(ctx, e.cfg.Key, nil, 0)
 			if err != nil {
 				return nil, observeEnded(ctx, err)
 			}
-			o.seen, o.blind = now, false
+			o.seen, o.blind, o.started = now, false, true
 			return now, nil
 		}
 		if o.seen == nil || o.seen.ExpiresAt.IsZero() {

@@ -3,6 +3,7 @@ package pgfence_test
 import (
 	"context"
 	"errors"
+	"iter"
 	"strings"
 	"testing"
 	"time"
@@ -33,21 +34,24 @@ func TestElectorOptionsFindings(t *testing.T) {
 		}
 	}
 
-	// An observer without a TTL: it follows the key (elector.json's rule: a vacancy before any
-	// leader is no news, so it is told the first leader).
+	// An observer without a TTL: it follows the key (elector.json's rule: the present at once,
+	// the vacancy included, then every change).
 	observer := must[*pgfence.Elector](t)(pgfence.NewElector(client, pgfence.ElectorConfig{Key: k + "-observed", Identity: "o"}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	next, stop := iter.Pull2(observer.Observe(ctx))
+	defer stop()
+	start := time.Now()
+	if seen, err, _ := next(); err != nil || seen != nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("observed %+v, %v after %v: not the vacancy at once", seen, err, time.Since(start))
+	}
 	leaderCfg := electorConfig(k+"-observed", "leader", 3*time.Second)
 	leader := must[*pgfence.Elector](t)(pgfence.NewElector(client, leaderCfg))
 	if _, err := leader.Campaign(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for seen, err := range observer.Observe(ctx) {
-		if err != nil || seen == nil || seen.Owner != "leader" {
-			t.Fatalf("observed %+v, %v: not the leader", seen, err)
-		}
-		break
+	if seen, err, _ := next(); err != nil || seen == nil || seen.Owner != "leader" {
+		t.Fatalf("observed %+v, %v: not the leader", seen, err)
 	}
 }
 
@@ -60,6 +64,9 @@ func TestObserveEndedByItsContextIsNotOutcomeUnknown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(300*time.Millisecond, cancel)
 	for seen, err := range observer.Observe(ctx) {
+		if seen == nil && err == nil {
+			continue // the vacancy, told at once
+		}
 		if !errors.Is(err, context.Canceled) || errors.Is(err, pgfence.ErrOutcomeUnknown) {
 			t.Fatalf("observe ended by its context: %+v, %v", seen, err)
 		}
