@@ -1,7 +1,7 @@
 import pg from "pg";
 import * as calls from "./calls.js";
 import type { AcquireOptions, Duration, Lease, Queryable } from "./calls.js";
-import { LeaseLostError, StaleFenceError, type LossReason } from "./errors.js";
+import { LeaseLostError, StaleFenceError, sqlstate, type LossReason } from "./errors.js";
 
 /** What a kept lease is: held, lost (the server said so), unknown (its deadline passed unanswered), released. */
 export type KeptState = "held" | "lost" | "unknown" | "released";
@@ -56,9 +56,10 @@ export class KeptLease implements AsyncDisposable {
     private readonly pool: pg.Pool,
     private readonly config: pg.ClientConfig,
     lease: Lease,
-    conn: pg.Client,
+    conn: pg.Client | undefined,
     sentAt: number,
     private readonly opts: HoldOptions,
+    private readonly keeper?: Keeper,
   ) {
     this.key = lease.key;
     this.current = lease;
@@ -67,7 +68,7 @@ export class KeptLease implements AsyncDisposable {
     // A renewal that takes longer than this is given up for another on a new connection.
     this.attemptMs = Math.max(250, Math.min(this.everyMs, this.ttlMs / 6));
     this.deadline = sentAt + this.ttlMs;
-    this.adopt(conn);
+    if (conn) this.adopt(conn);
     this.armDeadline();
     this.scheduleRenewal(this.everyMs);
     opts.signal?.addEventListener("abort", () => void this.release().catch(() => undefined), { once: true });
@@ -128,7 +129,36 @@ export class KeptLease implements AsyncDisposable {
     );
   }
 
+  /** @internal the keeper's renewal, sent at `sent`, answered `expires`. */
+  renewed(sent: number, expires: Date): void {
+    if (this.stateNow !== "held") return;
+    this.current = { ...this.current, expiresAt: expires };
+    this.deadline = sent + this.ttlMs;
+    this.armDeadline();
+    this.scheduleRenewal(this.everyMs);
+  }
+
+  /** @internal the keeper's renewal found the lease lost: why. */
+  lostTo(reason: LossReason): void {
+    this.tell("lost", this.explained(reason));
+  }
+
+  /** A fast lease the server has no record of was lost with the server's unlogged state: restarted. */
+  private explained(reason: LossReason): LossReason {
+    return reason === "unknown" && this.current.fast ? "restarted" : reason;
+  }
+
+  /** @internal how long the keeper may wait for a renewal's answer. */
+  get attemptTimeoutMs(): number {
+    return Math.max(500, Math.min(this.everyMs, this.ttlMs / 6));
+  }
+  /** @internal */
+  get ttl(): Duration {
+    return this.opts.ttl;
+  }
+
   private scheduleRenewal(ms: number): void {
+    if (this.keeper) return this.keeper.schedule(this, performance.now() + ms);
     clearTimeout(this.renewTimer);
     this.renewTimer = unrefTimer(() => {
       this.renewing = this.renew();
@@ -147,6 +177,7 @@ export class KeptLease implements AsyncDisposable {
   }
 
   private stop(): void {
+    this.keeper?.forget(this);
     clearTimeout(this.renewTimer);
     clearTimeout(this.deadlineTimer);
     const conn = this.conn;
@@ -192,7 +223,7 @@ export class KeptLease implements AsyncDisposable {
         this.scheduleRenewal(this.everyMs);
         return;
       } catch (err) {
-        if (err instanceof LeaseLostError) return this.tell("lost", err.reason);
+        if (err instanceof LeaseLostError) return this.tell("lost", this.explained(err.reason));
         this.drop();
         if (this.opts.sessionBound) return this.tell("lost", "session_ended");
         await pause(Math.random() * Math.min(1000, 50 * 2 ** Math.min(attempt, 5)));
@@ -205,7 +236,7 @@ export class KeptLease implements AsyncDisposable {
   /** What the server says became of the lease, told to the holder. */
   private async learn(q: Queryable): Promise<LossReason> {
     const s = await calls.status(q, this.key, this.current.token).catch(() => undefined);
-    const reason = (s?.state === "ended" && (s.reason as LossReason | null)) || "unknown";
+    const reason = this.explained((s?.state === "ended" && (s.reason as LossReason | null)) || "unknown");
     this.tell("lost", reason);
     this.reasonNow = reason;
     return reason;
@@ -262,14 +293,18 @@ export class KeptLease implements AsyncDisposable {
     if (this.stateNow === "released") return false;
     clearTimeout(this.renewTimer);
     clearTimeout(this.deadlineTimer);
+    this.keeper?.forget(this);
     await this.renewing?.catch(() => undefined);
-    const released = await calls.release(this.pool, this.current);
+    const released = this.keeper
+      ? await this.keeper.call((q) => calls.release(q, this.current))
+      : await calls.release(this.pool, this.current);
     if (released) {
       this.stateNow = "released";
       this.stop();
       return true;
     }
-    await this.learn(this.pool);
+    if (this.keeper) await this.keeper.call((q) => this.learn(q));
+    else await this.learn(this.pool);
     this.stateNow = "lost";
     return false;
   }
@@ -279,9 +314,37 @@ export class KeptLease implements AsyncDisposable {
   }
 }
 
-/** Acquires the key on a connection of its own and keeps it renewed: the kept lease, or null when refused. */
-export async function hold(pool: pg.Pool, key: string, opts: HoldOptions): Promise<KeptLease | null> {
+const keepers = new WeakMap<pg.Pool, Keeper>();
+
+/** The keeper of the pool's kept leases (started on first use, with `connections` of its own). */
+export function keeperOf(pool: pg.Pool, connections = 2): Keeper {
+  let keeper = keepers.get(pool);
+  if (!keeper) {
+    keeper = new Keeper((pool as unknown as { options: pg.ClientConfig }).options, connections);
+    keepers.set(pool, keeper);
+  }
+  return keeper;
+}
+
+/**
+ * Acquires the key and keeps it renewed: the kept lease, or null when refused. A session-bound
+ * lease is acquired and renewed on a connection of its own (its session is the lease); any other is
+ * acquired on the pool and renewed by the pool's keeper, with every other kept lease of the pool,
+ * over its few connections (fence.lease_renew_many).
+ */
+export async function hold(
+  pool: pg.Pool,
+  key: string,
+  opts: HoldOptions & { keeperConnections?: number },
+): Promise<KeptLease | null> {
   const config = (pool as unknown as { options: pg.ClientConfig }).options;
+  if (!opts.sessionBound) {
+    const keeper = keeperOf(pool, opts.keeperConnections);
+    await keeper.start();
+    const sent = performance.now();
+    const lease = await calls.acquire(pool, key, opts);
+    return lease && new KeptLease(pool, config, lease, undefined, sent, opts, keeper);
+  }
   const conn = new pg.Client(config);
   conn.on("error", () => undefined);
   await conn.connect();
@@ -300,4 +363,195 @@ export async function hold(pool: pg.Pool, key: string, opts: HoldOptions): Promi
   // Renewals go on in the background: they keep no finished process alive.
   unref(conn);
   return new KeptLease(pool, config, lease, conn, sent, opts);
+}
+
+/** Up to this many renewals go in one fence.lease_renew_many. */
+const BATCH = 64;
+
+/**
+ * Renews many kept leases over a few connections of its own, opened when it starts and made again
+ * only when one breaks: the renewals that are due go together, up to 64 a call.
+ */
+export class Keeper {
+  private readonly conns: (pg.Client | undefined)[];
+  private readonly due = new Map<KeptLease, number>();
+  private timer: NodeJS.Timeout | undefined;
+  private timerAt = Infinity;
+  private next = 0;
+  private started: Promise<void> | undefined;
+  private readonly failures = new Map<KeptLease, number>();
+  /** Renewal calls sent again after a failure. */
+  attempts = 0;
+  /** Connections made since it started (beyond the first ones): 0 while none broke. */
+  reconnections = 0;
+  /** Every renewal's round trip, in milliseconds (the last 10,000). */
+  readonly latencies: number[] = [];
+
+  constructor(
+    private readonly config: pg.ClientConfig,
+    readonly connections = 2,
+  ) {
+    this.conns = new Array<pg.Client | undefined>(connections).fill(undefined);
+  }
+
+  /** The application_name of the keeper's sessions. */
+  get applicationName(): string {
+    return `${this.config.application_name ?? "pg_fence"}:keeper`;
+  }
+
+  start(): Promise<void> {
+    this.started ??= Promise.all(this.conns.map((_, i) => this.connection(i, 30_000))).then(() => undefined);
+    return this.started;
+  }
+
+  private async connection(i: number, timeoutMs: number): Promise<pg.Client> {
+    const have = this.conns[i];
+    if (have) return have;
+    const conn = new pg.Client({
+      ...this.config,
+      application_name: this.applicationName,
+      connectionTimeoutMillis: timeoutMs,
+      keepAlive: true,
+    });
+    conn.on("error", () => {
+      if (this.conns[i] === conn) this.conns[i] = undefined;
+    });
+    conn.on("end", () => {
+      if (this.conns[i] === conn) this.conns[i] = undefined;
+    });
+    await conn.connect();
+    unref(conn);
+    if (this.started) this.reconnections++;
+    this.conns[i] = conn;
+    return conn;
+  }
+
+  private drop(i: number): void {
+    const conn = this.conns[i];
+    this.conns[i] = undefined;
+    if (!conn) return;
+    conn.end().catch(() => undefined);
+    (conn as unknown as { connection?: { stream?: { destroy(): void } } }).connection?.stream?.destroy();
+  }
+
+  /** @internal */
+  schedule(lease: KeptLease, at: number): void {
+    this.due.set(lease, at);
+    if (at < this.timerAt) this.arm(at);
+  }
+
+  /** @internal */
+  forget(lease: KeptLease): void {
+    this.due.delete(lease);
+    this.failures.delete(lease);
+  }
+
+  private arm(at: number): void {
+    clearTimeout(this.timer);
+    this.timerAt = at;
+    this.timer = unrefTimer(() => this.tick(), at - performance.now());
+  }
+
+  private tick(): void {
+    this.timerAt = Infinity;
+    // What is due now, and what would be due within the next 20 ms, goes now: together.
+    const now = performance.now() + 20;
+    const batch: KeptLease[] = [];
+    let earliest = Infinity;
+    for (const [lease, at] of this.due) {
+      if (at <= now) batch.push(lease);
+      else earliest = Math.min(earliest, at);
+    }
+    for (const lease of batch) this.due.delete(lease);
+    for (let i = 0; i < batch.length; i += BATCH) {
+      void this.send(batch.slice(i, i + BATCH), this.next++ % this.connections);
+    }
+    if (earliest < Infinity) this.arm(earliest);
+  }
+
+  private async send(batch: KeptLease[], i: number): Promise<void> {
+    if (batch.length === 0) return;
+    const timeoutMs = Math.min(...batch.map((l) => l.attemptTimeoutMs));
+    const sent = performance.now();
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      const conn = await this.connection(i, timeoutMs);
+      const answer = conn.query(
+        "SELECT expires_at FROM fence.lease_renew_many($1::text[], $2::uuid[], $3::interval[])",
+        [batch.map((l) => l.key), batch.map((l) => l.token), batch.map((l) => calls.interval(l.ttl))],
+      );
+      const result = await Promise.race([
+        answer,
+        new Promise<never>((_, reject) => {
+          timer = unrefTimer(() => reject(new Error("renewal timed out")), timeoutMs);
+        }),
+      ]);
+      const took = performance.now() - sent;
+      if (this.latencies.length < 10_000) this.latencies.push(took);
+      const lost: KeptLease[] = [];
+      result.rows.forEach((row: { expires_at: Date | null }, n: number) => {
+        const lease = batch[n]!;
+        this.failures.delete(lease);
+        if (row.expires_at) lease.renewed(sent, row.expires_at);
+        else lost.push(lease);
+      });
+      for (const lease of lost) {
+        const s = await calls.status(conn, lease.key, lease.token).catch(() => undefined);
+        lease.lostTo((s?.state === "ended" && (s.reason as LossReason | null)) || "unknown");
+      }
+    } catch {
+      // The connection broke or hung: it goes, and the batch is sent again soon on a new one in
+      // its place (another of the keeper's may hang too).
+      this.drop(i);
+      const again = batch.filter((lease) => lease.state === "held" && !this.due.has(lease));
+      if (again.length === 0) return;
+      this.attempts++;
+      const failures = Math.max(...again.map((l) => (this.failures.get(l) ?? 0) + 1));
+      for (const lease of again) this.failures.set(lease, failures);
+      unrefTimer(
+        () =>
+          void this.send(
+            again.filter((l) => l.state === "held" && !this.due.has(l)),
+            i,
+          ),
+        Math.random() * Math.min(1000, 50 * 2 ** Math.min(failures, 5)),
+      );
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /**
+   * Runs a call on one of the keeper's connections, given up after `timeoutMs` for another try
+   * on a new connection (a hung one is cut), for at most `attempts` tries.
+   */
+  async call<T>(fn: (q: pg.Client) => Promise<T>, timeoutMs = 2000, attempts = 5): Promise<T> {
+    for (let attempt = 1; ; attempt++) {
+      const i = this.next++ % this.connections;
+      let timer: NodeJS.Timeout | undefined;
+      try {
+        const conn = await this.connection(i, timeoutMs);
+        return await Promise.race([
+          fn(conn),
+          new Promise<never>((_, reject) => {
+            timer = unrefTimer(() => reject(new Error("pg_fence: the keeper's call timed out")), timeoutMs);
+          }),
+        ]);
+      } catch (err) {
+        if (sqlstate(err) !== undefined && !sqlstate(err)!.startsWith("08")) throw err;
+        this.drop(i);
+        if (attempt >= attempts) throw err;
+        await pause(Math.random() * Math.min(1000, 50 * 2 ** attempt));
+      } finally {
+        clearTimeout(timer);
+      }
+    }
+  }
+
+  /** Stops renewing and closes its connections (the leases it kept are left to expire). */
+  async close(): Promise<void> {
+    clearTimeout(this.timer);
+    this.due.clear();
+    for (let i = 0; i < this.conns.length; i++) this.drop(i);
+  }
 }

@@ -17,6 +17,7 @@ describe("hold", () => {
     client = new fence.FenceClient(pool);
   });
   after(async () => {
+    await fence.keeperOf(pool).close();
     await pool.end();
     await cluster.destroy();
   });

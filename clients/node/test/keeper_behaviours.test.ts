@@ -181,7 +181,10 @@ describe("keeper.json", () => {
       } finally {
         await Promise.all(resumes);
         for (const h of holders.values()) await h.kept[Symbol.asyncDispose]();
-        for (const pool of pools) await pool.end().catch(() => undefined);
+        for (const pool of pools) {
+          await fence.keeperOf(pool).close();
+          await pool.end().catch(() => undefined);
+        }
       }
     });
   }
