@@ -379,6 +379,7 @@ export class Keeper {
   private timerAt = Infinity;
   private next = 0;
   private started: Promise<void> | undefined;
+  private opened = false;
   private readonly failures = new Map<KeptLease, number>();
   /** Renewal calls sent again after a failure. */
   attempts = 0;
@@ -400,7 +401,9 @@ export class Keeper {
   }
 
   start(): Promise<void> {
-    this.started ??= Promise.all(this.conns.map((_, i) => this.connection(i, 30_000))).then(() => undefined);
+    this.started ??= Promise.all(this.conns.map((_, i) => this.connection(i, 30_000))).then(() => {
+      this.opened = true;
+    });
     return this.started;
   }
 
@@ -421,7 +424,7 @@ export class Keeper {
     });
     await conn.connect();
     unref(conn);
-    if (this.started) this.reconnections++;
+    if (this.opened) this.reconnections++;
     this.conns[i] = conn;
     return conn;
   }
@@ -554,4 +557,21 @@ export class Keeper {
     this.due.clear();
     for (let i = 0; i < this.conns.length; i++) this.drop(i);
   }
+}
+
+/**
+ * Takes the first free key of `keys` in one call (fence.lease_acquire_any) and keeps it, renewed
+ * by the pool's keeper: the kept lease, or null when none was free.
+ */
+export async function holdAny(
+  pool: pg.Pool,
+  keys: readonly string[],
+  opts: Omit<HoldOptions, "wait" | "lockDelay" | "sessionBound"> & { keeperConnections?: number },
+): Promise<KeptLease | null> {
+  const config = (pool as unknown as { options: pg.ClientConfig }).options;
+  const keeper = keeperOf(pool, opts.keeperConnections);
+  await keeper.start();
+  const sent = performance.now();
+  const lease = await calls.acquireAny(pool, keys, opts);
+  return lease && new KeptLease(pool, config, lease, undefined, sent, opts, keeper);
 }
