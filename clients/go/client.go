@@ -47,7 +47,11 @@ func on[T any](ctx context.Context, r retry, call func(context.Context, Querier)
 }
 
 // Acquire is the one-statement Acquire, retried with one token for every try (opts.Token, or one
-// drawn now). When the outcome is unknown the *OutcomeUnknownError carries that token.
+// drawn now). When the outcome is unknown the *OutcomeUnknownError carries that token. An acquire
+// its caller gives up (ctx cancelled or timed out, during a try or its wait) returns ctx's error
+// and leaves no grant behind: the client releases that token in the background (over the pool,
+// bounded by the TTL), so a grant whose reply never came
+// ends within moments, not at its TTL.
 func (c *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (*Lease, error) {
 	if err := opts.check(); err != nil {
 		return nil, err
@@ -55,7 +59,33 @@ func (c *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (
 	opts = opts.withToken()
 	r := c.retry(opts.Wait)
 	r.token = opts.Token
-	return on(ctx, r, func(ctx context.Context, q Querier) (*Lease, error) { return Acquire(ctx, q, key, opts) })
+	lease, err := on(ctx, r, func(ctx context.Context, q Querier) (*Lease, error) { return Acquire(ctx, q, key, opts) })
+	if err != nil && ctx.Err() != nil {
+		go c.releaseGivenUp(key, opts.Token, opts.TTL)
+		return nil, context.Cause(ctx)
+	}
+	return lease, err
+}
+
+// releaseGivenUp releases, in the background, the token of an acquire its caller gave up after
+// it may have been sent (cancelled or timed out): a grant its caller will never
+// see is not left to its TTL. Short tries over the pool (a hung connection is soon given up),
+// again until released or the TTL has passed, when any grant of that token has ended anyway.
+func (c *Client) releaseGivenUp(key string, token uuid.UUID, ttl time.Duration) {
+	if ttl <= 0 {
+		ttl = 60 * time.Second // the server's default TTL bounds it then
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ttl)
+	defer cancel()
+	r := c.retry(0)
+	r.limit = min(r.limit, time.Second)
+	for ctx.Err() == nil {
+		_, err := on(ctx, r, func(ctx context.Context, q Querier) (bool, error) { return ReleaseToken(ctx, q, key, token) })
+		if err == nil {
+			return
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
 }
 
 // AcquireAll is the one-statement AcquireAll, retried only while no try can have been granted
