@@ -193,10 +193,10 @@ public final class Elector implements AutoCloseable {
   }
 
   /**
-   * The key's leaders as they change ({@code fence.await_change} in a loop): the first leader (at
-   * once, or when one is elected), then every change: a new leader (a higher fence), a new value
-   * proclaimed (the same fence), empty when nobody leads (a resign, a revoke, an expiry, a
-   * session's end, a fast lease lost in a crash).
+   * The key's leaders as they change ({@code fence.await_change} in a loop): first the present, at
+   * once (the leader, or empty when nobody leads), then every change: a new leader (a higher
+   * fence), a new value proclaimed (the same fence), empty when nobody leads (a resign, a revoke,
+   * an expiry, a session's end, a fast lease lost in a crash).
    */
   public final class Observer implements AutoCloseable {
     private Leader seen;
@@ -251,7 +251,8 @@ public final class Elector implements AutoCloseable {
               tracked(using).accept(conn);
             }
             FenceClient.prepare(conn, Duration.ofNanos(left));
-            now = PgFence.awaitChange(conn, key, seen, ask);
+            // The first look (and the one after forget()) tells the present at once.
+            now = PgFence.awaitChange(conn, key, seen, seenAny && !tellNext ? ask : Duration.ZERO);
             heard = System.nanoTime();
             tries = 0;
           } catch (SQLException e) {
@@ -281,9 +282,8 @@ public final class Elector implements AutoCloseable {
             continue;
           }
           Leader leader = now.orElse(null);
-          if (!tellNext
-              && ((!seenAny && leader == null) || (seenAny && Objects.equals(leader, seen)))) {
-            continue; // no news: a vacancy before any leader, or the timeout ran out
+          if (seenAny && !tellNext && Objects.equals(leader, seen)) {
+            continue; // no news: the timeout ran out
           }
           seenAny = true;
           tellNext = false;

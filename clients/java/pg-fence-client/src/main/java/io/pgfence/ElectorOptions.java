@@ -85,7 +85,10 @@ public final class ElectorOptions implements Cloneable {
     return with(copy -> copy.onStoppedLeading = callback);
   }
 
-  /** Told each change of the key's leader (empty: nobody leads), from a thread of the elector's. */
+  /**
+   * Told the key's present leader first (empty: nobody leads), then each change of it, from a
+   * thread of the elector's.
+   */
   public ElectorOptions onNewLeader(Consumer<Optional<Leader>> callback) {
     return with(copy -> copy.onNewLeader = callback);
   }
