@@ -116,6 +116,18 @@ public final class FenceClient implements AutoCloseable {
     return timers;
   }
 
+  /**
+   * Before a kept lease's acquire, when the keeper takes its connections from the application's
+   * pool (no keeper DataSource): it takes them now, before the grant, and holds them while it keeps
+   * any lease, so that a pool hogged later starves no renewal. A keeper DataSource of its own is
+   * opened from when a renewal needs it.
+   */
+  private void reserveKeeper() {
+    if (keeperSource == dataSource) {
+      keeper().reserve();
+    }
+  }
+
   /** The client's keeper, started with its first kept lease. */
   synchronized Keeper keeper() {
     if (keeper == null) {
@@ -537,6 +549,7 @@ public final class FenceClient implements AutoCloseable {
       lease = granted.get().lease();
       bound = granted.get().conn();
     } else {
+      reserveKeeper();
       Optional<Lease> granted;
       try {
         granted = acquire(key, tokened, keep.timeout(), using);
@@ -684,6 +697,7 @@ public final class FenceClient implements AutoCloseable {
     }
     AcquireOptions tokened = opts.withToken();
     Timing timing = Timing.of(opts, keep);
+    reserveKeeper();
     long sent = System.nanoTime();
     Optional<Lease> granted;
     try {
@@ -719,6 +733,9 @@ public final class FenceClient implements AutoCloseable {
     Timing timing = Timing.of(opts, keep);
     long sent = System.nanoTime();
     boolean bound = opts.isSessionBound();
+    if (!bound) {
+      reserveKeeper();
+    }
     Retry retry = new Retry(backoff, keep.timeout().plus(opts.waitTime()), false, null, bound);
     record Granted(LeaseSet set, Connection conn) {}
     Optional<Granted> granted =

@@ -97,6 +97,52 @@ final class Keeper implements AutoCloseable {
     }
   }
 
+  /**
+   * Opens the keeper's connections that are not open yet, before a kept lease's acquire: taken once
+   * from the keeper's DataSource (the application's pool when the client was given no other) and
+   * held while it keeps any lease, so that a pool exhausted later starves no renewal. Given back
+   * once it has kept nothing for a while, or at close. A connection the DataSource cannot give now
+   * is opened when a renewal needs it.
+   */
+  void reserve() {
+    while (true) {
+      synchronized (lock) {
+        if (closed || open >= size) {
+          return;
+        }
+        open++;
+        connectionsMade++;
+      }
+      Connection conn = null;
+      try {
+        conn = source.getConnection();
+        FenceClient.prepare(conn, Duration.ofSeconds(30));
+      } catch (SQLException e) {
+        if (conn != null) {
+          FenceClient.abort(conn);
+        }
+        synchronized (lock) {
+          open--;
+          connectionsMade--;
+        }
+        return;
+      }
+      synchronized (lock) {
+        if (closed) {
+          open--;
+        } else {
+          idle.add(conn);
+          emptySince = System.nanoTime();
+          lock.notifyAll();
+          conn = null;
+        }
+      }
+      if (conn != null) {
+        FenceClient.giveBack(conn);
+      }
+    }
+  }
+
   /** Whether {@code thread} holds a kept lease of {@code key} here now. */
   boolean heldBy(String key, Thread thread) {
     List<KeptLease> kept;
@@ -447,12 +493,22 @@ final class Keeper implements AutoCloseable {
     if (conn == null) {
       return;
     }
+    List<Connection> suspect = new ArrayList<>();
     synchronized (lock) {
       open--;
       statementTimeouts.remove(conn);
+      if (broken) {
+        // The idle ones went the same way (opened together, ahead of need): a try after a hang
+        // takes a new connection, not another that may hang the same.
+        suspect.addAll(idle);
+        idle.clear();
+        open -= suspect.size();
+        suspect.forEach(statementTimeouts::remove);
+      }
     }
     if (broken) {
       FenceClient.abort(conn);
+      suspect.forEach(FenceClient::abort);
     } else {
       FenceClient.closeQuietly(conn);
     }

@@ -12,6 +12,7 @@ import io.pgfence.testing.Cluster;
 import io.pgfence.testing.JsonData;
 import io.pgfence.testing.Percentiles;
 import io.pgfence.testing.Proxy;
+import io.pgfence.testing.Scenarios;
 import java.sql.Connection;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -57,6 +58,28 @@ class KeepingBehavioursTest {
         "keeping_crash",
         27811,
         (own, scenario) -> new Run(own, scenario).run());
+  }
+
+  /**
+   * The hogged-pool scenario through a client made with only the pool ({@code new
+   * FenceClient(pool)}, no keeper DataSource): the keeper takes its connections from the pool
+   * before the grant and holds them, so a pool hogged then loses nothing. The pool has room for
+   * them: the scenario's size plus the keeper's {@link FenceClient#KEEPER_CONNECTIONS}.
+   */
+  @TestFactory
+  Stream<DynamicTest> aHoggedPoolWithoutAKeeperDataSource() {
+    return Scenarios.of("keeping.json").stream()
+        .filter(
+            scenario -> "a_pool_exhausted_at_the_grant_loses_nothing".equals(scenario.get("name")))
+        .map(
+            scenario ->
+                DynamicTest.dynamicTest(
+                    scenario.get("name") + " (pool only)",
+                    () -> {
+                      Run run = new Run(cluster, scenario);
+                      run.poolOnly = true;
+                      run.run();
+                    }));
   }
 
   /** A client of its own: its pool (if any), its proxy (if any), its kept leases. */
@@ -115,6 +138,7 @@ class KeepingBehavioursTest {
     final Map<String, Object> scenario;
     final String key;
     final Map<String, Client> clients = new HashMap<>();
+    boolean poolOnly; // a client with a pool has no keeper DataSource: its keeper uses the pool
     long previousStart;
     long stepStart;
 
@@ -160,13 +184,15 @@ class KeepingBehavioursTest {
       if (pool != null) {
         HikariConfig config = new HikariConfig();
         config.setDataSource(calls);
-        config.setMaximumPoolSize(pool);
-        config.setMinimumIdle(pool);
+        int size = poolOnly ? pool + keeperConnections : pool;
+        config.setMaximumPoolSize(size);
+        config.setMinimumIdle(size);
         config.setConnectionTimeout(250);
         hikari = new HikariDataSource(config);
         calls = hikari;
       }
-      DataSource keeper = Cluster.dataSource("beh_" + name + "_keeper", port);
+      DataSource keeper =
+          poolOnly && hikari != null ? hikari : Cluster.dataSource("beh_" + name + "_keeper", port);
       Client client =
           new Client(
               new FenceClient(
@@ -203,8 +229,13 @@ class KeepingBehavioursTest {
         }
         case "hog_pool" -> {
           Client client = named(step, verb);
-          for (int i = 0; i < client.pool.getMaximumPoolSize(); i++) {
-            client.hogged.add(client.pool.getConnection());
+          // Every connection the pool can give (those its client's keeper holds are not free).
+          while (client.hogged.size() < client.pool.getMaximumPoolSize()) {
+            try {
+              client.hogged.add(client.pool.getConnection());
+            } catch (java.sql.SQLTransientConnectionException exhausted) {
+              break;
+            }
           }
           assertEquals(0, client.pool.getHikariPoolMXBean().getIdleConnections());
         }
