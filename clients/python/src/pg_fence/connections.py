@@ -26,11 +26,9 @@ from .source import CANCEL_TIMEOUT, Source
 T = TypeVar("T")
 
 
-class Connections(Source):
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._conn: Optional[psycopg.Connection] = None
-        self._lock = threading.Lock()
+class _Lending(Source):
+    """A sync source's `use()`: a connection checked out for a block, and checked in with the
+    failure that ended the block, if one did (which decides whether the connection is kept)."""
 
     @contextlib.contextmanager
     def use(self) -> Iterator[psycopg.Connection]:
@@ -43,6 +41,19 @@ class Connections(Source):
             raise
         finally:
             self.checkin(conn, failure)
+
+    def checkout(self) -> psycopg.Connection:
+        raise NotImplementedError
+
+    def checkin(self, conn: psycopg.Connection, failure: Optional[BaseException] = None) -> None:
+        raise NotImplementedError
+
+
+class Connections(_Lending):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._conn: Optional[psycopg.Connection] = None
+        self._lock = threading.Lock()
 
     def checkout(self) -> psycopg.Connection:
         if self.pool is not None and not self.pinned:
@@ -118,7 +129,7 @@ class Connections(Source):
         return conn
 
 
-class Lanes(Source):
+class Lanes(_Lending):
     """As aio_connections.AsyncLanes: a keeper's own connections, at most `size` in use at once,
     kept open and reused; a call past its limit gives up its slot at once."""
 
@@ -132,18 +143,6 @@ class Lanes(Source):
         #: Connections made since the keeper started: more than `size` only after a failure.
         self.made = 0
         self._opening = False
-
-    @contextlib.contextmanager
-    def use(self) -> Iterator[psycopg.Connection]:
-        conn = self.checkout()
-        failure: Optional[BaseException] = None
-        try:
-            yield conn
-        except BaseException as err:
-            failure = err
-            raise
-        finally:
-            self.checkin(conn, failure)
 
     def checkout(self) -> psycopg.Connection:
         self._slots.acquire()
