@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_postgres::{CancelToken, NoTls};
@@ -25,6 +25,10 @@ const CAMPAIGN_WAIT: Duration = Duration::from_secs(60);
 
 /// How long a cancel request may take: a stopped server answers nothing.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long past the expiry of the lease it saw an observer waits for an answer before it says it
+/// cannot see (the server's answer at the expiry, and its round trip, come within it).
+const BLIND_GRACE: Duration = Duration::from_millis(500);
 
 /// Why a leadership ended (`on_stopped_leading`, `Leadership::stopped_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -551,15 +555,36 @@ impl<C: Connector> Observing<C> {
     /// when the state is what `seen` says (the timeout ran out). `seen` is None until something was
     /// seen: the first look does not wait, and its answer is news whatever it is (the present, the
     /// vacancy included, as elector.json says).
+    ///
+    /// Each question is answered by the expiry of the lease seen (the lease TTL of the options when
+    /// none was seen) or the observer cannot see: `Error::Blind`, after which it asks again on a new
+    /// connection, and the first answer it gets is news again.
     async fn news(&self, seen: &mut Option<Option<Leader>>) -> Result<Option<Option<Leader>>, Error> {
         let asked = seen.clone().flatten();
-        let wait = if seen.is_none() { Duration::ZERO } else { self.opts.observe_timeout };
-        let now = self.client.await_change(&self.key, asked.as_ref(), wait).await?;
-        if seen.as_ref().is_some_and(|before| *before == now) {
-            return Ok(None);
-        }
+        let mut wait = if seen.is_none() { Duration::ZERO } else { self.opts.observe_timeout };
+        let sight = match &asked {
+            Some(leader) => leader.expires_at.duration_since(SystemTime::now()).unwrap_or_default(),
+            None => self.opts.lease.ttl,
+        };
+        // The server answers an unchanged leader when the wait runs out, by the lease's expiry.
+        let sight = sight.max(BLIND_GRACE);
+        wait = wait.min(sight.saturating_sub(BLIND_GRACE));
+        let asking = self.client.await_change(&self.key, asked.as_ref(), wait);
+        let now = match tokio::time::timeout(sight + BLIND_GRACE, asking).await {
+            Ok(now) => now?,
+            Err(_) => {
+                self.client.forget().await;
+                *seen = None;
+                return Err(Error::Blind(format!(
+                    "no answer from the server within {:?}",
+                    sight + BLIND_GRACE
+                )));
+            }
+        };
+        let news = seen.as_ref().is_none_or(|before| *before != now);
+        // Kept even when unchanged: the expiry moves with each renewal the leader makes.
         *seen = Some(now.clone());
-        Ok(Some(now))
+        Ok(news.then_some(now))
     }
 
     /// Sends every change to `sender` until it is dropped, or an error (sent last).
@@ -571,7 +596,8 @@ impl<C: Connector> Observing<C> {
                 Ok(Some(leader)) => Ok(leader),
                 Err(err) => Err(err),
             };
-            let failed = news.is_err();
+            // Blind is told, and the observing goes on.
+            let failed = news.as_ref().is_err_and(|err| !matches!(err, Error::Blind(_)));
             if sender.send(news).await.is_err() || failed {
                 return;
             }

@@ -21,6 +21,7 @@ mod error;
 mod keeper;
 pub mod lease;
 mod reason;
+mod renewer;
 mod retry;
 
 pub use client::FenceClient;
@@ -32,4 +33,5 @@ pub use keeper::{
 };
 pub use lease::{AcquireOptions, Leader, Lease, LeaseSet, LeaseStatus};
 pub use reason::LossReason;
+pub use renewer::KeeperStats;
 pub use retry::Backoff;
