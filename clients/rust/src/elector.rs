@@ -26,8 +26,9 @@ const CAMPAIGN_WAIT: Duration = Duration::from_secs(60);
 /// How long a cancel request may take: a stopped server answers nothing.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How long past the expiry of the lease it saw an observer waits for an answer before it says it
-/// cannot see (the server's answer at the expiry, and its round trip, come within it).
+/// How long before the expiry of the lease it saw an observer asks the server to answer (unchanged,
+/// if nothing changed), so that the answer, and its round trip, come before the expiry: an observer
+/// with no answer by the expiry says it cannot see.
 const BLIND_GRACE: Duration = Duration::from_millis(500);
 
 /// Why a leadership ended (`on_stopped_leading`, `Leadership::stopped_reason`).
@@ -228,6 +229,9 @@ impl<C: Connector> Elector<C> {
     /// new value proclaimed (the same fence), None when nobody leads (a resign, a revoke, an expiry,
     /// a session's end, a fast lease lost in a crash). On a connection of its own; an error the
     /// retries could not get past (an outage longer than `Backoff::max_elapsed`) is its last item.
+    /// An observer that gets no answer by the expiry of the lease it saw last (by the TTL of
+    /// `ElectOptions::lease` while it saw none) yields `Err(Error::Blind(why))`, neither a vacancy
+    /// nor the old leader, and goes on, on a new connection: its next item is the present again.
     pub fn observe(&self) -> Observer {
         let observing = Observing {
             client: self.opts.client(self.connector.clone()),
@@ -570,15 +574,12 @@ impl<C: Connector> Observing<C> {
         let sight = sight.max(BLIND_GRACE);
         wait = wait.min(sight.saturating_sub(BLIND_GRACE));
         let asking = self.client.await_change(&self.key, asked.as_ref(), wait);
-        let now = match tokio::time::timeout(sight + BLIND_GRACE, asking).await {
+        let now = match tokio::time::timeout(sight, asking).await {
             Ok(now) => now?,
             Err(_) => {
                 self.client.forget().await;
                 *seen = None;
-                return Err(Error::Blind(format!(
-                    "no answer from the server within {:?}",
-                    sight + BLIND_GRACE
-                )));
+                return Err(Error::Blind(format!("no answer from the server within {sight:?}")));
             }
         };
         let news = seen.as_ref().is_none_or(|before| *before != now);

@@ -357,3 +357,17 @@ impl<C: Connector> Drop for GiveUp<C> {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewals_due_within_a_step_of_the_grid_are_due_together() {
+        let start = on_grid(Instant::now());
+        let (early, late) = (start + Duration::from_millis(1), start + GRID - Duration::from_millis(1));
+        assert_eq!(on_grid(early), on_grid(late), "both fall due at the same step");
+        assert!(on_grid(late) <= late, "never later than asked");
+        assert_eq!(on_grid(start + GRID), start + GRID);
+    }
+}
