@@ -2,7 +2,7 @@ use crate::connect::Connector;
 use crate::error::Error;
 use crate::lease::{self, AcquireOptions, Leader, Lease, LeaseSet, LeaseStatus};
 use crate::reason::Ended;
-use crate::renewer::{KeeperStats, Renewer};
+use crate::renewer::{GiveUp, KeeperStats, Renewer};
 use crate::retry::Backoff;
 use serde_json::Value;
 use std::future::Future;
@@ -157,10 +157,33 @@ impl<C: Connector> FenceClient<C> {
     }
 
     /// `lease::acquire`, retried. The token is chosen once (or taken from `opts`) for every try.
+    /// A call given up once it may have been sent (its future dropped, a timeout around it) or
+    /// ended with its outcome unknown has its token released by the client's keeper (on the
+    /// keeper's connections, tried until the TTL), so that a grant whose reply never came does not
+    /// hold the key until its TTL.
     pub async fn acquire(&self, key: &str, opts: &AcquireOptions) -> Result<Option<Lease>, Error> {
         opts.check()?;
         let opts = &opts.with_token();
-        self.retrying(opts.wait, |conn| async move { lease::acquire(&**conn, key, opts).await }).await
+        let give_up = self.give_up(&[key], opts);
+        let granted =
+            self.retrying(opts.wait, |conn| async move { lease::acquire(&**conn, key, opts).await }).await;
+        Self::settled(give_up, granted)
+    }
+
+    /// Armed until the acquire with `opts`'s token on `keys` is settled: dropped armed, it releases
+    /// the token.
+    fn give_up<K: AsRef<str>>(&self, keys: &[K], opts: &AcquireOptions) -> GiveUp<C> {
+        let keys = keys.iter().map(|key| key.as_ref().to_owned()).collect();
+        GiveUp::arm(self.keeper(), keys, opts.token.expect("with_token gave it one"), opts.ttl)
+    }
+
+    /// `granted`, the give-up disarmed unless its outcome is unknown (then the token is released).
+    fn settled<T>(give_up: GiveUp<C>, granted: Result<T, Error>) -> Result<T, Error> {
+        match &granted {
+            Err(err) if err.may_have_taken_effect() => drop(give_up),
+            _ => give_up.disarm(),
+        }
+        granted
     }
 
     /// `lease::acquire_any`, retried: the first free key of `keys`, in one round trip; None when
@@ -172,8 +195,11 @@ impl<C: Connector> FenceClient<C> {
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>, Error> {
         let opts = &opts.with_token();
-        self.retrying(Duration::ZERO, |conn| async move { lease::acquire_any(&**conn, keys, opts).await })
-            .await
+        let give_up = self.give_up(keys, opts);
+        let granted = self
+            .retrying(Duration::ZERO, |conn| async move { lease::acquire_any(&**conn, keys, opts).await })
+            .await;
+        Self::settled(give_up, granted)
     }
 
     /// `lease::acquire_all`, retried only while no try can have been granted (no connection, a

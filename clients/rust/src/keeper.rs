@@ -6,7 +6,7 @@ use crate::connect::Connector;
 use crate::error::Error;
 use crate::lease::{self, AcquireOptions, Lease, LeaseSet};
 use crate::reason::{Ended, LossReason};
-use crate::renewer::{self, GiveUp, Renewer};
+use crate::renewer::{self, Renewer};
 use crate::retry::Backoff;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -375,10 +375,8 @@ impl<C: Connector> FenceClient<C> {
             return start(Keeper::new(own, kept, Some(bound), None, timing, &keep, sent), sent, &keep, lease)
                 .await;
         }
-        let token = opts.token.expect("with_token gave it one");
-        let give_up = GiveUp::arm(keeper.clone(), vec![key.to_owned()], token, opts.ttl);
+        // Given up (dropped) while it may have been granted, `acquire` releases its token.
         let granted = self.acquire(key, &opts).await?;
-        give_up.disarm();
         let lease = granted.ok_or_else(|| Error::WaitTimedOut { key: key.to_owned() })?;
         let kept = Kept::One(lease.clone());
         let keeping = Keeper::new(self.sibling(), kept, None, Some(keeper), timing, &keep, sent);
@@ -398,12 +396,8 @@ impl<C: Connector> FenceClient<C> {
         let opts = opts.with_token();
         let timing = Timing::of(&opts, &keep)?;
         let keeper = self.keeper();
-        let token = opts.token.expect("with_token gave it one");
-        let named = keys.iter().map(|key| key.as_ref().to_owned()).collect();
-        let give_up = GiveUp::arm(keeper.clone(), named, token, opts.ttl);
         let sent = Stamp::now();
         let granted = self.acquire_any(keys, &opts).await?;
-        give_up.disarm();
         let Some(lease) = granted else { return Ok(None) };
         let kept = Kept::One(lease.clone());
         let keeping = Keeper::new(self.sibling(), kept, None, Some(keeper), timing, &keep, sent);
