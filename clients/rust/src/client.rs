@@ -56,6 +56,11 @@ impl<C: Connector> FenceClient<C> {
         self.keeper.get().map(|keeper| keeper.stats()).unwrap_or_default()
     }
 
+    /// What bounds each try of a call.
+    pub(crate) fn try_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
     /// The client's keeper, started at its first use.
     pub(crate) fn keeper(&self) -> Arc<Renewer<C>> {
         let start = || Renewer::start(self.connector.clone(), self.keeper_connections, self.backoff.clone());

@@ -366,6 +366,7 @@ impl<C: Connector> FenceClient<C> {
         let opts = opts.with_token();
         let timing = Timing::of(&opts, &keep)?;
         let keeper = self.keeper();
+        keeper.open(self.try_timeout()).await;
         let sent = Stamp::now();
         if opts.session_bound {
             let own = self.sibling();
@@ -396,6 +397,7 @@ impl<C: Connector> FenceClient<C> {
         let opts = opts.with_token();
         let timing = Timing::of(&opts, &keep)?;
         let keeper = self.keeper();
+        keeper.open(self.try_timeout()).await;
         let sent = Stamp::now();
         let granted = self.acquire_any(keys, &opts).await?;
         let Some(lease) = granted else { return Ok(None) };
@@ -417,6 +419,7 @@ impl<C: Connector> FenceClient<C> {
         opts.check_for_set()?;
         let timing = Timing::of(opts, &keep)?;
         let keeper = self.keeper();
+        keeper.open(self.try_timeout()).await;
         let own = self.sibling();
         let through = if opts.session_bound { &own } else { self };
         let sent = Stamp::now();
@@ -717,7 +720,8 @@ impl<C: Connector> Keeper<C> {
     async fn release(&self) -> Result<bool, Error> {
         if let Some(keeper) = &self.renewer {
             let release = |conn: Arc<C::Conn>| async move { self.kept.release_on(&**conn).await };
-            return keeper.call_retrying(self.timeout, self.timeout, release).await;
+            // Each try bounded as a renewal is, so that a hung keeper connection is left in time.
+            return keeper.call_retrying(self.timeout, self.every.min(self.timeout), release).await;
         }
         let released = timeout(self.timeout, self.kept.release(&self.client)).await;
         released.unwrap_or_else(|elapsed| Err(Error::OutcomeUnknown(Box::new(elapsed))))

@@ -70,6 +70,9 @@ pub(crate) struct Renewer<C: Connector> {
     renewals: AtomicUsize,
     latencies: Mutex<VecDeque<Duration>>,
     retry: Backoff,
+    connections: usize,
+    /// Whether every keeper connection has been made once (`open`).
+    opened: tokio::sync::Mutex<bool>,
 }
 
 impl<C: Connector> Renewer<C> {
@@ -87,6 +90,8 @@ impl<C: Connector> Renewer<C> {
             renewals: AtomicUsize::new(0),
             latencies: Mutex::new(VecDeque::new()),
             retry,
+            connections,
+            opened: tokio::sync::Mutex::new(false),
         });
         tokio::spawn(renewer.clone().dispatch());
         renewer
@@ -104,6 +109,30 @@ impl<C: Connector> Renewer<C> {
             renewal_p50: at(50).unwrap_or_default(),
             renewal_p99: at(99).unwrap_or_default(),
         }
+    }
+
+    /// Makes the keeper's connections, once, before its first lease is acquired (within `limit`):
+    /// from a connector that is a pool, they are taken while it has them to give, so a pool
+    /// exhausted later, at the grant or after it, does not hold a renewal back. Best effort: a
+    /// connection not made now is made when first needed.
+    pub async fn open(self: &Arc<Self>, limit: Duration) {
+        let mut opened = self.opened.lock().await;
+        if *opened {
+            return;
+        }
+        let bound = Instant::now() + limit;
+        let mut slots = Vec::with_capacity(self.connections);
+        for _ in 0..self.connections {
+            match timeout_at(bound.into(), self.slot()).await {
+                Ok(slot) => slots.push(slot),
+                Err(_) => return,
+            }
+        }
+        let mut made = 0;
+        for slot in &mut slots {
+            made += usize::from(slot.conn(bound).await.is_ok());
+        }
+        *opened = made == self.connections;
     }
 
     /// Renews `lease` for `ttl` in the next call a free connection sends; the caller waits until
@@ -346,9 +375,11 @@ impl<C: Connector> Drop for GiveUp<C> {
     fn drop(&mut self) {
         let Some(Unsure { keeper, keys, token, ttl }) = self.armed.take() else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        // Tried until the TTL: after it, the grant (if any) has ended by itself.
+        // Tried until the TTL: after it, the grant (if any) has ended by itself. A try is bounded
+        // by a second (a release takes milliseconds; trying again is harmless), as the keeper's
+        // connections may have hung with the call's.
         runtime.spawn(async move {
-            let per_try = Duration::from_secs(2).min(ttl);
+            let per_try = Duration::from_secs(1).min(ttl);
             for key in &keys {
                 let release =
                     |conn: Arc<C::Conn>| async move { lease::release_token(&**conn, key, token).await };
