@@ -33,8 +33,13 @@ impl<C: Connector> FenceClient<C> {
     }
 
     pub fn with_backoff(connector: C, backoff: Backoff) -> Self {
+        FenceClient::shared(Arc::new(connector), backoff)
+    }
+
+    /// A client of a connector others use too.
+    pub(crate) fn shared(connector: Arc<C>, backoff: Backoff) -> Self {
         FenceClient {
-            connector: Arc::new(connector),
+            connector,
             backoff,
             call_timeout: Duration::from_secs(30),
             conn: Mutex::new(None),
@@ -54,6 +59,10 @@ impl<C: Connector> FenceClient<C> {
     /// latency of its renewals.
     pub fn keeper_stats(&self) -> KeeperStats {
         self.keeper.get().map(|keeper| keeper.stats()).unwrap_or_default()
+    }
+
+    pub(crate) fn connector(&self) -> Arc<C> {
+        self.connector.clone()
     }
 
     /// What bounds each try of a call.

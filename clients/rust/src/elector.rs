@@ -5,7 +5,7 @@
 use crate::client::FenceClient;
 use crate::connect::Connector;
 use crate::error::{BoxError, Error};
-use crate::keeper::{hold, HeldLease, KeepOptions, LeaseState};
+use crate::keeper::{hold_kept_by, HeldLease, KeepOptions, LeaseState};
 use crate::lease::{self, AcquireOptions, Leader, Lease};
 use crate::reason::{Ended, LossReason};
 use std::fmt;
@@ -145,11 +145,23 @@ impl ElectOptions {
     }
 }
 
+impl<C: Connector> FenceClient<C> {
+    /// An `Elector` of `key` whose leaderships this client's keeper keeps, with its other kept
+    /// leases (`Elector::new` makes a keeper of the elector's own). The campaigns' acquires and the
+    /// observers go on connections of their own, as with `Elector::new`.
+    pub fn elector(&self, key: impl Into<String>, opts: ElectOptions) -> Elector<C> {
+        Elector::kept_by(self.sibling(), key, opts)
+    }
+}
+
 /// Campaigns for a key, observes its leaders and calls back. `Elector::new` with an
 /// `on_new_leader` callback must be called within a Tokio runtime (it starts the observing task,
 /// which ends when the elector is dropped).
 pub struct Elector<C: Connector> {
     connector: Arc<C>,
+    /// Whose keeper keeps the leaderships: the elector's own, or the client's it was made from
+    /// (`FenceClient::elector`), shared with the client's other kept leases.
+    keeper: FenceClient<C>,
     key: String,
     opts: ElectOptions,
     watcher: Option<JoinHandle<()>>,
@@ -157,13 +169,22 @@ pub struct Elector<C: Connector> {
 
 impl<C: Connector> Elector<C> {
     pub fn new(connector: C, key: impl Into<String>, opts: ElectOptions) -> Self {
-        let (connector, key) = (Arc::new(connector), key.into());
+        // One connection: the elector keeps one leadership at a time.
+        let keeper = FenceClient::with_backoff(connector, opts.keep.retry.clone())
+            .call_timeout(opts.keep.timeout)
+            .keeper_connections(1);
+        Elector::kept_by(keeper, key, opts)
+    }
+
+    /// An elector whose leaderships `keeper`'s keeper keeps.
+    fn kept_by(keeper: FenceClient<C>, key: impl Into<String>, opts: ElectOptions) -> Self {
+        let (connector, key) = (keeper.connector(), key.into());
         let watcher = opts.on_new_leader.clone().map(|callback| {
             let observing =
                 Observing { client: opts.client(connector.clone()), key: key.clone(), opts: opts.clone() };
             tokio::spawn(observing.call_back(callback))
         });
-        Elector { connector, key, opts, watcher }
+        Elector { connector, keeper, key, opts, watcher }
     }
 
     pub fn key(&self) -> &str {
@@ -188,7 +209,9 @@ impl<C: Connector> Elector<C> {
             let token = Uuid::new_v4();
             let opts = self.opts.acquire(value, left.min(CAMPAIGN_WAIT), token)?;
             let mut campaign = Campaign::new(self.connector.clone(), &self.key, token);
-            let held = hold(campaign.connector(), &self.key, &opts, self.opts.keep.clone()).await;
+            let acquirer = FenceClient::with_backoff(campaign.connector(), self.opts.keep.retry.clone())
+                .call_timeout(self.opts.keep.timeout);
+            let held = hold_kept_by(&acquirer, &self.keeper, &self.key, &opts, self.opts.keep.clone()).await;
             match held {
                 Ok(held) => {
                     campaign.done();

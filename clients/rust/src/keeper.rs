@@ -362,26 +362,10 @@ impl<C: Connector> FenceClient<C> {
         opts: &AcquireOptions,
         keep: KeepOptions,
     ) -> Result<HeldLease, Error> {
-        opts.check()?;
-        let opts = opts.with_token();
-        let timing = Timing::of(&opts, &keep)?;
-        let keeper = self.keeper();
-        keeper.open(self.try_timeout()).await;
-        let sent = Stamp::now();
-        if opts.session_bound {
-            let own = self.sibling();
-            let granted = own.acquire_session_bound(key, &opts).await?;
-            let (lease, bound) = granted.ok_or_else(|| Error::WaitTimedOut { key: key.to_owned() })?;
-            let kept = Kept::One(lease.clone());
-            return start(Keeper::new(own, kept, Some(bound), None, timing, &keep, sent), sent, &keep, lease)
-                .await;
+        match opts.session_bound {
+            true => hold_kept_by(&self.sibling(), self, key, opts, keep).await,
+            false => hold_kept_by(self, self, key, opts, keep).await,
         }
-        // Given up (dropped) while it may have been granted, `acquire` releases its token.
-        let granted = self.acquire(key, &opts).await?;
-        let lease = granted.ok_or_else(|| Error::WaitTimedOut { key: key.to_owned() })?;
-        let kept = Kept::One(lease.clone());
-        let keeping = Keeper::new(self.sibling(), kept, None, Some(keeper), timing, &keep, sent);
-        start(keeping, sent, &keep, lease).await
     }
 
     /// `hold_first_free`, through this client and kept by its keeper (see `hold`).
@@ -433,6 +417,41 @@ impl<C: Connector> FenceClient<C> {
         let kept = Kept::Set(set.clone());
         start(Keeper::new(own, kept, bound, keeper, timing, &keep, sent), sent, &keep, set).await
     }
+}
+
+/// `hold`, the lease acquired through `acquirer` and kept by `keeper`'s keeper (a session-bound one
+/// on the connection that took it): `FenceClient::hold`, and an elector's campaign, whose acquire
+/// goes through connections it can cancel.
+pub(crate) async fn hold_kept_by<A, K>(
+    acquirer: &FenceClient<A>,
+    keeper: &FenceClient<K>,
+    key: &str,
+    opts: &AcquireOptions,
+    keep: KeepOptions,
+) -> Result<HeldLease, Error>
+where
+    A: Connector<Conn = K::Conn>,
+    K: Connector,
+{
+    opts.check()?;
+    let opts = opts.with_token();
+    let timing = Timing::of(&opts, &keep)?;
+    let renewer = keeper.keeper();
+    renewer.open(keeper.try_timeout()).await;
+    let sent = Stamp::now();
+    if opts.session_bound {
+        let granted = acquirer.acquire_session_bound(key, &opts).await?;
+        let (lease, bound) = granted.ok_or_else(|| Error::WaitTimedOut { key: key.to_owned() })?;
+        let kept = Kept::One(lease.clone());
+        let keeping = Keeper::new(keeper.sibling(), kept, Some(bound), None, timing, &keep, sent);
+        return start(keeping, sent, &keep, lease).await;
+    }
+    // Given up (dropped) while it may have been granted, `acquire` releases its token.
+    let granted = acquirer.acquire(key, &opts).await?;
+    let lease = granted.ok_or_else(|| Error::WaitTimedOut { key: key.to_owned() })?;
+    let kept = Kept::One(lease.clone());
+    let keeping = Keeper::new(keeper.sibling(), kept, None, Some(renewer), timing, &keep, sent);
+    start(keeping, sent, &keep, lease).await
 }
 
 /// Takes the first free key of `keys`, in order, in one round trip (`lease::acquire_any`, as SKIP
