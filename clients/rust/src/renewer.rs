@@ -166,6 +166,7 @@ impl<C: Connector> Renewer<C> {
             }
             Err(hung) => {
                 slot.conn = None;
+                self.hung();
                 Err(elapsed(hung))
             }
         }
@@ -263,6 +264,7 @@ impl<C: Connector> Renewer<C> {
                     }
                     _ => {
                         slot.conn = None;
+                        self.hung();
                         format!("the keeper's call hung for {:?}", sent.elapsed())
                     }
                 };
@@ -271,6 +273,14 @@ impl<C: Connector> Renewer<C> {
                 }
             }
         }
+    }
+
+    /// A call hung: the idle connections are dropped with its own, as whatever silenced it (a dead
+    /// route, a proxy) has most likely silenced them too, and a renewal retried on one of them would
+    /// hang again. New ones are made as they are needed (in milliseconds, when the server can be
+    /// reached).
+    fn hung(&self) {
+        self.idle.lock().unwrap().iter_mut().for_each(|conn| *conn = None);
     }
 
     fn record(&self, took: Duration, renewals: usize) {
