@@ -218,7 +218,8 @@ fn a_set_kept_by_the_clients_keeper_is_renewed_there_and_lost_as_a_whole() {
         assert!(held.is_held(), "renewed past its TTL");
         let keeper = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rc_set_client_keeper'";
         let open: i64 = admin.query_one(keeper, &[]).await.unwrap().get(0);
-        assert_eq!(open, 1, "renewed on one of the keeper's connections, one call at a time");
+        assert_eq!(open, 2, "the keeper's two connections, made before the acquire");
+        assert_eq!(client.keeper_stats().connections_made, 2, "and kept: the set is renewed on them");
         admin.query_one("SELECT fence.lease_revoke('account:2')", &[]).await.unwrap();
         let lost = tokio::time::timeout(Duration::from_secs(3), held.lost()).await;
         assert_eq!(
