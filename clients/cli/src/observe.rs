@@ -4,7 +4,7 @@ use crate::args::{ConnArgs, ObserveArgs};
 use crate::connect::Server;
 use crate::exit::Exit;
 use crate::run::keep_options;
-use pg_fence_client::{AcquireOptions, ElectOptions, Elector, Leader};
+use pg_fence_client::{AcquireOptions, ElectOptions, Elector, Error, Leader};
 use serde_json::json;
 use std::time::{Duration, SystemTime};
 
@@ -17,7 +17,15 @@ pub async fn observe(args: ObserveArgs, conn: &ConnArgs, server: Server) -> Resu
     let mut observer = elector.observe();
     let mut last = None;
     while let Some(news) = observer.next().await {
-        let leader = news?;
+        let leader = match news {
+            Err(Error::Blind(why)) => {
+                // Not a vacancy, nor the old leader: the observer cannot tell; it goes on.
+                print_blind(&args, &why);
+                last = None;
+                continue;
+            }
+            news => news?,
+        };
         if last.as_ref() != Some(&leader) {
             print(&args, &leader);
             last = Some(leader);
@@ -46,6 +54,13 @@ fn print(args: &ObserveArgs, leader: &Option<Leader>) {
         (false, None) => format!("{}: no leader", args.name),
     };
     println!("{line}");
+}
+
+fn print_blind(args: &ObserveArgs, why: &str) {
+    match args.json {
+        true => println!("{}", json!({ "name": args.name, "blind": true, "why": why })),
+        false => println!("{}: cannot see ({why})", args.name),
+    }
 }
 
 fn time(at: SystemTime) -> String {

@@ -59,3 +59,31 @@ fn the_next_candidate_leads_when_the_first_command_ends_and_observe_prints_each_
     assert!(text.stdout().starts_with("scheduler: no leader\n"));
     assert!(observer.running() && text.running(), "observers run until interrupted");
 }
+
+/// The observer's backend stopped (SIGSTOP: its connection goes silent, no reset): `observe` says it
+/// cannot see by the watched lease's expiry, not the leader again nor a vacancy, then sees again on
+/// a new connection.
+#[test]
+fn observe_says_when_it_cannot_see() {
+    let setup = Setup::new("cli_observe_blind", 27637);
+    setup.execute("SELECT fence.lease_acquire('watched', '3 seconds', 'lead')");
+    let text = setup.spawn("observer", &["observe", "watched"]);
+    assert!(
+        common::eventually(LIMIT, || text.stdout().contains("watched: leader lead")),
+        "{}",
+        text.stdout()
+    );
+    let asking = "SELECT pid::bigint FROM pg_stat_activity WHERE query LIKE '%await_change%' \
+                  AND pid <> pg_backend_pid() AND backend_type = 'client backend'";
+    let backend = setup.query_i64(asking).to_string();
+    let signal = |sig: &str| std::process::Command::new("kill").args([sig, &backend]).status().unwrap();
+    assert!(signal("-STOP").success());
+    let blind_then_vacancy = |out: &str| {
+        let after: Vec<&str> = out.lines().skip_while(|line| !line.contains("leader lead")).skip(1).collect();
+        after.first().is_some_and(|line| line.starts_with("watched: cannot see ("))
+            && after.contains(&"watched: no leader")
+    };
+    let seen = common::eventually(LIMIT, || blind_then_vacancy(&text.stdout()));
+    signal("-CONT");
+    assert!(seen, "{}", text.stdout());
+}

@@ -2,10 +2,11 @@ use crate::connect::Connector;
 use crate::error::Error;
 use crate::lease::{self, AcquireOptions, Leader, Lease, LeaseSet, LeaseStatus};
 use crate::reason::Ended;
+use crate::renewer::{GiveUp, KeeperStats, Renewer};
 use crate::retry::Backoff;
 use serde_json::Value;
 use std::future::Future;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Mutex;
 use uuid::Uuid;
@@ -14,11 +15,16 @@ use uuid::Uuid;
 /// retried, which is safe for each of them: an acquire carries the token chosen before its first try,
 /// so a retry after a lost reply gets the lease that reply granted; renew and release are safe as they
 /// are. Fenced writes are not here: a write must be retried by the caller, who knows its transaction.
+///
+/// The client is also the keeper of the leases it holds (`hold`, `hold_first_free`, `hold_all`):
+/// they are renewed together over `keeper_connections` connections of its own (see the README).
 pub struct FenceClient<C: Connector> {
-    connector: C,
+    connector: Arc<C>,
     backoff: Backoff,
     call_timeout: Duration,
     conn: Mutex<Option<Arc<C::Conn>>>,
+    keeper_connections: usize,
+    keeper: Arc<OnceLock<Arc<Renewer<C>>>>,
 }
 
 impl<C: Connector> FenceClient<C> {
@@ -27,7 +33,60 @@ impl<C: Connector> FenceClient<C> {
     }
 
     pub fn with_backoff(connector: C, backoff: Backoff) -> Self {
-        FenceClient { connector, backoff, call_timeout: Duration::from_secs(30), conn: Mutex::new(None) }
+        FenceClient::shared(Arc::new(connector), backoff)
+    }
+
+    /// A client of a connector others use too.
+    pub(crate) fn shared(connector: Arc<C>, backoff: Backoff) -> Self {
+        FenceClient {
+            connector,
+            backoff,
+            call_timeout: Duration::from_secs(30),
+            conn: Mutex::new(None),
+            keeper_connections: 2,
+            keeper: Arc::default(),
+        }
+    }
+
+    /// How many connections the client's keeper keeps its leases over; 2 by default (at least 1).
+    /// Set it before the first `hold`: the keeper starts with it.
+    pub fn keeper_connections(mut self, connections: usize) -> Self {
+        self.keeper_connections = connections.max(1);
+        self
+    }
+
+    /// How the keeper has kept the client's leases so far: the connections it made, and the
+    /// latency of its renewals.
+    pub fn keeper_stats(&self) -> KeeperStats {
+        self.keeper.get().map(|keeper| keeper.stats()).unwrap_or_default()
+    }
+
+    pub(crate) fn connector(&self) -> Arc<C> {
+        self.connector.clone()
+    }
+
+    /// What bounds each try of a call.
+    pub(crate) fn try_timeout(&self) -> Duration {
+        self.call_timeout
+    }
+
+    /// The client's keeper, started at its first use.
+    pub(crate) fn keeper(&self) -> Arc<Renewer<C>> {
+        let start = || Renewer::start(self.connector.clone(), self.keeper_connections, self.backoff.clone());
+        self.keeper.get_or_init(start).clone()
+    }
+
+    /// A client of the same connector and keeper, with a connection of its own: for a session-bound
+    /// lease, which lives with the session that took it.
+    pub(crate) fn sibling(&self) -> FenceClient<C> {
+        FenceClient {
+            connector: self.connector.clone(),
+            backoff: self.backoff.clone(),
+            call_timeout: self.call_timeout,
+            conn: Mutex::new(None),
+            keeper_connections: self.keeper_connections,
+            keeper: self.keeper.clone(),
+        }
     }
 
     /// Bounds each try of a call (beyond an acquire's `wait`); 30 s by default.
@@ -112,10 +171,33 @@ impl<C: Connector> FenceClient<C> {
     }
 
     /// `lease::acquire`, retried. The token is chosen once (or taken from `opts`) for every try.
+    /// A call given up once it may have been sent (its future dropped, a timeout around it) or
+    /// ended with its outcome unknown has its token released by the client's keeper (on the
+    /// keeper's connections, tried until the TTL), so that a grant whose reply never came does not
+    /// hold the key until its TTL.
     pub async fn acquire(&self, key: &str, opts: &AcquireOptions) -> Result<Option<Lease>, Error> {
         opts.check()?;
         let opts = &opts.with_token();
-        self.retrying(opts.wait, |conn| async move { lease::acquire(&**conn, key, opts).await }).await
+        let give_up = self.give_up(&[key], opts);
+        let granted =
+            self.retrying(opts.wait, |conn| async move { lease::acquire(&**conn, key, opts).await }).await;
+        Self::settled(give_up, granted)
+    }
+
+    /// Armed until the acquire with `opts`'s token on `keys` is settled: dropped armed, it releases
+    /// the token.
+    fn give_up<K: AsRef<str>>(&self, keys: &[K], opts: &AcquireOptions) -> GiveUp<C> {
+        let keys = keys.iter().map(|key| key.as_ref().to_owned()).collect();
+        GiveUp::arm(self.keeper(), keys, opts.token.expect("with_token gave it one"), opts.ttl)
+    }
+
+    /// `granted`, the give-up disarmed unless its outcome is unknown (then the token is released).
+    fn settled<T>(give_up: GiveUp<C>, granted: Result<T, Error>) -> Result<T, Error> {
+        match &granted {
+            Err(err) if err.may_have_taken_effect() => drop(give_up),
+            _ => give_up.disarm(),
+        }
+        granted
     }
 
     /// `lease::acquire_any`, retried: the first free key of `keys`, in one round trip; None when
@@ -127,8 +209,11 @@ impl<C: Connector> FenceClient<C> {
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>, Error> {
         let opts = &opts.with_token();
-        self.retrying(Duration::ZERO, |conn| async move { lease::acquire_any(&**conn, keys, opts).await })
-            .await
+        let give_up = self.give_up(keys, opts);
+        let granted = self
+            .retrying(Duration::ZERO, |conn| async move { lease::acquire_any(&**conn, keys, opts).await })
+            .await;
+        Self::settled(give_up, granted)
     }
 
     /// `lease::acquire_all`, retried only while no try can have been granted (no connection, a

@@ -25,6 +25,21 @@ pub trait Connector: Send + Sync + 'static {
     fn closed(_conn: &Self::Conn) -> Option<CancellationToken> {
         None
     }
+
+    /// A connection for a client's keeper (`FenceClient::hold`), which keeps it open and uses it
+    /// for renewals and releases only. By default `connect`; a `Config` (and a `TlsConfig`) names
+    /// its session `<application_name>_keeper`, so that the keeper's backends can be told apart.
+    fn connect_keeper(&self) -> impl Future<Output = Result<Self::Conn, BoxError>> + Send {
+        self.connect()
+    }
+}
+
+/// `config` for a keeper's sessions: its application_name (or the default) with `_keeper`.
+fn keeper_config(config: &Config) -> Config {
+    let mut config = config.clone();
+    let name = config.get_application_name().unwrap_or(APPLICATION_NAME).to_owned();
+    config.application_name(format!("{name}_keeper"));
+    config
 }
 
 /// A connection made from a `Config`: the client and the task driving its socket, which is ended
@@ -100,6 +115,10 @@ impl Connector for Config {
         connect_with(self, NoTls).await
     }
 
+    async fn connect_keeper(&self) -> Result<PgConnection, BoxError> {
+        connect_with(&keeper_config(self), NoTls).await
+    }
+
     fn closed(conn: &PgConnection) -> Option<CancellationToken> {
         Some(conn.closed.clone())
     }
@@ -127,6 +146,10 @@ where
         connect_with(&self.config, self.tls.clone()).await
     }
 
+    async fn connect_keeper(&self) -> Result<PgConnection, BoxError> {
+        connect_with(&keeper_config(&self.config), self.tls.clone()).await
+    }
+
     fn closed(conn: &PgConnection) -> Option<CancellationToken> {
         Some(conn.closed.clone())
     }
@@ -141,6 +164,10 @@ impl<T: Connector> Connector for Arc<T> {
 
     fn closed(conn: &T::Conn) -> Option<CancellationToken> {
         T::closed(conn)
+    }
+
+    fn connect_keeper(&self) -> impl Future<Output = Result<T::Conn, BoxError>> + Send {
+        (**self).connect_keeper()
     }
 }
 

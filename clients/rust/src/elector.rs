@@ -5,7 +5,7 @@
 use crate::client::FenceClient;
 use crate::connect::Connector;
 use crate::error::{BoxError, Error};
-use crate::keeper::{hold, HeldLease, KeepOptions, LeaseState};
+use crate::keeper::{hold_kept_by, HeldLease, KeepOptions, LeaseState};
 use crate::lease::{self, AcquireOptions, Leader, Lease};
 use crate::reason::{Ended, LossReason};
 use std::fmt;
@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_postgres::{CancelToken, NoTls};
@@ -25,6 +25,11 @@ const CAMPAIGN_WAIT: Duration = Duration::from_secs(60);
 
 /// How long a cancel request may take: a stopped server answers nothing.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long before the expiry of the lease it saw an observer asks the server to answer (unchanged,
+/// if nothing changed), so that the answer, and its round trip, come before the expiry: an observer
+/// with no answer by the expiry says it cannot see.
+const BLIND_GRACE: Duration = Duration::from_millis(500);
 
 /// Why a leadership ended (`on_stopped_leading`, `Leadership::stopped_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,11 +145,23 @@ impl ElectOptions {
     }
 }
 
+impl<C: Connector> FenceClient<C> {
+    /// An `Elector` of `key` whose leaderships this client's keeper keeps, with its other kept
+    /// leases (`Elector::new` makes a keeper of the elector's own). The campaigns' acquires and the
+    /// observers go on connections of their own, as with `Elector::new`.
+    pub fn elector(&self, key: impl Into<String>, opts: ElectOptions) -> Elector<C> {
+        Elector::kept_by(self.sibling(), key, opts)
+    }
+}
+
 /// Campaigns for a key, observes its leaders and calls back. `Elector::new` with an
 /// `on_new_leader` callback must be called within a Tokio runtime (it starts the observing task,
 /// which ends when the elector is dropped).
 pub struct Elector<C: Connector> {
     connector: Arc<C>,
+    /// Whose keeper keeps the leaderships: the elector's own, or the client's it was made from
+    /// (`FenceClient::elector`), shared with the client's other kept leases.
+    keeper: FenceClient<C>,
     key: String,
     opts: ElectOptions,
     watcher: Option<JoinHandle<()>>,
@@ -152,13 +169,22 @@ pub struct Elector<C: Connector> {
 
 impl<C: Connector> Elector<C> {
     pub fn new(connector: C, key: impl Into<String>, opts: ElectOptions) -> Self {
-        let (connector, key) = (Arc::new(connector), key.into());
+        // One connection: the elector keeps one leadership at a time.
+        let keeper = FenceClient::with_backoff(connector, opts.keep.retry.clone())
+            .call_timeout(opts.keep.timeout)
+            .keeper_connections(1);
+        Elector::kept_by(keeper, key, opts)
+    }
+
+    /// An elector whose leaderships `keeper`'s keeper keeps.
+    fn kept_by(keeper: FenceClient<C>, key: impl Into<String>, opts: ElectOptions) -> Self {
+        let (connector, key) = (keeper.connector(), key.into());
         let watcher = opts.on_new_leader.clone().map(|callback| {
             let observing =
                 Observing { client: opts.client(connector.clone()), key: key.clone(), opts: opts.clone() };
             tokio::spawn(observing.call_back(callback))
         });
-        Elector { connector, key, opts, watcher }
+        Elector { connector, keeper, key, opts, watcher }
     }
 
     pub fn key(&self) -> &str {
@@ -183,7 +209,9 @@ impl<C: Connector> Elector<C> {
             let token = Uuid::new_v4();
             let opts = self.opts.acquire(value, left.min(CAMPAIGN_WAIT), token)?;
             let mut campaign = Campaign::new(self.connector.clone(), &self.key, token);
-            let held = hold(campaign.connector(), &self.key, &opts, self.opts.keep.clone()).await;
+            let acquirer = FenceClient::with_backoff(campaign.connector(), self.opts.keep.retry.clone())
+                .call_timeout(self.opts.keep.timeout);
+            let held = hold_kept_by(&acquirer, &self.keeper, &self.key, &opts, self.opts.keep.clone()).await;
             match held {
                 Ok(held) => {
                     campaign.done();
@@ -224,6 +252,9 @@ impl<C: Connector> Elector<C> {
     /// new value proclaimed (the same fence), None when nobody leads (a resign, a revoke, an expiry,
     /// a session's end, a fast lease lost in a crash). On a connection of its own; an error the
     /// retries could not get past (an outage longer than `Backoff::max_elapsed`) is its last item.
+    /// An observer that gets no answer by the expiry of the lease it saw last (by the TTL of
+    /// `ElectOptions::lease` while it saw none) yields `Err(Error::Blind(why))`, neither a vacancy
+    /// nor the old leader, and goes on, on a new connection: its next item is the present again.
     pub fn observe(&self) -> Observer {
         let observing = Observing {
             client: self.opts.client(self.connector.clone()),
@@ -551,15 +582,33 @@ impl<C: Connector> Observing<C> {
     /// when the state is what `seen` says (the timeout ran out). `seen` is None until something was
     /// seen: the first look does not wait, and its answer is news whatever it is (the present, the
     /// vacancy included, as elector.json says).
+    ///
+    /// Each question is answered by the expiry of the lease seen (the lease TTL of the options when
+    /// none was seen) or the observer cannot see: `Error::Blind`, after which it asks again on a new
+    /// connection, and the first answer it gets is news again.
     async fn news(&self, seen: &mut Option<Option<Leader>>) -> Result<Option<Option<Leader>>, Error> {
         let asked = seen.clone().flatten();
-        let wait = if seen.is_none() { Duration::ZERO } else { self.opts.observe_timeout };
-        let now = self.client.await_change(&self.key, asked.as_ref(), wait).await?;
-        if seen.as_ref().is_some_and(|before| *before == now) {
-            return Ok(None);
-        }
+        let mut wait = if seen.is_none() { Duration::ZERO } else { self.opts.observe_timeout };
+        let sight = match &asked {
+            Some(leader) => leader.expires_at.duration_since(SystemTime::now()).unwrap_or_default(),
+            None => self.opts.lease.ttl,
+        };
+        // The server answers an unchanged leader when the wait runs out, by the lease's expiry.
+        let sight = sight.max(BLIND_GRACE);
+        wait = wait.min(sight.saturating_sub(BLIND_GRACE));
+        let asking = self.client.await_change(&self.key, asked.as_ref(), wait);
+        let now = match tokio::time::timeout(sight, asking).await {
+            Ok(now) => now?,
+            Err(_) => {
+                self.client.forget().await;
+                *seen = None;
+                return Err(Error::Blind(format!("no answer from the server within {sight:?}")));
+            }
+        };
+        let news = seen.as_ref().is_none_or(|before| *before != now);
+        // Kept even when unchanged: the expiry moves with each renewal the leader makes.
         *seen = Some(now.clone());
-        Ok(Some(now))
+        Ok(news.then_some(now))
     }
 
     /// Sends every change to `sender` until it is dropped, or an error (sent last).
@@ -571,7 +620,8 @@ impl<C: Connector> Observing<C> {
                 Ok(Some(leader)) => Ok(leader),
                 Err(err) => Err(err),
             };
-            let failed = news.is_err();
+            // Blind is told, and the observing goes on.
+            let failed = news.as_ref().is_err_and(|err| !matches!(err, Error::Blind(_)));
             if sender.send(news).await.is_err() || failed {
                 return;
             }

@@ -33,6 +33,12 @@ pub enum Error {
     /// No connection could be made before the retries ran out; nothing was sent.
     #[error("could not connect")]
     Connect(#[source] BoxError),
+    /// An observer (`Elector::observe`) could not reach the server by the expiry of the lease it
+    /// saw last (or within the lease TTL it was given, when it saw none): it cannot tell who leads.
+    /// Not a vacancy, and not the old leader: the observer goes on, on a new connection, and its next
+    /// item is the present again once it can see.
+    #[error("the observer cannot see the key: {0}")]
+    Blind(String),
     /// Options that cannot work (`hold`: a `renew_every` of zero, or not shorter than ttl less the
     /// margin); checked before anything is sent.
     #[error("invalid options: {0}")]

@@ -6,6 +6,7 @@ use crate::connect::Connector;
 use crate::error::Error;
 use crate::lease::{self, AcquireOptions, Lease, LeaseSet};
 use crate::reason::{Ended, LossReason};
+use crate::renewer::{self, Renewer};
 use crate::retry::Backoff;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +14,6 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, timeout_at};
-use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::GenericClient;
 use tokio_util::sync::CancellationToken;
 
@@ -344,7 +344,114 @@ pub async fn hold<C: Connector>(
     };
     let (lease, bound) = granted.ok_or_else(|| Error::WaitTimedOut { key: key.to_owned() })?;
     let kept = Kept::One(lease.clone());
-    start(Keeper::new(client, kept, bound, timing, &keep, sent), sent, &keep, lease).await
+    start(Keeper::new(client, kept, bound, None, timing, &keep, sent), sent, &keep, lease).await
+}
+
+impl<C: Connector> FenceClient<C> {
+    /// Acquires `key` as `hold` does, through this client's connection (its calls' retries and
+    /// timeout), and keeps it with the client's keeper: its renewals go with the other leases' due
+    /// then, in one call on one of the keeper's `keeper_connections` connections, however many
+    /// leases the client keeps. Each lease keeps its own local deadline and is told its own loss,
+    /// as with `hold`. A session-bound lease keeps a connection of its own (the session is the
+    /// lease). If the caller gives the acquire up once it may have been sent (drops the future, a
+    /// timeout) or it fails with its outcome unknown, the keeper releases the token it carried, so
+    /// that a grant whose reply never came does not hold the key until its TTL.
+    pub async fn hold(
+        &self,
+        key: &str,
+        opts: &AcquireOptions,
+        keep: KeepOptions,
+    ) -> Result<HeldLease, Error> {
+        match opts.session_bound {
+            true => hold_kept_by(&self.sibling(), self, key, opts, keep).await,
+            false => hold_kept_by(self, self, key, opts, keep).await,
+        }
+    }
+
+    /// `hold_first_free`, through this client and kept by its keeper (see `hold`).
+    pub async fn hold_first_free<K: AsRef<str> + Sync>(
+        &self,
+        keys: &[K],
+        opts: &AcquireOptions,
+        keep: KeepOptions,
+    ) -> Result<Option<HeldLease>, Error> {
+        if opts.session_bound {
+            return Err(Error::Config("hold_first_free keeps a plain lease, not a session-bound one".into()));
+        }
+        let opts = opts.with_token();
+        let timing = Timing::of(&opts, &keep)?;
+        let keeper = self.keeper();
+        keeper.open(self.try_timeout()).await;
+        let sent = Stamp::now();
+        let granted = self.acquire_any(keys, &opts).await?;
+        let Some(lease) = granted else { return Ok(None) };
+        let kept = Kept::One(lease.clone());
+        let keeping = Keeper::new(self.sibling(), kept, None, Some(keeper), timing, &keep, sent);
+        start(keeping, sent, &keep, lease).await.map(Some)
+    }
+
+    /// `hold_all`, through this client and kept by its keeper: the set is renewed with
+    /// `lease_renew_all` on the keeper's connections (a session-bound set on a connection of its
+    /// own). The set's token is the server's, so a set whose reply was lost cannot be released by
+    /// it: it ends at its TTL.
+    pub async fn hold_all<K: AsRef<str> + Sync>(
+        &self,
+        keys: &[K],
+        opts: &AcquireOptions,
+        keep: KeepOptions,
+    ) -> Result<HeldLeaseSet, Error> {
+        opts.check_for_set()?;
+        let timing = Timing::of(opts, &keep)?;
+        let keeper = self.keeper();
+        keeper.open(self.try_timeout()).await;
+        let own = self.sibling();
+        let through = if opts.session_bound { &own } else { self };
+        let sent = Stamp::now();
+        let granted = through.acquire_all_on(keys, opts).await?;
+        let label = || keys.iter().map(AsRef::as_ref).collect::<Vec<_>>().join(", ");
+        let (set, conn) = granted.ok_or_else(|| Error::WaitTimedOut { key: label() })?;
+        let (bound, keeper) = match opts.session_bound {
+            true => (Some(conn), None),
+            false => (None, Some(keeper)),
+        };
+        let kept = Kept::Set(set.clone());
+        start(Keeper::new(own, kept, bound, keeper, timing, &keep, sent), sent, &keep, set).await
+    }
+}
+
+/// `hold`, the lease acquired through `acquirer` and kept by `keeper`'s keeper (a session-bound one
+/// on the connection that took it): `FenceClient::hold`, and an elector's campaign, whose acquire
+/// goes through connections it can cancel.
+pub(crate) async fn hold_kept_by<A, K>(
+    acquirer: &FenceClient<A>,
+    keeper: &FenceClient<K>,
+    key: &str,
+    opts: &AcquireOptions,
+    keep: KeepOptions,
+) -> Result<HeldLease, Error>
+where
+    A: Connector<Conn = K::Conn>,
+    K: Connector,
+{
+    opts.check()?;
+    let opts = opts.with_token();
+    let timing = Timing::of(&opts, &keep)?;
+    let renewer = keeper.keeper();
+    renewer.open(keeper.try_timeout()).await;
+    let sent = Stamp::now();
+    if opts.session_bound {
+        let granted = acquirer.acquire_session_bound(key, &opts).await?;
+        let (lease, bound) = granted.ok_or_else(|| Error::WaitTimedOut { key: key.to_owned() })?;
+        let kept = Kept::One(lease.clone());
+        let keeping = Keeper::new(keeper.sibling(), kept, Some(bound), None, timing, &keep, sent);
+        return start(keeping, sent, &keep, lease).await;
+    }
+    // Given up (dropped) while it may have been granted, `acquire` releases its token.
+    let granted = acquirer.acquire(key, &opts).await?;
+    let lease = granted.ok_or_else(|| Error::WaitTimedOut { key: key.to_owned() })?;
+    let kept = Kept::One(lease.clone());
+    let keeping = Keeper::new(keeper.sibling(), kept, None, Some(renewer), timing, &keep, sent);
+    start(keeping, sent, &keep, lease).await
 }
 
 /// Takes the first free key of `keys`, in order, in one round trip (`lease::acquire_any`, as SKIP
@@ -366,7 +473,7 @@ pub async fn hold_first_free<C: Connector, K: AsRef<str> + Sync>(
     let sent = Stamp::now();
     let Some(lease) = client.acquire_any(keys, &opts).await? else { return Ok(None) };
     let kept = Kept::One(lease.clone());
-    start(Keeper::new(client, kept, None, timing, &keep, sent), sent, &keep, lease).await.map(Some)
+    start(Keeper::new(client, kept, None, None, timing, &keep, sent), sent, &keep, lease).await.map(Some)
 }
 
 /// As `hold`, for every key of `keys` or none (`lease::acquire_all`): one lease per key, kept as a
@@ -390,7 +497,7 @@ pub async fn hold_all<C: Connector, K: AsRef<str> + Sync>(
     // A session-bound set lives with the session that took it; a plain one is renewed on any.
     let bound = opts.session_bound.then_some(conn);
     let kept = Kept::Set(set.clone());
-    start(Keeper::new(client, kept, bound, timing, &keep, sent), sent, &keep, set).await
+    start(Keeper::new(client, kept, bound, None, timing, &keep, sent), sent, &keep, set).await
 }
 
 /// How often a keeper renews, and its deadline's span (ttl less the margin).
@@ -471,6 +578,14 @@ impl Kept {
         }
     }
 
+    /// Whether the release on `client` ended it: the lease, or every lease of the set.
+    async fn release_on(&self, client: &impl GenericClient) -> Result<bool, Error> {
+        match self {
+            Kept::One(lease) => lease::release(client, lease).await,
+            Kept::Set(set) => Ok(lease::release_all(client, set).await? as usize == set.leases.len()),
+        }
+    }
+
     /// Whether the release ended it: the lease, or every lease of the set.
     async fn release<C: Connector>(&self, client: &FenceClient<C>) -> Result<bool, Error> {
         match self {
@@ -500,6 +615,10 @@ struct Keeper<C: Connector> {
     /// A session-bound lease's connection: the lease lives with its session, so it is renewed there
     /// or not at all. None for a plain lease, renewed on any connection.
     bound: Option<Arc<C::Conn>>,
+    /// The client's keeper, for a lease kept by `FenceClient::hold`: its renewals, release and
+    /// questions go on the keeper's connections. None for `hold`'s lease, kept on a connection of
+    /// its own, and for a session-bound lease.
+    renewer: Option<Arc<Renewer<C>>>,
     retry: Backoff,
     timeout: Duration,
     shared: Arc<Shared>,
@@ -511,6 +630,7 @@ impl<C: Connector> Keeper<C> {
         client: FenceClient<C>,
         kept: Kept,
         bound: Option<Arc<C::Conn>>,
+        renewer: Option<Arc<Renewer<C>>>,
         timing: Timing,
         keep: &KeepOptions,
         sent: Stamp,
@@ -535,6 +655,7 @@ impl<C: Connector> Keeper<C> {
             kept,
             every: timing.every,
             bound,
+            renewer,
             retry: keep.retry.clone(),
             timeout: keep.timeout,
             shared,
@@ -566,10 +687,19 @@ impl<C: Connector> Keeper<C> {
         }
         let expire_at = *self.shared.expire_at.lock().unwrap();
         if let (Some(at), Kept::One(lease)) = (expire_at, &self.kept) {
-            let moved = timeout(self.timeout, async {
-                lease::renew_to(&**self.client.connection().await?, lease, at).await
-            })
-            .await;
+            let moved = match &self.renewer {
+                Some(keeper) => {
+                    let renew_to =
+                        |conn: Arc<C::Conn>| async move { lease::renew_to(&**conn, lease, at).await };
+                    Ok(keeper.call_retrying(self.timeout, self.timeout, renew_to).await)
+                }
+                None => {
+                    timeout(self.timeout, async {
+                        lease::renew_to(&**self.client.connection().await?, lease, at).await
+                    })
+                    .await
+                }
+            };
             // Live until `at` (or, without an answer, until its last expiry): Unknown either way.
             let held = |state: &LeaseState| matches!(state, LeaseState::Held { .. });
             match moved.unwrap_or_else(|elapsed| Err(Error::OutcomeUnknown(Box::new(elapsed)))) {
@@ -597,12 +727,21 @@ impl<C: Connector> Keeper<C> {
     /// How the server says the lease ended, asked on a working connection within `limit`; None when
     /// it is live or no answer came.
     async fn ended(&self, limit: Duration) -> Option<Ended> {
+        if let Some(keeper) = &self.renewer {
+            let ask = |conn: Arc<C::Conn>| async move { self.kept.ended(&**conn).await };
+            return keeper.call(limit, ask).await.ok().flatten();
+        }
         let ask = async { self.kept.ended(&**self.client.connection().await?).await };
         timeout(limit, ask).await.ok().and_then(Result::ok).flatten()
     }
 
     /// Releases by token on a working connection, bounded by the timeout.
     async fn release(&self) -> Result<bool, Error> {
+        if let Some(keeper) = &self.renewer {
+            let release = |conn: Arc<C::Conn>| async move { self.kept.release_on(&**conn).await };
+            // Each try bounded as a renewal is, so that a hung keeper connection is left in time.
+            return keeper.call_retrying(self.timeout, self.every.min(self.timeout), release).await;
+        }
         let released = timeout(self.timeout, self.kept.release(&self.client)).await;
         released.unwrap_or_else(|elapsed| Err(Error::OutcomeUnknown(Box::new(elapsed))))
     }
@@ -643,6 +782,8 @@ impl<C: Connector> Keeper<C> {
                 None => std::future::pending().await,
             }
         };
+        // Kept by the client's keeper: due on its grid, so that leases due together are sent together.
+        let due = if self.renewer.is_some() { renewer::on_grid(due) } else { due };
         tokio::select! {
             _ = sleep_until(due.into()) => {}
             _ = self.shared.check_now.notified() => {}
@@ -694,6 +835,23 @@ impl<C: Connector> Keeper<C> {
     /// reset in the same round trip (the three statements are pipelined), so the connection, which
     /// may go back to a pool, does not keep it.
     async fn try_renew(&self, limit: Duration) -> Result<(Stamp, SystemTime), Error> {
+        if let Some(keeper) = &self.renewer {
+            return match &self.kept {
+                Kept::One(lease) => {
+                    let (sent, renewed) = keeper.renew(lease, self.shared.ttl, limit).await?;
+                    let lost = || Error::LeaseLost { key: lease.key.clone(), reason: None };
+                    Ok((sent, renewed.ok_or_else(lost)?))
+                }
+                Kept::Set(set) => {
+                    let renew = |conn: Arc<C::Conn>| async move {
+                        let sent = Stamp::now();
+                        let renewed = lease::renew_all(&**conn, set, self.shared.ttl);
+                        Ok((sent, renewer::bounded(&conn, limit, renewed).await?))
+                    };
+                    keeper.call(limit, renew).await
+                }
+            };
+        }
         let conn = match &self.bound {
             Some(conn) if conn.is_closed() => {
                 return Err(Error::OutcomeUnknown("the lease's session closed".into()))
@@ -701,16 +859,8 @@ impl<C: Connector> Keeper<C> {
             Some(conn) => conn.clone(),
             None => self.client.connection().await?,
         };
-        let timeout_ms = format!("{}ms", limit.as_millis().max(1));
-        let timeout_ms = [(&timeout_ms as &(dyn ToSql + Sync), Type::TEXT)];
         let sent = Stamp::now();
-        let (set, renewed, reset) = tokio::join!(
-            conn.query_typed("SELECT set_config('statement_timeout', $1, false)", &timeout_ms),
-            self.kept.renew(&**conn, self.shared.ttl),
-            conn.batch_execute("RESET statement_timeout"),
-        );
-        let expires_at = renewed?;
-        set.map(drop).and(reset).map_err(crate::error::classify)?;
+        let expires_at = renewer::bounded(&conn, limit, self.kept.renew(&**conn, self.shared.ttl)).await?;
         Ok((sent, expires_at))
     }
 }

@@ -323,9 +323,18 @@ pub async fn renew_many(
     leases: &[&Lease],
     ttl: Duration,
 ) -> Result<Vec<Option<SystemTime>>, Error> {
-    let keys: Vec<&str> = leases.iter().map(|lease| lease.key.as_str()).collect();
-    let tokens: Vec<Uuid> = leases.iter().map(|lease| lease.token).collect();
-    let ttls = vec![ttl.as_secs_f64(); leases.len()];
+    let each: Vec<(&Lease, Duration)> = leases.iter().map(|lease| (*lease, ttl)).collect();
+    renew_many_each(client, &each).await
+}
+
+/// `renew_many`, each lease for a TTL of its own.
+pub(crate) async fn renew_many_each(
+    client: &impl GenericClient,
+    leases: &[(&Lease, Duration)],
+) -> Result<Vec<Option<SystemTime>>, Error> {
+    let keys: Vec<&str> = leases.iter().map(|(lease, _)| lease.key.as_str()).collect();
+    let tokens: Vec<Uuid> = leases.iter().map(|(lease, _)| lease.token).collect();
+    let ttls: Vec<f64> = leases.iter().map(|(_, ttl)| ttl.as_secs_f64()).collect();
     let params: [(&(dyn ToSql + Sync), Type); 3] =
         [(&keys, Type::TEXT_ARRAY), (&tokens, Type::UUID_ARRAY), (&ttls, Type::FLOAT8_ARRAY)];
     let sql = "SELECT r.expires_at FROM fence.lease_renew_many($1, $2, \

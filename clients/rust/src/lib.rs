@@ -7,6 +7,11 @@
 //!   when to stop even if the server cannot be reached; a shared lease or a semaphore's permit
 //!   ([`AcquireOptions::shared`], [`AcquireOptions::permits`]) the same way; [`hold_all`] a lease set.
 //!   A lost lease is told with its [`LossReason`].
+//! - [`FenceClient::hold`] (and `hold_first_free`, `hold_all`, [`FenceClient::elector`]): the same,
+//!   kept by the client's one keeper, which renews every lease it keeps over a few connections of
+//!   its own (`keeper_connections`, 2 by default), the renewals due together sent in one call
+//!   (`fence.lease_renew_many`); an acquire given up after it may have been granted releases its
+//!   token there. [`KeeperStats`] says how it has gone.
 //! - [`Elector`]: leader election on a key: campaign with a value, resign, proclaim, observe the
 //!   leaders as a stream, hand off to a named candidate, callbacks on started and stopped leading and
 //!   on a new leader.
@@ -21,6 +26,7 @@ mod error;
 mod keeper;
 pub mod lease;
 mod reason;
+mod renewer;
 mod retry;
 
 pub use client::FenceClient;
@@ -32,4 +38,5 @@ pub use keeper::{
 };
 pub use lease::{AcquireOptions, Leader, Lease, LeaseSet, LeaseStatus};
 pub use reason::LossReason;
+pub use renewer::KeeperStats;
 pub use retry::Backoff;

@@ -187,3 +187,40 @@ fn release_drop_and_a_held_key() {
         );
     });
 }
+
+/// 100 leases kept by one client's keeper, whose 2 connections go silent at once (no reset, no
+/// answer): the first call that hangs drops them both, and every lease is renewed on new ones in
+/// time for its deadline.
+#[test]
+fn the_keepers_hung_connections_are_made_again_in_time_for_every_lease() {
+    let cluster = cluster("rc_keeper_hung", 27639);
+    run(async {
+        let proxy = common::proxy::Proxy::start(cluster.port()).await;
+        let client = pg_fence_client::FenceClient::new(config(proxy.port, "rc_keeper_hung"));
+        let opts = AcquireOptions::new(Duration::from_secs(3));
+        let mut kept = Vec::new();
+        for index in 0..100 {
+            kept.push(client.hold(&format!("hung-{index}"), &opts, KeepOptions::default()).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        proxy.hang();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(7) {
+            for held in &kept {
+                assert!(
+                    held.is_held(),
+                    "{} lost after {:?}: {:?}",
+                    held.lease().key,
+                    start.elapsed(),
+                    held.state()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let made = client.keeper_stats().connections_made;
+        assert!((3..=6).contains(&made), "the hung connections made again, a few times at most: {made}");
+        for held in kept {
+            assert!(held.release().await.unwrap());
+        }
+    });
+}

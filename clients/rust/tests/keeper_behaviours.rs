@@ -1,11 +1,12 @@
 //! The kept lease's behaviours (clients/behaviours/keeper.json, which the Java suite runs too), each
-//! scenario run through `hold`'s HeldLease against a real server. Prints how long each loss took to
-//! be told.
+//! scenario run twice against a real server: through `hold`'s HeldLease (a connection of its own),
+//! then through `FenceClient::hold` (the client's keeper, whose connections are named
+//! `<app>_keeper`). Prints how long each loss took to be told.
 mod common;
 use common::proxy::Proxy;
 use common::scenarios::{ensure, kind, load, run_every, seconds};
 use common::{config, eventually, plain, recording_losses, Frozen, Told};
-use pg_fence_client::{hold, lease, AcquireOptions, Error, HeldLease, KeepOptions, LeaseState};
+use pg_fence_client::{hold, lease, AcquireOptions, Error, FenceClient, HeldLease, KeepOptions, LeaseState};
 use pg_fence_integration::Cluster;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -32,6 +33,8 @@ const KINDS: [&str; 12] = [
 /// A holder: a client of its own (its sessions named `app`), its held lease, and what `on_lost` told.
 struct Holder {
     app: String,
+    /// The client whose keeper keeps the lease (through `FenceClient::hold`).
+    _client: Option<FenceClient<tokio_postgres::Config>>,
     held: HeldLease,
     told: Told,
     proxy: Option<Proxy>,
@@ -44,6 +47,8 @@ struct Run<'a> {
     /// The administrator's session, made before the steps that time a loss from their start.
     admin: Client,
     holders: HashMap<String, Holder>,
+    /// Whether leases are kept by a client's keeper (`FenceClient::hold`) rather than `hold`.
+    by_client: bool,
     /// The tasks that resume a stopped server.
     resumes: Vec<JoinHandle<()>>,
     /// When the step before this one began, and its kind: a loss is told within a time of it.
@@ -94,7 +99,9 @@ impl Run<'_> {
             }
             "terminate" => {
                 let app = &self.holder(step, kind)?.app;
-                let sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1";
+                // The holder's sessions, its keeper's included.
+                let sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                           WHERE application_name IN ($1, $1 || '_keeper')";
                 let ended: i64 =
                     self.admin.query_one(sql, &[app]).await.map_err(|err| err.to_string())?.get(0);
                 ensure(ended > 0, || "no session to end".into())?;
@@ -168,9 +175,16 @@ impl Run<'_> {
         };
         let port = proxy.as_ref().map_or(self.cluster.port(), |proxy| proxy.port);
         let app = format!("beh_{name}_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let held = hold(config(port, &app), &self.key, &opts, keep).await.map_err(|err| err.to_string())?;
+        let (held, client) = match self.by_client {
+            true => {
+                let client = FenceClient::new(config(port, &app));
+                (client.hold(&self.key, &opts, keep).await, Some(client))
+            }
+            false => (hold(config(port, &app), &self.key, &opts, keep).await, None),
+        };
+        let held = held.map_err(|err| err.to_string())?;
         ensure(held.is_held(), || format!("not held at once: {:?}", held.state()))?;
-        self.holders.insert(name.to_owned(), Holder { app, held, told, proxy });
+        self.holders.insert(name.to_owned(), Holder { app, _client: client, held, told, proxy });
         Ok(())
     }
 
@@ -263,17 +277,21 @@ impl Run<'_> {
 #[test]
 fn every_behaviour_of_the_kept_lease() {
     let behaviours = load("keeper.json", &KINDS);
-    run_every(
-        &behaviours,
-        ("rc_keeper_behaviours", 27630),
-        ("rc_keeper_behaviours_crash", 27631),
-        |cluster, scenario| Box::pin(keep(cluster, scenario)),
-    );
+    for by_client in [false, true] {
+        println!("kept by {}:", if by_client { "the client's keeper" } else { "hold" });
+        run_every(
+            &behaviours,
+            ("rc_keeper_behaviours", 27630),
+            ("rc_keeper_behaviours_crash", 27631),
+            |cluster, scenario| Box::pin(keep(cluster, scenario, by_client)),
+        );
+    }
 }
 
 /// One scenario, on a key of its own.
-async fn keep<'a>(cluster: &'a Cluster, scenario: &'a Value) -> Result<(), String> {
+async fn keep<'a>(cluster: &'a Cluster, scenario: &'a Value, by_client: bool) -> Result<(), String> {
     let run = Run {
+        by_client,
         cluster,
         scenario,
         key: format!("keeper:{}", scenario["name"].as_str().unwrap()),

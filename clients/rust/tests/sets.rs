@@ -199,3 +199,37 @@ fn a_session_bound_set_is_lost_the_moment_its_session_ends() {
         assert!(eventually(Duration::from_secs(5), || async { live(&admin, &KEYS).await.is_empty() }).await);
     });
 }
+
+#[test]
+fn a_set_kept_by_the_clients_keeper_is_renewed_there_and_lost_as_a_whole() {
+    let cluster = cluster("rc_set_by_client", 27636);
+    run(async {
+        let admin = plain(cluster.port()).await;
+        let client = FenceClient::new(config(cluster.port(), "rc_set_client"));
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let heard = told.clone();
+        let keep = KeepOptions::default().on_lost(move |state| heard.lock().unwrap().push(state));
+        let opts = AcquireOptions::new(Duration::from_millis(1500));
+        let held = client.hold_all(&KEYS, &opts, keep).await.unwrap();
+        let mut renewals = held.watch();
+        for _ in 0..5 {
+            renewals.changed().await.unwrap();
+        }
+        assert!(held.is_held(), "renewed past its TTL");
+        let keeper = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rc_set_client_keeper'";
+        let open: i64 = admin.query_one(keeper, &[]).await.unwrap().get(0);
+        assert_eq!(open, 2, "the keeper's two connections, made before the acquire");
+        assert_eq!(client.keeper_stats().connections_made, 2, "and kept: the set is renewed on them");
+        admin.query_one("SELECT fence.lease_revoke('account:2')", &[]).await.unwrap();
+        let lost = tokio::time::timeout(Duration::from_secs(3), held.lost()).await;
+        assert_eq!(
+            lost,
+            Ok(LeaseState::Lost(LossReason::Revoked)),
+            "the reason, asked on the keeper's connection"
+        );
+        let freed =
+            eventually(Duration::from_secs(5), || async { live(&admin, &KEYS).await.is_empty() }).await;
+        assert!(freed, "the set's other leases were released: {:?}", live(&admin, &KEYS).await);
+        assert_eq!(*told.lock().unwrap(), [LeaseState::Lost(LossReason::Revoked)]);
+    });
+}
