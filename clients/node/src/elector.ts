@@ -16,6 +16,8 @@ import { anySignal } from "./util.js";
 const CAMPAIGN_WAIT_MS = 60_000;
 /** How long past the observed lease's expiry an observer waits for an answer before it says it cannot see. */
 const BLIND_SLACK_MS = 500;
+/** How long before the observed lease's expiry an observer's wait ends. */
+const EARLY_MS = 250;
 
 /**
  * Why a leadership ended: the reason its lease was lost for (`unreachable` at its local deadline),
@@ -193,7 +195,8 @@ export class Elector {
         } else {
           // The server answers by the lease's expiry at the latest (the same leader, renewed, or
           // the change), so an answer missing then is blindness, whatever its cause.
-          const waitMs = Math.min(timeoutMs, Math.max(seen.expiresAt.getTime() - Date.now(), 50));
+          // Asked to answer a little before that expiry, so that its answer is due by then.
+          const waitMs = Math.min(timeoutMs, Math.max(seen.expiresAt.getTime() - Date.now() - EARLY_MS, 50));
           try {
             now = await this.client.awaitChange(this.key, seen, waitMs, {
               signal,

@@ -431,7 +431,7 @@ export async function giveUp(
 ): Promise<void> {
   try {
     await keeper.call(async (q) => {
-      for (let i = 0; pid !== undefined && i < 40; i++) {
+      for (let i = 0; pid !== undefined && i < 15; i++) {
         const r = await q.query(
           "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND query LIKE '%fence.lease_acquire%'",
           [pid],
@@ -440,7 +440,7 @@ export async function giveUp(
         await pause(50);
       }
       await calls.release(q, { key, token });
-    }, 5000);
+    }, 1500);
   } catch {
     // Unreachable: the grant, if any, runs out its ttl.
   }
@@ -610,8 +610,10 @@ export class Keeper {
    * on a new connection (a hung one is cut), for at most `attempts` tries.
    */
   async call<T>(fn: (q: pg.Client) => Promise<T>, timeoutMs = 2000, attempts = 5): Promise<T> {
+    // A connection that hung is cut and made again in its place: the next try goes there, not to
+    // another of the keeper's that may hang too.
+    const i = this.next++ % this.connections;
     for (let attempt = 1; ; attempt++) {
-      const i = this.next++ % this.connections;
       let timer: NodeJS.Timeout | undefined;
       try {
         const conn = await this.connection(i, timeoutMs);

@@ -7,7 +7,7 @@ import { after, before, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import * as fence from "../src/index.js";
-import { Cluster, eventually, root } from "./harness.js";
+import { Cluster, Observer, eventually, root } from "./harness.js";
 
 type Step = Record<string, unknown>;
 interface Scenario {
@@ -41,41 +41,6 @@ interface Candidate {
   stoppedReason?: fence.StopReason;
   /** The fence a hand-off to it returned. */
   handedFence?: bigint;
-}
-
-/** What an observer records of what its observe() yields, in order. */
-class Observer {
-  readonly seen: fence.Observation[] = [];
-  private wake: (() => void) | undefined;
-  readonly controller = new AbortController();
-  readonly done: Promise<void>;
-
-  constructor(
-    readonly elector: fence.Elector,
-    readonly pool: pg.Pool,
-  ) {
-    this.done = (async () => {
-      for await (const item of elector.observe({ signal: this.controller.signal })) {
-        this.seen.push(item);
-        this.wake?.();
-      }
-    })();
-    this.done.catch(() => undefined);
-  }
-
-  /** The next thing it saw, waiting up to `ms` for it. */
-  async next(ms: number): Promise<fence.Observation> {
-    const until = performance.now() + ms;
-    while (this.seen.length === 0) {
-      const left = until - performance.now();
-      if (left <= 0) throw new Error("the observer saw nothing");
-      await new Promise<void>((resolve) => {
-        this.wake = resolve;
-        setTimeout(resolve, left).unref();
-      });
-    }
-    return this.seen.shift()!;
-  }
 }
 
 describe("elector.json", () => {
