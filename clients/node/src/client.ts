@@ -2,7 +2,8 @@ import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import * as calls from "./calls.js";
-import type { AcquireOptions, Duration, Lease, LeaseStatus, Leader } from "./calls.js";
+import type { AcquireOptions, Duration, Lease, LeaseSet, LeaseStatus, Leader } from "./calls.js";
+import { holdAll, type HoldSetOptions, type KeptLeaseSet } from "./sets.js";
 import { BoundExceededError, OutcomeUnknownError, sqlstate } from "./errors.js";
 import { anySignal, cut, pidOf, raced, unrefTimeout } from "./util.js";
 import { giveUp, hold, keeperOf, type HoldOptions, type Keeper, type KeptLease } from "./keeper.js";
@@ -191,6 +192,28 @@ export class FenceClient {
   ): Promise<Lease | null> {
     const o = { ...opts, token: opts.token ?? randomUUID() };
     return this.retrying((q) => calls.acquireAny(q, keys, o), { token: o.token });
+  }
+
+  /** fence.lease_acquire_all, retried while nothing was sent: the set, or null when any key is held. */
+  acquireAll(
+    keys: readonly string[],
+    opts: Omit<AcquireOptions, "shared" | "permits" | "lockDelay" | "token"> & { signal?: AbortSignal },
+  ): Promise<LeaseSet | null> {
+    const { signal, ...o } = opts;
+    return this.retrying((q) => calls.acquireAll(q, keys, o), { extraMs: calls.millis(o.wait ?? 0), signal });
+  }
+
+  renewAll(set: Pick<LeaseSet, "keys" | "token">, ttl: Duration): Promise<Date> {
+    return this.retrying((q) => calls.renewAll(q, set, ttl));
+  }
+
+  releaseAll(set: Pick<LeaseSet, "keys" | "token">): Promise<number> {
+    return this.retrying((q) => calls.releaseAll(q, set));
+  }
+
+  /** A lease set kept renewed whole by the pool's keeper (see KeptLeaseSet), or null when any key is held. */
+  holdAll(keys: readonly string[], opts: HoldSetOptions): Promise<KeptLeaseSet | null> {
+    return holdAll(this.pool, keys, opts);
   }
 
   renew(lease: Pick<Lease, "key" | "token">, ttl: Duration): Promise<Date> {

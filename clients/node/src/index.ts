@@ -3,3 +3,4 @@ export * from "./errors.js";
 export * from "./client.js";
 export * from "./keeper.js";
 export * from "./elector.js";
+export * from "./sets.js";

@@ -3,7 +3,7 @@ import pg from "pg";
 import { cut, pidOf, raced } from "./util.js";
 import * as calls from "./calls.js";
 import type { AcquireOptions, Duration, Lease, Queryable } from "./calls.js";
-import { LeaseLostError, StaleFenceError, sqlstate, type LossReason } from "./errors.js";
+import { FenceError, LeaseLostError, StaleFenceError, sqlstate, type LossReason } from "./errors.js";
 
 /** What a kept lease is: held, lost (the server said so), unknown (its deadline passed unanswered), released. */
 export type KeptState = "held" | "lost" | "unknown" | "released";
@@ -624,7 +624,9 @@ export class Keeper {
           }),
         ]);
       } catch (err) {
-        if (sqlstate(err) !== undefined && !sqlstate(err)!.startsWith("08")) throw err;
+        // The server's answer (a lost lease among them) is no connection's fault.
+        if (err instanceof FenceError || (sqlstate(err) !== undefined && !sqlstate(err)!.startsWith("08")))
+          throw err;
         this.drop(i);
         if (attempt >= attempts) throw err;
         await pause(Math.random() * Math.min(1000, 50 * 2 ** attempt));

@@ -297,6 +297,10 @@ describe("keeping.json", () => {
                   `[behaviour] ${title}: told blind ${Math.round(after)} ms after ${previous.name}`,
                 );
                 assert.ok(after <= within, `told blind ${Math.round(after)} ms after ${previous.name}`);
+                // Then it reconnects (the proxy's later connections work) and says the present again.
+                const again = await o.next(10_000);
+                assert.ok(again && !(again instanceof fence.ObserverBlindError), "not the leader again");
+                assert.equal(again.fence, [...leaders.values()][0]!.fence);
                 break;
               }
               default:
