@@ -177,11 +177,19 @@ export class FenceClient {
     const o = { ...rest, token: rest.token ?? randomUUID() };
     const given =
       timeout === undefined ? signal : anySignal(signal, AbortSignal.timeout(calls.millis(timeout)));
+    let gaveUp = false;
     return this.retrying((q) => calls.acquire(q, key, o), {
       token: o.token,
       extraMs: calls.millis(o.wait ?? 0),
       signal: given,
-      onGiveUp: (pid) => void giveUp(this.keeper, pid, key, o.token),
+      onGiveUp: (pid) => {
+        gaveUp = true;
+        void giveUp(this.keeper, pid, key, o.token);
+      },
+    }).catch((err: unknown) => {
+      // Given up between attempts, after one that may have been granted: its token is released too.
+      if (given?.aborted && !gaveUp) void giveUp(this.keeper, undefined, key, o.token);
+      throw err;
     });
   }
 

@@ -64,4 +64,23 @@ describe("elector", () => {
     await assert.rejects(l.proclaim("late"), fence.LeaseLostError);
     assert.equal(await a.leader(), null);
   });
+
+  it("FenceClient.acquire given up by its timeout leaves the queue, granted nothing", async () => {
+    const client = new fence.FenceClient(pool);
+    const held = await client.acquire("el:acquire", { ttl: 30_000 });
+    assert.ok(held);
+    await assert.rejects(client.acquire("el:acquire", { ttl: 30_000, wait: 20_000, timeout: 300 }), {
+      name: "TimeoutError",
+    });
+    await eventually(
+      async () => Number(await cluster.value("SELECT fence.waiters('el:acquire')")) === 0,
+      10_000,
+      "no waiter",
+    );
+    assert.equal(await client.release(held), true);
+    assert.equal(
+      await cluster.value("SELECT count(*) FROM fence.leases WHERE key = 'el:acquire' AND live"),
+      "0",
+    );
+  });
 });
