@@ -83,4 +83,20 @@ describe("elector", () => {
       "0",
     );
   });
+
+  it("cancelled without releaseOnCancel, a leadership is left to expire (cancelled); await using resigns", async () => {
+    const stop = new AbortController();
+    const a = new fence.Elector(pool, { key: "el:cancel", value: "a", ttl: 30_000, releaseOnCancel: false });
+    const l = await a.campaign({ signal: stop.signal });
+    stop.abort();
+    assert.equal(await l.stopped, "cancelled");
+    assert.ok(l.signal.aborted);
+    assert.equal((await a.leader())?.owner, "a"); // still granted on the server, renewed by nobody
+    await cluster.sql("SELECT fence.lease_revoke('el:cancel')");
+    {
+      await using b = await new fence.Elector(pool, { key: "el:cancel", value: "b", ttl: 30_000 }).campaign();
+      assert.ok(b.isLeader);
+    }
+    assert.equal(await a.leader(), null);
+  });
 });
