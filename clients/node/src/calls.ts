@@ -165,6 +165,66 @@ export async function acquireAny(
   return rows.length ? leaseOf(rows[0]!, !!o.fast) : null;
 }
 
+/** A lease set: one lease per key (in key order), each with its own fence, all sharing one token. */
+export interface LeaseSet {
+  readonly keys: readonly string[];
+  readonly token: string;
+  readonly leases: readonly Lease[];
+}
+
+/**
+ * Grants every key of `keys`, or none (fence.lease_acquire_all): the set, or null when any is held
+ * (after `wait`, if any, for all of them to be free at once). Up to 64 keys; no deadlock between sets.
+ */
+export async function acquireAll(
+  q: Queryable,
+  keys: readonly string[],
+  opts: Omit<AcquireOptions, "shared" | "permits" | "lockDelay" | "token">,
+): Promise<LeaseSet | null> {
+  const rows = await query(
+    q,
+    `${leaseColumns}fence.lease_acquire_all($1::text[], $2::interval, $3::text, $4::interval, $5, $6)`,
+    [
+      keys,
+      interval(opts.ttl),
+      opts.owner || null,
+      interval(opts.wait ?? 0),
+      opts.sessionBound ?? false,
+      !opts.fast,
+    ],
+    keys.join(", "),
+  );
+  if (rows.length === 0) return null;
+  const leases = rows.map((row) => leaseOf(row, !!opts.fast)!);
+  return { keys: leases.map((l) => l.key), token: leases[0]!.token, leases };
+}
+
+/** Renews every lease of the set, or none: the earliest new expiry; LeaseLostError (naming the first key lost, and why) otherwise. */
+export async function renewAll(
+  q: Queryable,
+  set: Pick<LeaseSet, "keys" | "token">,
+  ttl: Duration,
+): Promise<Date> {
+  const rows = await query(
+    q,
+    "SELECT fence.lease_renew_all($1::text[], $2::uuid, $3::interval) AS e",
+    [set.keys, set.token, interval(ttl)],
+    set.keys.join(", "),
+  );
+  return rows[0]!.e as Date;
+}
+
+/** Ends every lease of the set still held with its token: how many this call ended. */
+export async function releaseAll(q: Queryable, set: Pick<LeaseSet, "keys" | "token">): Promise<number> {
+  const rows = await query(
+    q,
+    "SELECT fence.lease_release_all($1::text[], $2::uuid) AS n",
+    [set.keys, set.token],
+    set.keys.join(", "),
+  );
+  return Number(rows[0]!.n);
+}
+
 /** Extends the lease by `ttl` from now: its new expiry; LeaseLostError when the token no longer holds it. */
 export async function renew(q: Queryable, lease: Pick<Lease, "key" | "token">, ttl: Duration): Promise<Date> {
   const rows = await query(

@@ -2,9 +2,11 @@ import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import * as calls from "./calls.js";
-import type { AcquireOptions, Duration, Lease, LeaseStatus, Leader } from "./calls.js";
-import { OutcomeUnknownError, sqlstate } from "./errors.js";
-import { hold, type HoldOptions, type KeptLease } from "./keeper.js";
+import type { AcquireOptions, Duration, Lease, LeaseSet, LeaseStatus, Leader } from "./calls.js";
+import { holdAll, type HoldSetOptions, type KeptLeaseSet } from "./sets.js";
+import { BoundExceededError, OutcomeUnknownError, sqlstate } from "./errors.js";
+import { anySignal, cut, pidOf, raced, unrefTimeout } from "./util.js";
+import { giveUp, hold, keeperOf, type HoldOptions, type Keeper, type KeptLease } from "./keeper.js";
 
 /** Full-jitter exponential backoff: the nth retry sleeps a random time up to min(cap, base·2ⁿ). */
 export interface Backoff {
@@ -64,60 +66,130 @@ export class FenceClient {
     return Math.random() * ceiling;
   }
 
-  private async retrying<T>(
+  /**
+   * @internal Runs `call` on a connection of the pool, retried on a broken one. Given up when
+   * `signal` aborts (its reason is thrown) or, with `boundMs`, when no answer came that long after
+   * the start (BoundExceededError): the connection is cut, and `onGiveUp` is told its backend's pid.
+   */
+  async retrying<T>(
     call: (q: pg.PoolClient) => Promise<T>,
-    opts: { token?: string; extraMs?: number; signal?: AbortSignal } = {},
+    opts: {
+      token?: string;
+      extraMs?: number;
+      signal?: AbortSignal;
+      boundMs?: number;
+      onGiveUp?: (pid: number | undefined) => void;
+    } = {},
   ): Promise<T> {
     const start = performance.now();
+    const stop = new AbortController();
+    const follow = () => stop.abort(opts.signal!.reason);
+    if (opts.signal?.aborted) follow();
+    else opts.signal?.addEventListener("abort", follow, { once: true });
+    const bound =
+      opts.boundMs === undefined
+        ? undefined
+        : unrefTimeout(() => stop.abort(new BoundExceededError(opts.boundMs!)), opts.boundMs);
     let uncertain: unknown;
-    for (let attempt = 0; ; attempt++) {
-      opts.signal?.throwIfAborted();
-      let sent = false;
-      let err: unknown;
-      try {
-        const conn = await this.pool.connect();
-        sent = true;
-        // A connection that breaks under a call also emits 'error', fatal unless heard: the
-        // call's own rejection tells it.
-        const heard = () => undefined;
-        conn.on("error", heard);
+    try {
+      for (let attempt = 0; ; attempt++) {
+        stop.signal.throwIfAborted();
+        let sent = false;
+        let err: unknown;
         try {
-          const result = await call(conn);
-          conn.release();
-          return result;
+          const pending = this.pool.connect();
+          let conn: pg.PoolClient;
+          try {
+            conn = await raced(pending, stop.signal);
+          } catch (e) {
+            if (stop.signal.aborted)
+              pending.then(
+                (c) => c.release(true),
+                () => undefined,
+              );
+            throw e;
+          }
+          sent = true;
+          // A connection that breaks under a call also emits 'error', fatal unless heard: the
+          // call's own rejection tells it.
+          const heard = () => undefined;
+          conn.on("error", heard);
+          try {
+            const answer = call(conn);
+            answer.catch(() => undefined);
+            const result = await raced(answer, stop.signal);
+            conn.release();
+            return result;
+          } catch (e) {
+            if (stop.signal.aborted) {
+              opts.onGiveUp?.(pidOf(conn));
+              cut(conn);
+              conn.release(true);
+            } else {
+              // A broken connection goes, a healthy one (the server's refusal) back to the pool.
+              conn.release(retryable(e) ? (e as Error) : undefined);
+            }
+            throw e;
+          } finally {
+            conn.off("error", heard);
+          }
         } catch (e) {
-          // A broken connection goes, a healthy one (the server's refusal) back to the pool.
-          conn.release(retryable(e) ? (e as Error) : undefined);
-          throw e;
-        } finally {
-          conn.off("error", heard);
+          err = e;
         }
-      } catch (e) {
-        err = e;
+        if (stop.signal.aborted) throw stop.signal.reason;
+        if (!retryable(err)) {
+          // A retry's refusal after an attempt that may have taken effect: the outcome is unknown.
+          throw err;
+        }
+        if (mayHaveTakenEffect(err, sent)) uncertain = err;
+        const elapsed = performance.now() - start;
+        if (
+          attempt + 1 >= this.backoff.maxAttempts ||
+          elapsed >= this.backoff.maxElapsedMs + (opts.extraMs ?? 0)
+        ) {
+          throw uncertain === undefined ? err : new OutcomeUnknownError(opts.token, err);
+        }
+        await sleep(this.delay(attempt), undefined, { signal: stop.signal }).catch(() => undefined);
       }
-      if (!retryable(err)) {
-        // A retry's refusal after an attempt that may have taken effect: the outcome is unknown.
-        throw err;
-      }
-      if (mayHaveTakenEffect(err, sent)) uncertain = err;
-      const elapsed = performance.now() - start;
-      if (
-        attempt + 1 >= this.backoff.maxAttempts ||
-        elapsed >= this.backoff.maxElapsedMs + (opts.extraMs ?? 0)
-      ) {
-        throw uncertain === undefined ? err : new OutcomeUnknownError(opts.token, err);
-      }
-      await sleep(this.delay(attempt), undefined, { signal: opts.signal });
+    } finally {
+      clearTimeout(bound);
+      opts.signal?.removeEventListener("abort", follow);
     }
   }
 
-  /** fence.lease_acquire, retried with its token: the lease, or null when refused. */
-  acquire(key: string, opts: AcquireOptions & { signal?: AbortSignal }): Promise<Lease | null> {
-    const o = { ...opts, token: opts.token ?? randomUUID() };
+  /** The pool's keeper (started on first use): kept leases, leaderships, and the releases of calls given up. */
+  get keeper(): Keeper {
+    return keeperOf(this.pool);
+  }
+
+  /**
+   * fence.lease_acquire, retried with its token: the lease, or null when refused. Given up when
+   * `signal` aborts or after `timeout` (rejected with the signal's reason, a TimeoutError for the
+   * timeout): its wait is cancelled on the server, its connection cut, and the token it sent is
+   * released on the keeper's connections, so that a grant whose reply never came is not left to
+   * run out its ttl.
+   */
+  acquire(
+    key: string,
+    opts: AcquireOptions & { signal?: AbortSignal; timeout?: Duration },
+  ): Promise<Lease | null> {
+    const { signal, timeout, ...rest } = opts;
+    const o = { ...rest, token: rest.token ?? randomUUID() };
+    const given =
+      timeout === undefined ? signal : anySignal(signal, AbortSignal.timeout(calls.millis(timeout)));
+    let gaveUp = false;
     return this.retrying((q) => calls.acquire(q, key, o), {
       token: o.token,
       extraMs: calls.millis(o.wait ?? 0),
-      signal: opts.signal,
+      signal: given,
+      onGiveUp: (pid) => {
+        gaveUp = true;
+        void giveUp(this.keeper, pid, key, o.token);
+      },
+    }).catch((err: unknown) => {
+      // Given up between attempts, after one that may have been granted: its token is released too.
+      if (given?.aborted && !gaveUp) void giveUp(this.keeper, undefined, key, o.token);
+      throw err;
     });
   }
 
@@ -128,6 +200,28 @@ export class FenceClient {
   ): Promise<Lease | null> {
     const o = { ...opts, token: opts.token ?? randomUUID() };
     return this.retrying((q) => calls.acquireAny(q, keys, o), { token: o.token });
+  }
+
+  /** fence.lease_acquire_all, retried while nothing was sent: the set, or null when any key is held. */
+  acquireAll(
+    keys: readonly string[],
+    opts: Omit<AcquireOptions, "shared" | "permits" | "lockDelay" | "token"> & { signal?: AbortSignal },
+  ): Promise<LeaseSet | null> {
+    const { signal, ...o } = opts;
+    return this.retrying((q) => calls.acquireAll(q, keys, o), { extraMs: calls.millis(o.wait ?? 0), signal });
+  }
+
+  renewAll(set: Pick<LeaseSet, "keys" | "token">, ttl: Duration): Promise<Date> {
+    return this.retrying((q) => calls.renewAll(q, set, ttl));
+  }
+
+  releaseAll(set: Pick<LeaseSet, "keys" | "token">): Promise<number> {
+    return this.retrying((q) => calls.releaseAll(q, set));
+  }
+
+  /** A lease set kept renewed whole by the pool's keeper (see KeptLeaseSet), or null when any key is held. */
+  holdAll(keys: readonly string[], opts: HoldSetOptions): Promise<KeptLeaseSet | null> {
+    return holdAll(this.pool, keys, opts);
   }
 
   renew(lease: Pick<Lease, "key" | "token">, ttl: Duration): Promise<Date> {
@@ -150,12 +244,21 @@ export class FenceClient {
     return this.retrying((q) => calls.proclaim(q, lease, owner));
   }
 
+  /** fence.await_change, retried; given up (its connection cut) when `signal` aborts. */
   awaitChange(
     key: string,
     seen: Pick<Leader, "fence" | "owner"> | null,
     timeout: Duration,
+    opts: { signal?: AbortSignal; boundMs?: number } = {},
   ): Promise<Leader | null> {
-    return this.retrying((q) => calls.awaitChange(q, key, seen, timeout), { extraMs: calls.millis(timeout) });
+    return this.retrying((q) => calls.awaitChange(q, key, seen, timeout), {
+      extraMs: calls.millis(timeout),
+      ...opts,
+    });
+  }
+
+  handoff(lease: Pick<Lease, "key" | "token">, toOwner: string): ReturnType<typeof calls.handoff> {
+    return this.retrying((q) => calls.handoff(q, lease, toOwner));
   }
 
   /** A lease kept renewed on a connection of its own (see KeptLease), or null when refused. */

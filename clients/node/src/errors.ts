@@ -89,6 +89,27 @@ export class OutcomeUnknownError extends FenceError {
   }
 }
 
+/** A call given up because no answer came within its bound (`boundMs`). */
+export class BoundExceededError extends FenceError {
+  constructor(readonly boundMs: number) {
+    super(`pg_fence: no answer within ${boundMs} ms`);
+  }
+}
+
+/**
+ * An observer cannot see the key: no answer came by the expiry of the lease it saw (a silent
+ * network, a server gone). Not a vacancy, nor the old leader: `last` is what it saw before.
+ */
+export class ObserverBlindError extends FenceError {
+  constructor(
+    readonly key: string,
+    readonly last: { readonly fence: bigint; readonly owner: string } | null,
+    cause?: unknown,
+  ) {
+    super(`pg_fence: the observer of "${key}" cannot see it`, undefined, cause);
+  }
+}
+
 /** Options a call refuses before sending anything. */
 export class InvalidOptionsError extends FenceError {}
 

@@ -1,7 +1,9 @@
+import { randomUUID } from "node:crypto";
 import pg from "pg";
+import { cut, pidOf, raced } from "./util.js";
 import * as calls from "./calls.js";
 import type { AcquireOptions, Duration, Lease, Queryable } from "./calls.js";
-import { LeaseLostError, StaleFenceError, sqlstate, type LossReason } from "./errors.js";
+import { FenceError, LeaseLostError, StaleFenceError, sqlstate, type LossReason } from "./errors.js";
 
 /** What a kept lease is: held, lost (the server said so), unknown (its deadline passed unanswered), released. */
 export type KeptState = "held" | "lost" | "unknown" | "released";
@@ -309,6 +311,16 @@ export class KeptLease implements AsyncDisposable {
     return false;
   }
 
+  /**
+   * @internal Stops keeping the lease without a release: `released` when it ended otherwise (handed
+   * off), `unknown` when it is left to expire.
+   */
+  abandon(state: "released" | "unknown" = "unknown"): void {
+    if (this.stateNow !== "held") return;
+    this.stateNow = state;
+    this.stop();
+  }
+
   async [Symbol.asyncDispose](): Promise<void> {
     if (this.stateNow === "held") await this.release().catch(() => undefined);
   }
@@ -338,12 +350,21 @@ export async function hold(
   opts: HoldOptions & { keeperConnections?: number },
 ): Promise<KeptLease | null> {
   const config = (pool as unknown as { options: pg.ClientConfig }).options;
+  const keeper = keeperOf(pool, opts.keeperConnections);
+  const o = { ...opts, token: opts.token ?? randomUUID() };
   if (!opts.sessionBound) {
-    const keeper = keeperOf(pool, opts.keeperConnections);
     await keeper.start();
     const sent = performance.now();
-    const lease = await calls.acquire(pool, key, opts);
-    return lease && new KeptLease(pool, config, lease, undefined, sent, opts, keeper);
+    const conn = await pool.connect();
+    let lease: Lease | null;
+    try {
+      lease = await acquireGivingUp(conn, key, o, keeper, opts.signal);
+      conn.release();
+    } catch (err) {
+      conn.release(opts.signal?.aborted ? true : err instanceof Error ? err : undefined);
+      throw err;
+    }
+    return lease && kept(new KeptLease(pool, config, lease, undefined, sent, opts, keeper), opts.signal);
   }
   const conn = new pg.Client(config);
   conn.on("error", () => undefined);
@@ -351,7 +372,7 @@ export async function hold(
   const sent = performance.now();
   let lease: Lease | null;
   try {
-    lease = await calls.acquire(conn, key, opts);
+    lease = await acquireGivingUp(conn, key, o, keeper, opts.signal);
   } catch (err) {
     await conn.end().catch(() => undefined);
     throw err;
@@ -362,7 +383,67 @@ export async function hold(
   }
   // Renewals go on in the background: they keep no finished process alive.
   unref(conn);
-  return new KeptLease(pool, config, lease, conn, sent, opts);
+  return kept(new KeptLease(pool, config, lease, conn, sent, opts), opts.signal);
+}
+
+/** The kept lease, unless the caller gave up as it was granted: then released, and the give-up thrown. */
+async function kept(lease: KeptLease, signal: AbortSignal | undefined): Promise<KeptLease> {
+  if (!signal?.aborted) return lease;
+  await lease.release().catch(() => undefined);
+  throw signal.reason;
+}
+
+/**
+ * An acquire on `conn`, given up when `signal` aborts: its wait is cancelled on the server, the
+ * connection cut, and the token it sent released on the keeper's connections (giveUp).
+ */
+async function acquireGivingUp(
+  conn: pg.Client | pg.PoolClient,
+  key: string,
+  opts: AcquireOptions & { token: string },
+  keeper: Keeper,
+  signal: AbortSignal | undefined,
+): Promise<Lease | null> {
+  if (!signal) return calls.acquire(conn, key, opts);
+  const answer = calls.acquire(conn, key, opts);
+  answer.catch(() => undefined);
+  try {
+    return await raced(answer, signal);
+  } catch (err) {
+    if (signal.aborted) {
+      void giveUp(keeper, pidOf(conn), key, opts.token);
+      cut(conn);
+    }
+    throw err;
+  }
+}
+
+/**
+ * What a call given up leaves behind is undone, on the keeper's connections: the backend's wait
+ * is cancelled (pg_cancel_backend, while it still runs the acquire), then the token it sent is
+ * released, so that a grant whose reply never came is not left to run out its ttl.
+ */
+export async function giveUp(
+  keeper: Keeper,
+  pid: number | undefined,
+  key: string,
+  token: string,
+): Promise<void> {
+  try {
+    await keeper.call(async (q) => {
+      for (let i = 0; pid !== undefined && i < 15; i++) {
+        const r = await q.query(
+          "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND query LIKE '%fence.lease_acquire%'",
+          [pid],
+        );
+        if (!r.rowCount) break;
+        await pause(50);
+      }
+      await calls.release(q, { key, token });
+    }, 1500);
+  } catch {
+    // Unreachable: the grant, if any, runs out its ttl.
+  }
 }
 
 /** Up to this many renewals go in one fence.lease_renew_many. */
@@ -529,8 +610,10 @@ export class Keeper {
    * on a new connection (a hung one is cut), for at most `attempts` tries.
    */
   async call<T>(fn: (q: pg.Client) => Promise<T>, timeoutMs = 2000, attempts = 5): Promise<T> {
+    // A connection that hung is cut and made again in its place: the next try goes there, not to
+    // another of the keeper's that may hang too.
+    const i = this.next++ % this.connections;
     for (let attempt = 1; ; attempt++) {
-      const i = this.next++ % this.connections;
       let timer: NodeJS.Timeout | undefined;
       try {
         const conn = await this.connection(i, timeoutMs);
@@ -541,7 +624,9 @@ export class Keeper {
           }),
         ]);
       } catch (err) {
-        if (sqlstate(err) !== undefined && !sqlstate(err)!.startsWith("08")) throw err;
+        // The server's answer (a lost lease among them) is no connection's fault.
+        if (err instanceof FenceError || (sqlstate(err) !== undefined && !sqlstate(err)!.startsWith("08")))
+          throw err;
         this.drop(i);
         if (attempt >= attempts) throw err;
         await pause(Math.random() * Math.min(1000, 50 * 2 ** attempt));

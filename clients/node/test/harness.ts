@@ -8,6 +8,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import pg from "pg";
+import type * as fence from "../src/index.js";
 
 const run = promisify(execFile);
 
@@ -214,5 +215,40 @@ export async function eventually(
   while (!(await check())) {
     if (performance.now() > until) throw new Error(`timed out waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** What an observer records of what its observe() yields, in order. */
+export class Observer {
+  readonly seen: fence.Observation[] = [];
+  private wake: (() => void) | undefined;
+  readonly controller = new AbortController();
+  readonly done: Promise<void>;
+
+  constructor(
+    readonly elector: fence.Elector,
+    readonly pool: pg.Pool,
+  ) {
+    this.done = (async () => {
+      for await (const item of elector.observe({ signal: this.controller.signal })) {
+        this.seen.push(item);
+        this.wake?.();
+      }
+    })();
+    this.done.catch(() => undefined);
+  }
+
+  /** The next thing it saw, waiting up to `ms` for it. */
+  async next(ms: number): Promise<fence.Observation> {
+    const until = performance.now() + ms;
+    while (this.seen.length === 0) {
+      const left = until - performance.now();
+      if (left <= 0) throw new Error("the observer saw nothing");
+      await new Promise<void>((resolve) => {
+        this.wake = resolve;
+        setTimeout(resolve, left).unref();
+      });
+    }
+    return this.seen.shift()!;
   }
 }
