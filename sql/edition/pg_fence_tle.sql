@@ -1769,7 +1769,7 @@ $$;
 -- The columns an object names (changes or filter), checked: (name, type as SQL, equality operator).
 CREATE FUNCTION fence.object_columns(target oid, table_name text, argument text, object jsonb, nulls_refused boolean)
 RETURNS TABLE (name text, sql_type text, equals text)
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     k text;
@@ -1815,7 +1815,7 @@ $$;
 
 -- The statement parts of a write: the SET list from changes ($1), the WHERE from filter ($2).
 CREATE FUNCTION fence.set_list(target oid, table_name text, changes jsonb) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE
 AS $$
     SELECT format('(%s) = (SELECT %s FROM pg_catalog.jsonb_to_record($1) AS c(%s))',
                   string_agg(format('%I', c.name), ', '), string_agg(format('c.%I', c.name), ', '),
@@ -1824,7 +1824,7 @@ AS $$
 $$;
 
 CREATE FUNCTION fence.where_list(target oid, table_name text, filter jsonb) RETURNS text
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+LANGUAGE sql STABLE
 AS $$
     SELECT string_agg(format('t.%I %s (SELECT f.%I FROM pg_catalog.jsonb_to_record($2) AS f(%I %s))',
                              c.name, c.equals, c.name, c.name, c.sql_type), ' AND ')
@@ -1858,9 +1858,11 @@ BEGIN
 END
 $$;
 
--- The UPDATE fenced_update makes once its guard passed, without the guard.
+-- The UPDATE fenced_update makes once its guard passed, without the guard. The three functions that
+-- run the caller's UPDATE keep the caller's search_path (every name in their statements is
+-- qualified), so that a domain's errors name it as the caller's own UPDATE would.
 CREATE FUNCTION fence.update_matching(target oid, changes jsonb, filter jsonb) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     table_name text := fence.target_table('fenced_update', target);
@@ -1921,7 +1923,7 @@ $$;
 
 CREATE FUNCTION fence.fenced_write(target regclass, fence_column name, fence bigint, changes jsonb, filter jsonb)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     table_name text := fence.target_table('fenced_write', target);
@@ -1981,7 +1983,7 @@ $$;
 CREATE FUNCTION fence.update_versioned_row(target oid, version_column text, expected_version bigint,
                                            changes jsonb, filter jsonb)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     table_name text := fence.target_table('versioned_update', target);
