@@ -44,8 +44,8 @@ $$;
 CREATE FUNCTION fence.is_infinite(value interval) RETURNS boolean
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT abs(extract(year FROM value) * 12 + extract(month FROM value)) >= 2147483647
-           AND abs(extract(day FROM value)) >= 2147483647
+    SELECT abs(extract(year FROM value) * 12 + extract(month FROM value)) = 2147483647
+           AND abs(extract(day FROM value)) = 2147483647
 $$;
 
 CREATE FUNCTION fence.check_ttl(ttl interval) RETURNS bigint

@@ -364,8 +364,8 @@ $$;
 CREATE FUNCTION fence.is_infinite(value interval) RETURNS boolean
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT abs(extract(year FROM value) * 12 + extract(month FROM value)) >= 2147483647
-           AND abs(extract(day FROM value)) >= 2147483647
+    SELECT abs(extract(year FROM value) * 12 + extract(month FROM value)) = 2147483647
+           AND abs(extract(day FROM value)) = 2147483647
 $$;
 
 CREATE FUNCTION fence.check_ttl(ttl interval) RETURNS bigint
@@ -1878,7 +1878,7 @@ $$;
 
 CREATE FUNCTION fence.fenced_update(key text, fence bigint, target regclass, changes jsonb, filter jsonb)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     table_name text;
@@ -1960,7 +1960,9 @@ AS $$
 BEGIN
     IF expected IS NULL THEN PERFORM fence.raise_null('expected'); END IF;
     IF row_version IS DISTINCT FROM expected THEN
-        PERFORM fence.raise_version_mismatch(fence.target_table('versioned_update', target), expected, row_version);
+        PERFORM fence.raise_version_mismatch(coalesce((SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+                                                         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = target), '<NULL>'),
+                                             expected, row_version);
     END IF;
     IF expected = 9223372036854775807 THEN
         RAISE EXCEPTION 'the row of % is at the highest version its column can hold', fence.target_table('versioned_update', target)
@@ -2035,13 +2037,13 @@ DECLARE
     n bigint;
     top bigint;
 BEGIN
+    PERFORM fence.require_writable('sweep leases');
     -- A statement of a transaction block starts after its transaction did (BEGIN is one).
     IF statement_timestamp() <> transaction_timestamp() THEN
         RAISE EXCEPTION 'fence.sweep() cannot run inside a transaction block' USING ERRCODE = '25001',
             HINT = 'Call it on its own (autocommit), as the sweeper worker and pg_cron do: the leases it sweeps '
                    'stay locked until its transaction ends, and their next acquirers would wait for it.';
     END IF;
-    PERFORM fence.require_writable('sweep');
     PERFORM 1 FROM fence.sweeper_stats WHERE one FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN 0;

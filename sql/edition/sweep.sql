@@ -15,13 +15,13 @@ DECLARE
     n bigint;
     top bigint;
 BEGIN
+    PERFORM fence.require_writable('sweep leases');
     -- A statement of a transaction block starts after its transaction did (BEGIN is one).
     IF statement_timestamp() <> transaction_timestamp() THEN
         RAISE EXCEPTION 'fence.sweep() cannot run inside a transaction block' USING ERRCODE = '25001',
             HINT = 'Call it on its own (autocommit), as the sweeper worker and pg_cron do: the leases it sweeps '
                    'stay locked until its transaction ends, and their next acquirers would wait for it.';
     END IF;
-    PERFORM fence.require_writable('sweep');
     PERFORM 1 FROM fence.sweeper_stats WHERE one FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN 0;

@@ -194,7 +194,7 @@ $$;
 
 CREATE FUNCTION fence.fenced_update(key text, fence bigint, target regclass, changes jsonb, filter jsonb)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     table_name text;
@@ -276,7 +276,9 @@ AS $$
 BEGIN
     IF expected IS NULL THEN PERFORM fence.raise_null('expected'); END IF;
     IF row_version IS DISTINCT FROM expected THEN
-        PERFORM fence.raise_version_mismatch(fence.target_table('versioned_update', target), expected, row_version);
+        PERFORM fence.raise_version_mismatch(coalesce((SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+                                                         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = target), '<NULL>'),
+                                             expected, row_version);
     END IF;
     IF expected = 9223372036854775807 THEN
         RAISE EXCEPTION 'the row of % is at the highest version its column can hold', fence.target_table('versioned_update', target)
