@@ -9,11 +9,11 @@
 -- 10 ms (docs/sql-edition.md).
 
 -- Whether someone is in the key's waiting room (a try-lock of the room, given back at once).
-CREATE FUNCTION fence.someone_waiting(key text) RETURNS boolean
+CREATE FUNCTION fence_internal.someone_waiting(key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    room bigint := fence.lock_id('room', key);
+    room bigint := fence_internal.lock_id('room', key);
 BEGIN
     IF pg_try_advisory_lock(room) THEN
         PERFORM pg_advisory_unlock(room);
@@ -24,11 +24,11 @@ END
 $$;
 
 -- The key's live lease, as last committed, if `token` holds it (of one kind only, with `durable`).
-CREATE FUNCTION fence.lease_held_with(key text, token uuid, durable boolean) RETURNS fence.lease
+CREATE FUNCTION fence_internal.lease_held_with(key text, token uuid, durable boolean) RETURNS fence.lease
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ROW(key, r.owner, r.fence, token, r.acquired_at, r.expires_at)::fence.lease
-      FROM fence.key_rows(key, clock_timestamp()) r
+      FROM fence_internal.key_rows(key, clock_timestamp()) r
      WHERE r.live AND r.token_hash = sha256(uuid_send(token)) AND (durable IS NULL OR r.durable = durable)
      ORDER BY r.durable
      LIMIT 1
@@ -36,9 +36,9 @@ $$;
 
 -- Whether this transaction holds one of the key's locks (it changed or guarded the key): it does not
 -- wait for itself.
-CREATE FUNCTION fence.key_locked_by_me(key text) RETURNS boolean
+CREATE FUNCTION fence_internal.key_locked_by_me(key text) RETURNS boolean
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
-AS $$ SELECT fence.lock_held_by_me(fence.lock_id('change', key), NULL) OR fence.lock_held_by_me(fence.lock_id('guard:0', key), NULL) $$;
+AS $$ SELECT fence_internal.lock_held_by_me(fence_internal.lock_id('change', key), NULL) OR fence_internal.lock_held_by_me(fence_internal.lock_id('guard:0', key), NULL) $$;
 
 CREATE FUNCTION fence.lease_acquire(key text, ttl interval, owner text DEFAULT NULL, wait interval DEFAULT '0',
                                     session_bound boolean DEFAULT false, durable boolean DEFAULT true,
@@ -54,52 +54,52 @@ DECLARE
     who text;
     lease fence.lease;
 BEGIN
-    PERFORM fence.check_key(key);
-    ttl_us := fence.check_ttl(ttl);
-    who := fence.check_owner(owner);
-    wait_us := fence.check_wait(wait);
-    IF session_bound IS NULL THEN PERFORM fence.raise_null('session_bound'); END IF;
-    IF durable IS NULL THEN PERFORM fence.raise_null('durable'); END IF;
-    PERFORM fence.check_token(token);
-    IF shared IS NULL THEN PERFORM fence.raise_null('shared'); END IF;
-    IF permits IS NULL THEN PERFORM fence.raise_null('permits'); END IF;
-    PERFORM fence.check_mode(shared, permits);
-    delay_us := fence.check_lock_delay(lock_delay);
-    PERFORM fence.require_writable('acquire a lease');
+    PERFORM fence_internal.check_key(key);
+    ttl_us := fence_internal.check_ttl(ttl);
+    who := fence_internal.check_owner(owner);
+    wait_us := fence_internal.check_wait(wait);
+    IF session_bound IS NULL THEN PERFORM fence_internal.raise_null('session_bound'); END IF;
+    IF durable IS NULL THEN PERFORM fence_internal.raise_null('durable'); END IF;
+    PERFORM fence_internal.check_token(token);
+    IF shared IS NULL THEN PERFORM fence_internal.raise_null('shared'); END IF;
+    IF permits IS NULL THEN PERFORM fence_internal.raise_null('permits'); END IF;
+    PERFORM fence_internal.check_mode(shared, permits);
+    delay_us := fence_internal.check_lock_delay(lock_delay);
+    PERFORM fence_internal.require_writable('acquire a lease');
     IF token IS NOT NULL THEN
-        lease := fence.lease_held_with(key, token, NULL);
+        lease := fence_internal.lease_held_with(key, token, NULL);
         IF lease IS NOT NULL THEN
             RETURN lease;
         END IF;
     END IF;
     IF wait_us > 0 THEN
-        PERFORM fence.require_read_committed();
+        PERFORM fence_internal.require_read_committed();
     END IF;
-    lease := fence.try_grant(key, ttl_us, who, session_bound, durable, token, shared, permits, delay_us, NULL, NULL, true);
-    IF lease IS NOT NULL OR wait_us = 0 OR fence.key_locked_by_me(key) THEN
+    lease := fence_internal.try_grant(key, ttl_us, who, session_bound, durable, token, shared, permits, delay_us, NULL, NULL, true);
+    IF lease IS NOT NULL OR wait_us = 0 OR fence_internal.key_locked_by_me(key) THEN
         RETURN lease;
     END IF;
-    RETURN fence.wait_and_grant(key, ttl_us, who, session_bound, durable, token, shared, permits, delay_us,
+    RETURN fence_internal.wait_and_grant(key, ttl_us, who, session_bound, durable, token, shared, permits, delay_us,
                                 clock_timestamp() + wait_us * interval '1 microsecond');
 END
 $$;
 
-CREATE FUNCTION fence.check_mode(shared boolean, permits integer) RETURNS void
+CREATE FUNCTION fence_internal.check_mode(shared boolean, permits integer) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF permits NOT BETWEEN 1 AND 10000 THEN
-        PERFORM fence.raise_invalid(format('permits must be between 1 and 10000, not %s', permits),
+        PERFORM fence_internal.raise_invalid(format('permits must be between 1 and 10000, not %s', permits),
             'Pass how many holders the key may have at once: 1 (the default) for an exclusive lease.');
     END IF;
     IF shared AND permits > 1 THEN
-        PERFORM fence.raise_invalid('a shared lease cannot have permits',
+        PERFORM fence_internal.raise_invalid('a shared lease cannot have permits',
             'Pass shared => true for a reader''s lease (any number at once), or permits => N for a semaphore, not both.');
     END IF;
 END
 $$;
 
-CREATE FUNCTION fence.require_read_committed() RETURNS void
+CREATE FUNCTION fence_internal.require_read_committed() RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -113,15 +113,15 @@ $$;
 -- Queues for the key's waiting room and, first in line, grants the key as soon as there is room;
 -- NULL when `until` comes first. A waiter stands as a hand-off candidate of its owner meanwhile
 -- (sql/edition/handoff.sql).
-CREATE FUNCTION fence.wait_and_grant(key text, ttl bigint, owner text, session_bound boolean, durable boolean,
+CREATE FUNCTION fence_internal.wait_and_grant(key text, ttl bigint, owner text, session_bound boolean, durable boolean,
                                      token uuid, shared boolean, permits integer, lock_delay bigint,
                                      until timestamptz)
 RETURNS fence.lease
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    room bigint := fence.lock_id('room', key);
-    candidate bigint := fence.candidate_lock(key, owner, shared, permits, durable);
+    room bigint := fence_internal.lock_id('room', key);
+    candidate bigint := fence_internal.candidate_lock(key, owner, shared, permits, durable);
     in_room boolean := false;
     standing boolean := false;
     now timestamptz;
@@ -130,35 +130,35 @@ DECLARE
     lease fence.lease;
 BEGIN
     IF session_bound THEN
-        PERFORM fence.hold_session_lock();
+        PERFORM fence_internal.hold_session_lock();
     END IF;
     BEGIN
         PERFORM pg_advisory_lock_shared(candidate);
         standing := true;
-        in_room := fence.session_lock_until(room, until);
+        in_room := fence_internal.session_lock_until(room, until);
         WHILE in_room AND clock_timestamp() < until LOOP
             IF token IS NOT NULL THEN
-                lease := fence.lease_held_with(key, token, durable);
+                lease := fence_internal.lease_held_with(key, token, durable);
                 EXIT WHEN lease IS NOT NULL;
             END IF;
-            lease := fence.claim_handoff(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay);
+            lease := fence_internal.claim_handoff(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay);
             EXIT WHEN lease IS NOT NULL;
             now := clock_timestamp();
-            rows := ARRAY(SELECT r FROM fence.key_rows(key, now) r);
+            rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, now) r);
             IF EXISTS (SELECT FROM unnest(rows) r WHERE r.live AND r.handed_to IS NOT NULL) THEN
                 -- a lease handed off to another candidate: to the end of the queue, behind it
                 PERFORM pg_advisory_unlock(room);
                 in_room := false;
                 PERFORM pg_sleep(0.01);
-                in_room := fence.session_lock_until(room, until);
+                in_room := fence_internal.session_lock_until(room, until);
                 CONTINUE;
             END IF;
-            sleep_until := fence.held_back_until(rows, now);
-            IF sleep_until IS NULL AND fence.slot_for(shared, permits, rows) IS NULL THEN
+            sleep_until := fence_internal.held_back_until(rows, now);
+            IF sleep_until IS NULL AND fence_internal.slot_for(shared, permits, rows) IS NULL THEN
                 sleep_until := coalesce((SELECT min(r.expires_at) FROM unnest(rows) r WHERE r.live), now);
             END IF;
             IF sleep_until IS NULL THEN
-                lease := fence.try_grant(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay,
+                lease := fence_internal.try_grant(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay,
                                          NULL, until, false);
                 EXIT WHEN lease IS NOT NULL;
                 sleep_until := now;
@@ -191,28 +191,28 @@ RETURNS fence.lease
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    list text[] := fence.check_keys(keys, 1000,
+    list text[] := fence_internal.check_keys(keys, 1000,
         'Pass an array of 1 to 1000 distinct, non-empty keys in the order to try them, such as ARRAY[''invoice:1'', ''invoice:2''].',
         false);
-    ttl_us bigint := fence.check_ttl(ttl);
-    who text := fence.check_owner(owner);
+    ttl_us bigint := fence_internal.check_ttl(ttl);
+    who text := fence_internal.check_owner(owner);
     each text;
     lease fence.lease;
 BEGIN
-    IF session_bound IS NULL THEN PERFORM fence.raise_null('session_bound'); END IF;
-    IF durable IS NULL THEN PERFORM fence.raise_null('durable'); END IF;
-    PERFORM fence.check_token(token);
-    PERFORM fence.require_writable('acquire a lease');
+    IF session_bound IS NULL THEN PERFORM fence_internal.raise_null('session_bound'); END IF;
+    IF durable IS NULL THEN PERFORM fence_internal.raise_null('durable'); END IF;
+    PERFORM fence_internal.check_token(token);
+    PERFORM fence_internal.require_writable('acquire a lease');
     IF token IS NOT NULL THEN
         FOREACH each IN ARRAY list LOOP
-            lease := fence.lease_held_with(each, token, NULL);
+            lease := fence_internal.lease_held_with(each, token, NULL);
             IF lease IS NOT NULL THEN
                 RETURN lease;
             END IF;
         END LOOP;
     END IF;
     FOREACH each IN ARRAY list LOOP
-        lease := fence.try_grant(each, ttl_us, who, session_bound, durable, token, false, 1, 0, NULL, NULL, true);
+        lease := fence_internal.try_grant(each, ttl_us, who, session_bound, durable, token, false, 1, 0, NULL, NULL, true);
         IF lease IS NOT NULL THEN
             RETURN lease;
         END IF;
@@ -228,8 +228,8 @@ AS $$
 DECLARE
     room bigint;
 BEGIN
-    PERFORM fence.check_key(key);
-    room := fence.lock_id('room', key);
+    PERFORM fence_internal.check_key(key);
+    room := fence_internal.lock_id('room', key);
     RETURN (SELECT count(*)::integer FROM pg_locks l
              WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ExclusiveLock'
                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())

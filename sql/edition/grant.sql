@@ -3,7 +3,7 @@
 -- replaces), its fence, its row. Without `until` it waits for nothing: a key another transaction is
 -- changing or writing under counts as held. Everything it takes is given back when it grants
 -- nothing (the subtransaction's rollback, SQLSTATE PFZ01).
-CREATE FUNCTION fence.try_grant(key text, ttl bigint, owner text, session_bound boolean, durable boolean,
+CREATE FUNCTION fence_internal.try_grant(key text, ttl bigint, owner text, session_bound boolean, durable boolean,
                                 token uuid, shared boolean, permits integer, lock_delay bigint,
                                 handed_to text, until timestamptz, mind_waiters boolean)
 RETURNS fence.lease
@@ -23,31 +23,31 @@ DECLARE
     lease fence.lease;
 BEGIN
     BEGIN
-        IF NOT fence.lock_until(fence.lock_id('change', key), false, until) THEN
+        IF NOT fence_internal.lock_until(fence_internal.lock_id('change', key), false, until) THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        IF mind_waiters AND fence.someone_waiting(key) THEN
+        IF mind_waiters AND fence_internal.someone_waiting(key) THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
         decided := clock_timestamp();
-        rows := ARRAY(SELECT r FROM fence.key_rows(key, decided) r);
-        IF fence.held_back_until(rows, decided) IS NOT NULL THEN
+        rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, decided) r);
+        IF fence_internal.held_back_until(rows, decided) IS NOT NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        grant_slot := fence.slot_for(shared, permits, rows);
+        grant_slot := fence_internal.slot_for(shared, permits, rows);
         IF grant_slot IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        FOREACH lock IN ARRAY fence.locks_to_wait_for(shared, permits, grant_slot, rows) LOOP
-            IF NOT fence.lock_until(fence.lock_id(lock, key), false, until) THEN
+        FOREACH lock IN ARRAY fence_internal.locks_to_wait_for(shared, permits, grant_slot, rows) LOOP
+            IF NOT fence_internal.lock_until(fence_internal.lock_id(lock, key), false, until) THEN
                 RAISE SQLSTATE 'PFZ01';
             END IF;
         END LOOP;
         now := greatest(clock_timestamp(), decided);
-        floor := fence.floor(now, (SELECT max(r.fence) FROM unnest(rows) r));
+        floor := fence_internal.floor(now, (SELECT max(r.fence) FROM unnest(rows) r));
         now := greatest(clock_timestamp(), now);
         IF session_bound THEN
-            sid := fence.hold_session_lock();
+            sid := fence_internal.hold_session_lock();
             spid := pg_backend_pid();
         END IF;
         IF durable THEN
@@ -100,13 +100,13 @@ BEGIN
         IF lease IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        PERFORM fence.end_unreleased(key, now, durable, grant_slot);
+        PERFORM fence_internal.end_unreleased(key, now, durable, grant_slot);
         IF durable THEN
-            PERFORM fence.require_durable_commit();
+            PERFORM fence_internal.require_durable_commit();
         ELSE
-            PERFORM fence.reserve_fast_fence(lease.fence, now);
+            PERFORM fence_internal.reserve_fast_fence(lease.fence, now);
         END IF;
-        PERFORM fence.announce('acquired', key, lease.fence);
+        PERFORM fence_internal.announce('acquired', key, lease.fence);
         RETURN lease;
     EXCEPTION WHEN SQLSTATE 'PFZ01' THEN
         RETURN NULL;
@@ -116,7 +116,7 @@ $$;
 
 -- After a grant, the key's other rows whose leases ended without a release are ended for good, so
 -- that a step back of the clock cannot make one live again beside the new lease.
-CREATE FUNCTION fence.end_unreleased(key text, now timestamptz, granted_durable boolean, granted_slot integer)
+CREATE FUNCTION fence_internal.end_unreleased(key text, now timestamptz, granted_durable boolean, granted_slot integer)
 RETURNS void
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$

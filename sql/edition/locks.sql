@@ -18,7 +18,7 @@
 -- lock cannot be given back, but a subtransaction's rollback gives back what it took: a call that
 -- takes a lock and then changes nothing runs in a BEGIN ... EXCEPTION block that it rolls back
 -- (SQLSTATE PFZ01, never seen outside).
-CREATE FUNCTION fence.lock_id(class text, key text) RETURNS bigint
+CREATE FUNCTION fence_internal.lock_id(class text, key text) RETURNS bigint
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ('x' || encode(substr(sha256(s.secret || convert_to(class, 'UTF8') || '\x00'::bytea
@@ -30,7 +30,7 @@ $$;
 -- not at all): false, nothing taken, when it could not. The wait runs under lock_timeout in a
 -- subtransaction whose rollback takes the waiter out of the queue; a caller's own lock_timeout that
 -- ends first ends it with its usual error (55P03), as in the extension.
-CREATE FUNCTION fence.lock_until(id bigint, shared boolean, until timestamptz) RETURNS boolean
+CREATE FUNCTION fence_internal.lock_until(id bigint, shared boolean, until timestamptz) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -64,7 +64,7 @@ END
 $$;
 
 -- The same for a session-level lock (the waiting room), given back with pg_advisory_unlock.
-CREATE FUNCTION fence.session_lock_until(id bigint, until timestamptz) RETURNS boolean
+CREATE FUNCTION fence_internal.session_lock_until(id bigint, until timestamptz) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -96,7 +96,7 @@ $$;
 
 -- Whether this backend holds the advisory lock `id` in `mode` (NULL: any), at session or
 -- transaction level: its own locks never conflict with a probe, so it asks pg_locks.
-CREATE FUNCTION fence.lock_held_by_me(id bigint, mode text) RETURNS boolean
+CREATE FUNCTION fence_internal.lock_held_by_me(id bigint, mode text) RETURNS boolean
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (SELECT FROM pg_locks l

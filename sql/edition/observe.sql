@@ -9,16 +9,16 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER PARALLEL UNSAFE SET search_path = pg_
 AS $$
 DECLARE
     until timestamptz;
-    pace float8 := greatest(0.01, extract(epoch FROM fence.setting('observe_interval')::interval)::float8);
+    pace float8 := greatest(0.01, extract(epoch FROM fence_internal.setting('observe_interval')::interval)::float8);
     r fence.key_row;
 BEGIN
-    PERFORM fence.check_key(key);
-    IF timeout IS NULL THEN PERFORM fence.raise_null('timeout'); END IF;
-    until := clock_timestamp() + fence.check_duration(timeout, 'timeout',
+    PERFORM fence_internal.check_key(key);
+    IF timeout IS NULL THEN PERFORM fence_internal.raise_null('timeout'); END IF;
+    until := clock_timestamp() + fence_internal.check_duration(timeout, 'timeout',
         'Pass how long to wait for a change, such as ''30 seconds'', or ''0'' not to wait.') * interval '1 microsecond';
     LOOP
         r := NULL;
-        SELECT * INTO r FROM fence.key_rows(key, clock_timestamp()) x WHERE x.live ORDER BY x.fence DESC LIMIT 1;
+        SELECT * INTO r FROM fence_internal.key_rows(key, clock_timestamp()) x WHERE x.live ORDER BY x.fence DESC LIMIT 1;
         IF (r.fence, r.owner) IS DISTINCT FROM (seen_fence, seen_owner) OR clock_timestamp() >= until THEN
             fence := r.fence; owner := r.owner; live := r.fence IS NOT NULL;
             acquired_at := r.acquired_at; expires_at := r.expires_at;

@@ -6,6 +6,11 @@ SELECT pgtle.install_extension('pg_fence', '0.5.0', 'pg_fence, SQL edition: leas
 -- The SQL edition makes schema fence itself (the extension's control file names it for CREATE
 -- EXTENSION; pg_tle's extensions have no schema of their own): schema.sql then checks its owner.
 CREATE SCHEMA IF NOT EXISTS fence;
+-- The edition's own helpers live in schema fence_internal, so that schema fence holds the very
+-- functions the extension's does (tests/regress/sql/api_surface.sql). PUBLIC may not use it: the
+-- functions that call its helpers as the caller are fence_user's (sql/edition/privileges.sql).
+CREATE SCHEMA IF NOT EXISTS fence_internal;
+REVOKE ALL ON SCHEMA fence_internal FROM PUBLIC;
 
 -- sql/schema.sql
 -- pg_fence schema objects. CREATE EXTENSION creates schema `fence` (named in pg_fence.control) first,
@@ -162,7 +167,7 @@ INSERT INTO fence.settings VALUES
 REVOKE ALL ON fence.settings FROM PUBLIC;
 
 -- One setting's value.
-CREATE FUNCTION fence.setting(name text) RETURNS text
+CREATE FUNCTION fence_internal.setting(name text) RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$ SELECT s.value FROM fence.settings s WHERE s.name = setting.name $$;
 
@@ -187,7 +192,7 @@ AS $$ SELECT s.value FROM fence.settings s WHERE s.name = setting.name $$;
 -- lock cannot be given back, but a subtransaction's rollback gives back what it took: a call that
 -- takes a lock and then changes nothing runs in a BEGIN ... EXCEPTION block that it rolls back
 -- (SQLSTATE PFZ01, never seen outside).
-CREATE FUNCTION fence.lock_id(class text, key text) RETURNS bigint
+CREATE FUNCTION fence_internal.lock_id(class text, key text) RETURNS bigint
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ('x' || encode(substr(sha256(s.secret || convert_to(class, 'UTF8') || '\x00'::bytea
@@ -199,7 +204,7 @@ $$;
 -- not at all): false, nothing taken, when it could not. The wait runs under lock_timeout in a
 -- subtransaction whose rollback takes the waiter out of the queue; a caller's own lock_timeout that
 -- ends first ends it with its usual error (55P03), as in the extension.
-CREATE FUNCTION fence.lock_until(id bigint, shared boolean, until timestamptz) RETURNS boolean
+CREATE FUNCTION fence_internal.lock_until(id bigint, shared boolean, until timestamptz) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -233,7 +238,7 @@ END
 $$;
 
 -- The same for a session-level lock (the waiting room), given back with pg_advisory_unlock.
-CREATE FUNCTION fence.session_lock_until(id bigint, until timestamptz) RETURNS boolean
+CREATE FUNCTION fence_internal.session_lock_until(id bigint, until timestamptz) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -265,7 +270,7 @@ $$;
 
 -- Whether this backend holds the advisory lock `id` in `mode` (NULL: any), at session or
 -- transaction level: its own locks never conflict with a probe, so it asks pg_locks.
-CREATE FUNCTION fence.lock_held_by_me(id bigint, mode text) RETURNS boolean
+CREATE FUNCTION fence_internal.lock_held_by_me(id bigint, mode text) RETURNS boolean
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (SELECT FROM pg_locks l
@@ -291,7 +296,7 @@ LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF pid = pg_backend_pid() THEN
-        RETURN fence.lock_held_by_me(id, 'ExclusiveLock');
+        RETURN fence_internal.lock_held_by_me(id, 'ExclusiveLock');
     END IF;
     IF pg_try_advisory_lock_shared(id) THEN
         PERFORM pg_advisory_unlock_shared(id);
@@ -302,13 +307,13 @@ END
 $$;
 
 -- Makes sure this session holds its session lock; returns its id.
-CREATE FUNCTION fence.hold_session_lock() RETURNS bigint
+CREATE FUNCTION fence_internal.hold_session_lock() RETURNS bigint
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     id bigint := nullif(current_setting('fence.session_lock', true), '')::bigint;
 BEGIN
-    IF id IS NULL OR NOT fence.lock_held_by_me(id, 'ExclusiveLock') THEN
+    IF id IS NULL OR NOT fence_internal.lock_held_by_me(id, 'ExclusiveLock') THEN
         id := ('x' || encode(substr(uuid_send(gen_random_uuid()), 1, 8), 'hex'))::bit(64)::bigint;
         PERFORM pg_advisory_lock(id);
         PERFORM set_config('fence.session_lock', id::text, false);
@@ -320,7 +325,7 @@ $$;
 -- sql/edition/inputs.sql
 -- The argument checks of src/pg/input.rs and src/pg/errors.rs, with their SQLSTATEs, messages and
 -- HINTs: nothing is touched when an argument is bad.
-CREATE FUNCTION fence.raise_null(argument text) RETURNS void
+CREATE FUNCTION fence_internal.raise_null(argument text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -329,7 +334,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fence.raise_invalid(message text, hint text) RETURNS void
+CREATE FUNCTION fence_internal.raise_invalid(message text, hint text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -337,16 +342,16 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fence.check_key(key text) RETURNS text
+CREATE FUNCTION fence_internal.check_key(key text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF key IS NULL THEN
-        PERFORM fence.raise_null('key');
+        PERFORM fence_internal.raise_null('key');
     ELSIF key = '' THEN
-        PERFORM fence.raise_invalid('key must not be empty', 'Name the resource the lease protects, for example ''invoice:42''.');
+        PERFORM fence_internal.raise_invalid('key must not be empty', 'Name the resource the lease protects, for example ''invoice:42''.');
     ELSIF octet_length(key) > 512 THEN
-        PERFORM fence.raise_invalid(format('key is %s bytes long, more than the limit of 512', octet_length(key)),
+        PERFORM fence_internal.raise_invalid(format('key is %s bytes long, more than the limit of 512', octet_length(key)),
                                     'Use a shorter key, for example a hash of the long name.');
     END IF;
     RETURN key;
@@ -354,107 +359,107 @@ END
 $$;
 
 -- An interval in microseconds, as the extension counts it (a month is 30 days).
-CREATE FUNCTION fence.micros(value interval) RETURNS numeric
+CREATE FUNCTION fence_internal.micros(value interval) RETURNS numeric
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ((extract(year FROM value) * 12 + extract(month FROM value)) * 30 + extract(day FROM value)) * 86400000000
            + (extract(hour FROM value) * 3600 + extract(minute FROM value) * 60 + extract(second FROM value)) * 1000000
 $$;
 
-CREATE FUNCTION fence.is_infinite(value interval) RETURNS boolean
+CREATE FUNCTION fence_internal.is_infinite(value interval) RETURNS boolean
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT abs(extract(year FROM value) * 12 + extract(month FROM value)) = 2147483647
            AND abs(extract(day FROM value)) = 2147483647
 $$;
 
-CREATE FUNCTION fence.check_ttl(ttl interval) RETURNS bigint
+CREATE FUNCTION fence_internal.check_ttl(ttl interval) RETURNS bigint
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     hint text := 'Pass a positive, finite interval no longer than pg_fence.max_ttl, such as ''30 seconds''.';
     us numeric;
-    max_us numeric := fence.micros(fence.setting('max_ttl')::interval);
+    max_us numeric := fence_internal.micros(fence_internal.setting('max_ttl')::interval);
 BEGIN
     IF ttl IS NULL THEN
-        PERFORM fence.raise_null('ttl');
+        PERFORM fence_internal.raise_null('ttl');
     END IF;
-    IF fence.is_infinite(ttl) THEN
-        PERFORM fence.raise_invalid('ttl must be finite', hint);
+    IF fence_internal.is_infinite(ttl) THEN
+        PERFORM fence_internal.raise_invalid('ttl must be finite', hint);
     END IF;
-    us := fence.micros(ttl);
+    us := fence_internal.micros(ttl);
     IF us <= 0 THEN
-        PERFORM fence.raise_invalid(format('ttl must be positive, got %s', ttl), hint);
+        PERFORM fence_internal.raise_invalid(format('ttl must be positive, got %s', ttl), hint);
     END IF;
     IF us > max_us THEN
-        PERFORM fence.raise_invalid(format('ttl %s exceeds pg_fence.max_ttl (%s s)', ttl, trunc(max_us / 1000000)),
+        PERFORM fence_internal.raise_invalid(format('ttl %s exceeds pg_fence.max_ttl (%s s)', ttl, trunc(max_us / 1000000)),
                                     'Renew the lease periodically instead, or ask a superuser to raise pg_fence.max_ttl.');
     END IF;
     RETURN us::bigint;
 END
 $$;
 
-CREATE FUNCTION fence.check_duration(value interval, argument text, hint text) RETURNS bigint
+CREATE FUNCTION fence_internal.check_duration(value interval, argument text, hint text) RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     us numeric;
 BEGIN
     IF value IS NULL THEN
-        PERFORM fence.raise_null(argument);
+        PERFORM fence_internal.raise_null(argument);
     END IF;
-    us := fence.micros(value);
-    IF fence.is_infinite(value) THEN
-        PERFORM fence.raise_invalid(format('%s must be finite', argument), hint);
+    us := fence_internal.micros(value);
+    IF fence_internal.is_infinite(value) THEN
+        PERFORM fence_internal.raise_invalid(format('%s must be finite', argument), hint);
     END IF;
     IF us > 3110400000000000 THEN  -- 100 years of 12 months of 30 days
-        PERFORM fence.raise_invalid(format('%s %s is longer than the limit of 100 years', argument, value), hint);
+        PERFORM fence_internal.raise_invalid(format('%s %s is longer than the limit of 100 years', argument, value), hint);
     END IF;
     IF us < 0 THEN
-        PERFORM fence.raise_invalid(format('%s must not be negative, got %s', argument, value), hint);
+        PERFORM fence_internal.raise_invalid(format('%s must not be negative, got %s', argument, value), hint);
     END IF;
     RETURN us::bigint;
 END
 $$;
 
-CREATE FUNCTION fence.check_wait(wait interval) RETURNS bigint
+CREATE FUNCTION fence_internal.check_wait(wait interval) RETURNS bigint
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
-AS $$ SELECT fence.check_duration(wait, 'wait', 'Pass how long to wait for the key, such as ''5 seconds'', or ''0'' not to wait.') $$;
+AS $$ SELECT fence_internal.check_duration(wait, 'wait', 'Pass how long to wait for the key, such as ''5 seconds'', or ''0'' not to wait.') $$;
 
-CREATE FUNCTION fence.check_lock_delay(lock_delay interval) RETURNS bigint
+CREATE FUNCTION fence_internal.check_lock_delay(lock_delay interval) RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     hint text := 'Pass how long nobody may be granted the key after this lease ends other than by a release, '
                  'such as ''15 seconds'', at most ''1 hour''; ''0'' for no delay.';
-    us bigint := fence.check_duration(lock_delay, 'lock_delay', hint);
+    us bigint := fence_internal.check_duration(lock_delay, 'lock_delay', hint);
 BEGIN
     IF us > 3600000000 THEN
-        PERFORM fence.raise_invalid('lock_delay must be at most 1 hour', hint);
+        PERFORM fence_internal.raise_invalid('lock_delay must be at most 1 hour', hint);
     END IF;
     RETURN us;
 END
 $$;
 
 -- The owner label: NULL or empty means application_name, or pid:<backend pid>.
-CREATE FUNCTION fence.check_owner(owner text) RETURNS text
+CREATE FUNCTION fence_internal.check_owner(owner text) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF octet_length(owner) > 256 THEN
-        PERFORM fence.raise_invalid(format('owner is %s bytes long, more than the limit of 256', octet_length(owner)),
+        PERFORM fence_internal.raise_invalid(format('owner is %s bytes long, more than the limit of 256', octet_length(owner)),
                                     'Use a short label such as a host name and process id.');
     END IF;
     RETURN coalesce(nullif(owner, ''), nullif(current_setting('application_name'), ''), 'pid:' || pg_backend_pid());
 END
 $$;
 
-CREATE FUNCTION fence.check_token(token uuid) RETURNS uuid
+CREATE FUNCTION fence_internal.check_token(token uuid) RETURNS uuid
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF token = '00000000-0000-0000-0000-000000000000' THEN
-        PERFORM fence.raise_invalid('token must not be the nil uuid',
+        PERFORM fence_internal.raise_invalid('token must not be the nil uuid',
                                     'Pass a random uuid, such as gen_random_uuid() or uuid.uuid4(), and the same one when you retry.');
     END IF;
     RETURN token;
@@ -462,7 +467,7 @@ END
 $$;
 
 -- A key set (lease_acquire_all, lease_release_all, lease_renew_all): sorted, checked.
-CREATE FUNCTION fence.check_keys(keys text[], most integer, hint text, sorted boolean) RETURNS text[]
+CREATE FUNCTION fence_internal.check_keys(keys text[], most integer, hint text, sorted boolean) RETURNS text[]
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -470,22 +475,22 @@ DECLARE
     twice text;
 BEGIN
     IF keys IS NULL THEN
-        PERFORM fence.raise_null('keys');
+        PERFORM fence_internal.raise_null('keys');
     END IF;
     flat := ARRAY(SELECT k FROM unnest(keys) k);
     IF cardinality(flat) = 0 THEN
-        PERFORM fence.raise_invalid('keys must not be empty', hint);
+        PERFORM fence_internal.raise_invalid('keys must not be empty', hint);
     END IF;
     IF cardinality(flat) > most THEN
-        PERFORM fence.raise_invalid(format('keys has %s elements, more than the limit of %s', cardinality(flat), most), hint);
+        PERFORM fence_internal.raise_invalid(format('keys has %s elements, more than the limit of %s', cardinality(flat), most), hint);
     END IF;
     IF array_position(flat, NULL) IS NOT NULL THEN
-        PERFORM fence.raise_null('an element of keys');
+        PERFORM fence_internal.raise_null('an element of keys');
     END IF;
-    PERFORM fence.check_key(k) FROM unnest(flat) k;
+    PERFORM fence_internal.check_key(k) FROM unnest(flat) k;
     SELECT k INTO twice FROM unnest(flat) k GROUP BY k HAVING count(*) > 1 ORDER BY k COLLATE "C" LIMIT 1;
     IF twice IS NOT NULL THEN
-        PERFORM fence.raise_invalid(format('key "%s" appears more than once in keys', twice), hint);
+        PERFORM fence_internal.raise_invalid(format('key "%s" appears more than once in keys', twice), hint);
     END IF;
     IF sorted THEN
         RETURN ARRAY(SELECT k FROM unnest(flat) k ORDER BY k COLLATE "C");
@@ -494,7 +499,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fence.require_writable(what text) RETURNS void
+CREATE FUNCTION fence_internal.require_writable(what text) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -512,7 +517,7 @@ $$;
 -- A grant or renewal that a client has seen must survive a crash: its commit flushes
 -- (src/leases/state/durability.rs). Raised with SET LOCAL at the call, not at commit: a later
 -- SET LOCAL synchronous_commit in the same transaction can still lower it (docs/sql-edition.md).
-CREATE FUNCTION fence.require_durable_commit() RETURNS void
+CREATE FUNCTION fence_internal.require_durable_commit() RETURNS void
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT set_config('synchronous_commit', 'on', true)
@@ -546,7 +551,7 @@ CREATE TYPE fence.key_row AS (
     handed_to    text
 );
 
-CREATE FUNCTION fence.key_rows(key text, now timestamptz) RETURNS SETOF fence.key_row
+CREATE FUNCTION fence_internal.key_rows(key text, now timestamptz) RETURNS SETOF fence.key_row
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT r.durable, r.slot, r.fence, r.owner, r.token_hash, r.acquired_at, r.expires_at,
@@ -564,7 +569,7 @@ $$;
 -- Until when a lock-delay holds a grant of the key back at `now` (src/leases/state/ended.rs), or
 -- NULL. A session's end not yet recorded counts from `now` (the extension counts from a waiter's
 -- first sight of it), and never later than the lease's expiry.
-CREATE FUNCTION fence.held_back_until(rows fence.key_row[], now timestamptz) RETURNS timestamptz
+CREATE FUNCTION fence_internal.held_back_until(rows fence.key_row[], now timestamptz) RETURNS timestamptz
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT max(e.ended + r.lock_delay * interval '1 microsecond')
@@ -578,7 +583,7 @@ $$;
 
 -- The slot a grant in mode (shared, permits) takes among the rows (src/leases/state/slots.rs), or
 -- NULL while the live holders leave no room.
-CREATE FUNCTION fence.slot_for(shared boolean, permits integer, rows fence.key_row[]) RETURNS integer
+CREATE FUNCTION fence_internal.slot_for(shared boolean, permits integer, rows fence.key_row[]) RETURNS integer
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -601,21 +606,21 @@ $$;
 
 -- The guard locks a grant into `slot` waits for (src/leases/state/slots.rs): the slot's own, and
 -- those of every ended holder of another mode; sorted, so every grant takes them in one order.
-CREATE FUNCTION fence.guard_lock_name(shared boolean, slot integer) RETURNS text
+CREATE FUNCTION fence_internal.guard_lock_name(shared boolean, slot integer) RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$ SELECT CASE WHEN shared THEN 'guard:shared' ELSE 'guard:' || slot END $$;
 
-CREATE FUNCTION fence.locks_to_wait_for(shared boolean, permits integer, slot integer, rows fence.key_row[])
+CREATE FUNCTION fence_internal.locks_to_wait_for(shared boolean, permits integer, slot integer, rows fence.key_row[])
 RETURNS text[]
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(array_agg(DISTINCT l ORDER BY l), '{}')
-      FROM (SELECT fence.guard_lock_name(r.shared, r.slot) AS l
+      FROM (SELECT fence_internal.guard_lock_name(r.shared, r.slot) AS l
               FROM unnest(rows) r
              WHERE NOT r.live AND (r.shared, r.permits) IS DISTINCT FROM (shared, CASE WHEN shared THEN r.permits ELSE permits END)
                    AND NOT (r.shared AND shared)
             UNION ALL
-            SELECT fence.guard_lock_name(false, slot) WHERE NOT shared) l
+            SELECT fence_internal.guard_lock_name(false, slot) WHERE NOT shared) l
 $$;
 
 -- The fast leases' rows for view fence.leases (sql/leases.sql).
@@ -637,7 +642,7 @@ $$;
 -- microseconds since 1970, the key's highest fence + 1 (its own row's too, in the grant's UPDATE),
 -- the high-water mark of deleted rows + 1, and the floor above every fast fence a crash may have
 -- forgotten. The same one clock assumption as the extension.
-CREATE FUNCTION fence.clock_us(at timestamptz) RETURNS bigint
+CREATE FUNCTION fence_internal.clock_us(at timestamptz) RETURNS bigint
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$ SELECT (extract(epoch FROM at) * 1000000)::bigint $$;
 
@@ -645,7 +650,7 @@ AS $$ SELECT (extract(epoch FROM at) * 1000000)::bigint $$;
 -- may have forgotten: the fast reservation as it stood at the reset, recorded by the first grant
 -- after it in a marker row under the empty key, which the reset empties with the table. That first
 -- grant waits until the clock has passed the reservation (at most 11 s), so fences stay at the clock.
-CREATE FUNCTION fence.reset_floor() RETURNS bigint
+CREATE FUNCTION fence_internal.reset_floor() RETURNS bigint
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -657,15 +662,15 @@ BEGIN
         RETURN floor;
     END IF;
     floor := coalesce((SELECT max(r.fence) + 1 FROM fence.fast_reserve r), 0);
-    IF floor - fence.clock_us(clock_timestamp()) <= 11000000 THEN
+    IF floor - fence_internal.clock_us(clock_timestamp()) <= 11000000 THEN
         LOOP
-            ahead := floor - fence.clock_us(clock_timestamp());
+            ahead := floor - fence_internal.clock_us(clock_timestamp());
             EXIT WHEN ahead <= 0;
             PERFORM pg_sleep(ahead / 1000000.0);
         END LOOP;
     END IF;
     IF current_setting('transaction_isolation') = 'read committed'
-       AND pg_try_advisory_xact_lock(fence.lock_id('reset marker', '')) THEN
+       AND pg_try_advisory_xact_lock(fence_internal.lock_id('reset marker', '')) THEN
         DELETE FROM fence.fast_lease_state f WHERE f.key = '' AND f.owner <> marker;
         INSERT INTO fence.fast_lease_state (key, fence, owner, acquired_at, expires_at)
         VALUES ('', floor, marker, clock_timestamp(), clock_timestamp())
@@ -676,35 +681,35 @@ END
 $$;
 
 -- The lowest fence any grant of a key at `now` may get, besides its own row's fence + 1.
-CREATE FUNCTION fence.floor(now timestamptz, other_fence bigint) RETURNS bigint
+CREATE FUNCTION fence_internal.floor(now timestamptz, other_fence bigint) RETURNS bigint
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT greatest(fence.clock_us(now), other_fence + 1,
-                    (SELECT h.fence + 1 FROM fence.high_water h), fence.reset_floor())
+    SELECT greatest(fence_internal.clock_us(now), other_fence + 1,
+                    (SELECT h.fence + 1 FROM fence.high_water h), fence_internal.reset_floor())
 $$;
 
 -- Before fast fence `fence` is told: the fast reservation covers it, raised (a row per raise, 2 s
 -- ahead of the clock) and flushed with this commit when it did not.
-CREATE FUNCTION fence.reserve_fast_fence(fence bigint, now timestamptz) RETURNS void
+CREATE FUNCTION fence_internal.reserve_fast_fence(fence bigint, now timestamptz) RETURNS void
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF coalesce((SELECT max(r.fence) FROM fence.fast_reserve r) >= fence, false) THEN
         RETURN;
     END IF;
-    INSERT INTO fence.fast_reserve (fence) VALUES (greatest(fence, fence.clock_us(now) + 2000000));
-    PERFORM fence.require_durable_commit();
+    INSERT INTO fence.fast_reserve (fence) VALUES (greatest(fence, fence_internal.clock_us(now) + 2000000));
+    PERFORM fence_internal.require_durable_commit();
 END
 $$;
 
 -- NOTIFY on channel pg_fence (docs/reference.md, Notifications): pg_fence.notify is a setting any
 -- role may SET for its own session, as in the extension; notify_keys is fence.settings'.
-CREATE FUNCTION fence.announce(event text, key text, fence bigint) RETURNS void
+CREATE FUNCTION fence_internal.announce(event text, key text, fence bigint) RETURNS void
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF coalesce(current_setting('pg_fence.notify', true), 'off') IN ('on', 'true', 'yes', '1') THEN
-        PERFORM pg_notify('pg_fence', CASE WHEN fence.setting('notify_keys')::boolean
+        PERFORM pg_notify('pg_fence', CASE WHEN fence_internal.setting('notify_keys')::boolean
             THEN format('{"event":"%s","fence":%s,"key":%s}', event, fence, to_json(key))
             ELSE format('{"event":"%s","fence":%s}', event, fence) END);
     END IF;
@@ -717,7 +722,7 @@ $$;
 -- replaces), its fence, its row. Without `until` it waits for nothing: a key another transaction is
 -- changing or writing under counts as held. Everything it takes is given back when it grants
 -- nothing (the subtransaction's rollback, SQLSTATE PFZ01).
-CREATE FUNCTION fence.try_grant(key text, ttl bigint, owner text, session_bound boolean, durable boolean,
+CREATE FUNCTION fence_internal.try_grant(key text, ttl bigint, owner text, session_bound boolean, durable boolean,
                                 token uuid, shared boolean, permits integer, lock_delay bigint,
                                 handed_to text, until timestamptz, mind_waiters boolean)
 RETURNS fence.lease
@@ -737,31 +742,31 @@ DECLARE
     lease fence.lease;
 BEGIN
     BEGIN
-        IF NOT fence.lock_until(fence.lock_id('change', key), false, until) THEN
+        IF NOT fence_internal.lock_until(fence_internal.lock_id('change', key), false, until) THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        IF mind_waiters AND fence.someone_waiting(key) THEN
+        IF mind_waiters AND fence_internal.someone_waiting(key) THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
         decided := clock_timestamp();
-        rows := ARRAY(SELECT r FROM fence.key_rows(key, decided) r);
-        IF fence.held_back_until(rows, decided) IS NOT NULL THEN
+        rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, decided) r);
+        IF fence_internal.held_back_until(rows, decided) IS NOT NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        grant_slot := fence.slot_for(shared, permits, rows);
+        grant_slot := fence_internal.slot_for(shared, permits, rows);
         IF grant_slot IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        FOREACH lock IN ARRAY fence.locks_to_wait_for(shared, permits, grant_slot, rows) LOOP
-            IF NOT fence.lock_until(fence.lock_id(lock, key), false, until) THEN
+        FOREACH lock IN ARRAY fence_internal.locks_to_wait_for(shared, permits, grant_slot, rows) LOOP
+            IF NOT fence_internal.lock_until(fence_internal.lock_id(lock, key), false, until) THEN
                 RAISE SQLSTATE 'PFZ01';
             END IF;
         END LOOP;
         now := greatest(clock_timestamp(), decided);
-        floor := fence.floor(now, (SELECT max(r.fence) FROM unnest(rows) r));
+        floor := fence_internal.floor(now, (SELECT max(r.fence) FROM unnest(rows) r));
         now := greatest(clock_timestamp(), now);
         IF session_bound THEN
-            sid := fence.hold_session_lock();
+            sid := fence_internal.hold_session_lock();
             spid := pg_backend_pid();
         END IF;
         IF durable THEN
@@ -814,13 +819,13 @@ BEGIN
         IF lease IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        PERFORM fence.end_unreleased(key, now, durable, grant_slot);
+        PERFORM fence_internal.end_unreleased(key, now, durable, grant_slot);
         IF durable THEN
-            PERFORM fence.require_durable_commit();
+            PERFORM fence_internal.require_durable_commit();
         ELSE
-            PERFORM fence.reserve_fast_fence(lease.fence, now);
+            PERFORM fence_internal.reserve_fast_fence(lease.fence, now);
         END IF;
-        PERFORM fence.announce('acquired', key, lease.fence);
+        PERFORM fence_internal.announce('acquired', key, lease.fence);
         RETURN lease;
     EXCEPTION WHEN SQLSTATE 'PFZ01' THEN
         RETURN NULL;
@@ -830,7 +835,7 @@ $$;
 
 -- After a grant, the key's other rows whose leases ended without a release are ended for good, so
 -- that a step back of the clock cannot make one live again beside the new lease.
-CREATE FUNCTION fence.end_unreleased(key text, now timestamptz, granted_durable boolean, granted_slot integer)
+CREATE FUNCTION fence_internal.end_unreleased(key text, now timestamptz, granted_durable boolean, granted_slot integer)
 RETURNS void
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
@@ -857,11 +862,11 @@ $$;
 -- key to a token nobody knows, handed_to the candidate's owner, for the rest of the old lease's TTL
 -- and 10 s at most; the candidate claims it at its next look as the head of the waiting room (a
 -- head that is not the candidate steps back to the end of the queue meanwhile).
-CREATE FUNCTION fence.candidate_lock(key text, owner text, shared boolean, permits integer, durable boolean)
+CREATE FUNCTION fence_internal.candidate_lock(key text, owner text, shared boolean, permits integer, durable boolean)
 RETURNS bigint
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT fence.lock_id('candidate', format('%s:%s%s:%s%s:%s', length(key), key, length(owner), owner,
+    SELECT fence_internal.lock_id('candidate', format('%s:%s%s:%s%s:%s', length(key), key, length(owner), owner,
                                              CASE WHEN shared THEN -1 ELSE permits END, CASE WHEN durable THEN 0 ELSE 1 END))
 $$;
 
@@ -877,38 +882,38 @@ DECLARE
     floor bigint;
     lease fence.lease;
 BEGIN
-    PERFORM fence.check_key(key);
-    IF token IS NULL THEN PERFORM fence.raise_null('token'); END IF;
-    IF to_owner IS NULL THEN PERFORM fence.raise_null('to_owner'); END IF;
+    PERFORM fence_internal.check_key(key);
+    IF token IS NULL THEN PERFORM fence_internal.raise_null('token'); END IF;
+    IF to_owner IS NULL THEN PERFORM fence_internal.raise_null('to_owner'); END IF;
     IF to_owner = '' THEN
-        PERFORM fence.raise_invalid('to_owner must not be empty', 'Name the owner of the waiting acquirer to hand the lease to.');
+        PERFORM fence_internal.raise_invalid('to_owner must not be empty', 'Name the owner of the waiting acquirer to hand the lease to.');
     END IF;
-    PERFORM fence.check_owner(to_owner);
-    PERFORM fence.require_writable('hand off a lease');
+    PERFORM fence_internal.check_owner(to_owner);
+    PERFORM fence_internal.require_writable('hand off a lease');
     hash := sha256(uuid_send(token));
-    SELECT * INTO held FROM fence.key_rows(key, clock_timestamp()) r WHERE r.live AND r.token_hash = hash;
+    SELECT * INTO held FROM fence_internal.key_rows(key, clock_timestamp()) r WHERE r.live AND r.token_hash = hash;
     IF held.fence IS NULL THEN
         RETURN NULL;
     END IF;
-    candidate := fence.candidate_lock(key, to_owner, held.shared, held.permits, held.durable);
+    candidate := fence_internal.candidate_lock(key, to_owner, held.shared, held.permits, held.durable);
     IF pg_try_advisory_lock(candidate) THEN
         PERFORM pg_advisory_unlock(candidate);
         RETURN NULL;
     END IF;
     BEGIN
-        PERFORM pg_advisory_xact_lock(fence.lock_id('change', key));
-        IF NOT fence.lock_until(fence.lock_id(fence.guard_lock_name(held.shared, held.slot), key), false,
+        PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
+        IF NOT fence_internal.lock_until(fence_internal.lock_id(fence_internal.guard_lock_name(held.shared, held.slot), key), false,
                                 clock_timestamp() + interval '5 seconds') THEN
             RAISE EXCEPTION 'the lease on key "%" cannot be handed off while writes under it are running', key
                 USING ERRCODE = '55P03', HINT = 'Let the transactions writing under the lease end, then call lease_handoff again.';
         END IF;
         now := clock_timestamp();
-        rows := ARRAY(SELECT r FROM fence.key_rows(key, now) r);
+        rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, now) r);
         SELECT * INTO held FROM unnest(rows) r WHERE r.live AND r.token_hash = hash;
         IF held.fence IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        floor := fence.floor(now, (SELECT max(r.fence) FROM unnest(rows) r));
+        floor := fence_internal.floor(now, (SELECT max(r.fence) FROM unnest(rows) r));
         IF held.durable THEN
             UPDATE fence.lease_state s
                SET fence = greatest(s.fence + 1, floor), owner = to_owner, token_hash = sha256(uuid_send(gen_random_uuid())),
@@ -917,7 +922,7 @@ BEGIN
                    ended_hash = s.token_hash, ended_fence = s.fence, ended_at = now, ended_reason = 'released'
              WHERE s.key = lease_handoff.key AND s.slot = held.slot AND s.token_hash = hash
             RETURNING s.key, s.owner, s.fence, NULL::uuid, s.acquired_at, s.expires_at INTO lease;
-            PERFORM fence.require_durable_commit();
+            PERFORM fence_internal.require_durable_commit();
         ELSE
             UPDATE fence.fast_lease_state s
                SET fence = greatest(s.fence + 1, floor), owner = to_owner, token_hash = sha256(uuid_send(gen_random_uuid())),
@@ -926,10 +931,10 @@ BEGIN
                    ended_hash = s.token_hash, ended_fence = s.fence, ended_at = now, ended_reason = 'released'
              WHERE s.key = lease_handoff.key AND s.slot = held.slot AND s.token_hash = hash
             RETURNING s.key, s.owner, s.fence, NULL::uuid, s.acquired_at, s.expires_at INTO lease;
-            PERFORM fence.reserve_fast_fence(lease.fence, now);
+            PERFORM fence_internal.reserve_fast_fence(lease.fence, now);
         END IF;
-        PERFORM fence.announce('released', key, held.fence);
-        PERFORM fence.announce('acquired', key, lease.fence);
+        PERFORM fence_internal.announce('released', key, held.fence);
+        PERFORM fence_internal.announce('acquired', key, lease.fence);
         RETURN lease;
     EXCEPTION WHEN SQLSTATE 'PFZ01' THEN
         RETURN NULL;
@@ -939,7 +944,7 @@ $$;
 
 -- A waiter's claim of a lease handed off to its owner (mode and kind alike): its own token,
 -- expiry, session and lock-delay, keeping the fence.
-CREATE FUNCTION fence.claim_handoff(key text, ttl bigint, owner text, session_bound boolean, durable boolean,
+CREATE FUNCTION fence_internal.claim_handoff(key text, ttl bigint, owner text, session_bound boolean, durable boolean,
                                     token uuid, shared boolean, permits integer, lock_delay bigint)
 RETURNS fence.lease
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
@@ -952,16 +957,16 @@ DECLARE
     sid bigint;
     lease fence.lease;
 BEGIN
-    SELECT r.slot INTO slot FROM fence.key_rows(key, clock_timestamp()) r
+    SELECT r.slot INTO slot FROM fence_internal.key_rows(key, clock_timestamp()) r
      WHERE r.live AND r.handed_to = owner AND r.durable = claim_handoff.durable AND r.shared = claim_handoff.shared
        AND r.permits = claim_handoff.permits;
     IF slot IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM pg_advisory_xact_lock(fence.lock_id('change', key));
+    PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
     now := clock_timestamp();
     IF session_bound THEN
-        sid := fence.hold_session_lock();
+        sid := fence_internal.hold_session_lock();
     END IF;
     IF durable THEN
         UPDATE fence.lease_state s
@@ -970,7 +975,7 @@ BEGIN
                lock_delay = claim_handoff.lock_delay, handed_to = NULL
          WHERE s.key = claim_handoff.key AND s.slot = claim_handoff.slot AND s.handed_to = owner AND s.expires_at > now
         RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
-        PERFORM fence.require_durable_commit();
+        PERFORM fence_internal.require_durable_commit();
     ELSE
         UPDATE fence.fast_lease_state s
            SET token_hash = sha256(uuid_send(tok)), expires_at = now + ttl * interval '1 microsecond',
@@ -995,11 +1000,11 @@ $$;
 -- 10 ms (docs/sql-edition.md).
 
 -- Whether someone is in the key's waiting room (a try-lock of the room, given back at once).
-CREATE FUNCTION fence.someone_waiting(key text) RETURNS boolean
+CREATE FUNCTION fence_internal.someone_waiting(key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    room bigint := fence.lock_id('room', key);
+    room bigint := fence_internal.lock_id('room', key);
 BEGIN
     IF pg_try_advisory_lock(room) THEN
         PERFORM pg_advisory_unlock(room);
@@ -1010,11 +1015,11 @@ END
 $$;
 
 -- The key's live lease, as last committed, if `token` holds it (of one kind only, with `durable`).
-CREATE FUNCTION fence.lease_held_with(key text, token uuid, durable boolean) RETURNS fence.lease
+CREATE FUNCTION fence_internal.lease_held_with(key text, token uuid, durable boolean) RETURNS fence.lease
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT ROW(key, r.owner, r.fence, token, r.acquired_at, r.expires_at)::fence.lease
-      FROM fence.key_rows(key, clock_timestamp()) r
+      FROM fence_internal.key_rows(key, clock_timestamp()) r
      WHERE r.live AND r.token_hash = sha256(uuid_send(token)) AND (durable IS NULL OR r.durable = durable)
      ORDER BY r.durable
      LIMIT 1
@@ -1022,9 +1027,9 @@ $$;
 
 -- Whether this transaction holds one of the key's locks (it changed or guarded the key): it does not
 -- wait for itself.
-CREATE FUNCTION fence.key_locked_by_me(key text) RETURNS boolean
+CREATE FUNCTION fence_internal.key_locked_by_me(key text) RETURNS boolean
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
-AS $$ SELECT fence.lock_held_by_me(fence.lock_id('change', key), NULL) OR fence.lock_held_by_me(fence.lock_id('guard:0', key), NULL) $$;
+AS $$ SELECT fence_internal.lock_held_by_me(fence_internal.lock_id('change', key), NULL) OR fence_internal.lock_held_by_me(fence_internal.lock_id('guard:0', key), NULL) $$;
 
 CREATE FUNCTION fence.lease_acquire(key text, ttl interval, owner text DEFAULT NULL, wait interval DEFAULT '0',
                                     session_bound boolean DEFAULT false, durable boolean DEFAULT true,
@@ -1040,52 +1045,52 @@ DECLARE
     who text;
     lease fence.lease;
 BEGIN
-    PERFORM fence.check_key(key);
-    ttl_us := fence.check_ttl(ttl);
-    who := fence.check_owner(owner);
-    wait_us := fence.check_wait(wait);
-    IF session_bound IS NULL THEN PERFORM fence.raise_null('session_bound'); END IF;
-    IF durable IS NULL THEN PERFORM fence.raise_null('durable'); END IF;
-    PERFORM fence.check_token(token);
-    IF shared IS NULL THEN PERFORM fence.raise_null('shared'); END IF;
-    IF permits IS NULL THEN PERFORM fence.raise_null('permits'); END IF;
-    PERFORM fence.check_mode(shared, permits);
-    delay_us := fence.check_lock_delay(lock_delay);
-    PERFORM fence.require_writable('acquire a lease');
+    PERFORM fence_internal.check_key(key);
+    ttl_us := fence_internal.check_ttl(ttl);
+    who := fence_internal.check_owner(owner);
+    wait_us := fence_internal.check_wait(wait);
+    IF session_bound IS NULL THEN PERFORM fence_internal.raise_null('session_bound'); END IF;
+    IF durable IS NULL THEN PERFORM fence_internal.raise_null('durable'); END IF;
+    PERFORM fence_internal.check_token(token);
+    IF shared IS NULL THEN PERFORM fence_internal.raise_null('shared'); END IF;
+    IF permits IS NULL THEN PERFORM fence_internal.raise_null('permits'); END IF;
+    PERFORM fence_internal.check_mode(shared, permits);
+    delay_us := fence_internal.check_lock_delay(lock_delay);
+    PERFORM fence_internal.require_writable('acquire a lease');
     IF token IS NOT NULL THEN
-        lease := fence.lease_held_with(key, token, NULL);
+        lease := fence_internal.lease_held_with(key, token, NULL);
         IF lease IS NOT NULL THEN
             RETURN lease;
         END IF;
     END IF;
     IF wait_us > 0 THEN
-        PERFORM fence.require_read_committed();
+        PERFORM fence_internal.require_read_committed();
     END IF;
-    lease := fence.try_grant(key, ttl_us, who, session_bound, durable, token, shared, permits, delay_us, NULL, NULL, true);
-    IF lease IS NOT NULL OR wait_us = 0 OR fence.key_locked_by_me(key) THEN
+    lease := fence_internal.try_grant(key, ttl_us, who, session_bound, durable, token, shared, permits, delay_us, NULL, NULL, true);
+    IF lease IS NOT NULL OR wait_us = 0 OR fence_internal.key_locked_by_me(key) THEN
         RETURN lease;
     END IF;
-    RETURN fence.wait_and_grant(key, ttl_us, who, session_bound, durable, token, shared, permits, delay_us,
+    RETURN fence_internal.wait_and_grant(key, ttl_us, who, session_bound, durable, token, shared, permits, delay_us,
                                 clock_timestamp() + wait_us * interval '1 microsecond');
 END
 $$;
 
-CREATE FUNCTION fence.check_mode(shared boolean, permits integer) RETURNS void
+CREATE FUNCTION fence_internal.check_mode(shared boolean, permits integer) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF permits NOT BETWEEN 1 AND 10000 THEN
-        PERFORM fence.raise_invalid(format('permits must be between 1 and 10000, not %s', permits),
+        PERFORM fence_internal.raise_invalid(format('permits must be between 1 and 10000, not %s', permits),
             'Pass how many holders the key may have at once: 1 (the default) for an exclusive lease.');
     END IF;
     IF shared AND permits > 1 THEN
-        PERFORM fence.raise_invalid('a shared lease cannot have permits',
+        PERFORM fence_internal.raise_invalid('a shared lease cannot have permits',
             'Pass shared => true for a reader''s lease (any number at once), or permits => N for a semaphore, not both.');
     END IF;
 END
 $$;
 
-CREATE FUNCTION fence.require_read_committed() RETURNS void
+CREATE FUNCTION fence_internal.require_read_committed() RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -1099,15 +1104,15 @@ $$;
 -- Queues for the key's waiting room and, first in line, grants the key as soon as there is room;
 -- NULL when `until` comes first. A waiter stands as a hand-off candidate of its owner meanwhile
 -- (sql/edition/handoff.sql).
-CREATE FUNCTION fence.wait_and_grant(key text, ttl bigint, owner text, session_bound boolean, durable boolean,
+CREATE FUNCTION fence_internal.wait_and_grant(key text, ttl bigint, owner text, session_bound boolean, durable boolean,
                                      token uuid, shared boolean, permits integer, lock_delay bigint,
                                      until timestamptz)
 RETURNS fence.lease
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    room bigint := fence.lock_id('room', key);
-    candidate bigint := fence.candidate_lock(key, owner, shared, permits, durable);
+    room bigint := fence_internal.lock_id('room', key);
+    candidate bigint := fence_internal.candidate_lock(key, owner, shared, permits, durable);
     in_room boolean := false;
     standing boolean := false;
     now timestamptz;
@@ -1116,35 +1121,35 @@ DECLARE
     lease fence.lease;
 BEGIN
     IF session_bound THEN
-        PERFORM fence.hold_session_lock();
+        PERFORM fence_internal.hold_session_lock();
     END IF;
     BEGIN
         PERFORM pg_advisory_lock_shared(candidate);
         standing := true;
-        in_room := fence.session_lock_until(room, until);
+        in_room := fence_internal.session_lock_until(room, until);
         WHILE in_room AND clock_timestamp() < until LOOP
             IF token IS NOT NULL THEN
-                lease := fence.lease_held_with(key, token, durable);
+                lease := fence_internal.lease_held_with(key, token, durable);
                 EXIT WHEN lease IS NOT NULL;
             END IF;
-            lease := fence.claim_handoff(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay);
+            lease := fence_internal.claim_handoff(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay);
             EXIT WHEN lease IS NOT NULL;
             now := clock_timestamp();
-            rows := ARRAY(SELECT r FROM fence.key_rows(key, now) r);
+            rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, now) r);
             IF EXISTS (SELECT FROM unnest(rows) r WHERE r.live AND r.handed_to IS NOT NULL) THEN
                 -- a lease handed off to another candidate: to the end of the queue, behind it
                 PERFORM pg_advisory_unlock(room);
                 in_room := false;
                 PERFORM pg_sleep(0.01);
-                in_room := fence.session_lock_until(room, until);
+                in_room := fence_internal.session_lock_until(room, until);
                 CONTINUE;
             END IF;
-            sleep_until := fence.held_back_until(rows, now);
-            IF sleep_until IS NULL AND fence.slot_for(shared, permits, rows) IS NULL THEN
+            sleep_until := fence_internal.held_back_until(rows, now);
+            IF sleep_until IS NULL AND fence_internal.slot_for(shared, permits, rows) IS NULL THEN
                 sleep_until := coalesce((SELECT min(r.expires_at) FROM unnest(rows) r WHERE r.live), now);
             END IF;
             IF sleep_until IS NULL THEN
-                lease := fence.try_grant(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay,
+                lease := fence_internal.try_grant(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay,
                                          NULL, until, false);
                 EXIT WHEN lease IS NOT NULL;
                 sleep_until := now;
@@ -1177,28 +1182,28 @@ RETURNS fence.lease
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    list text[] := fence.check_keys(keys, 1000,
+    list text[] := fence_internal.check_keys(keys, 1000,
         'Pass an array of 1 to 1000 distinct, non-empty keys in the order to try them, such as ARRAY[''invoice:1'', ''invoice:2''].',
         false);
-    ttl_us bigint := fence.check_ttl(ttl);
-    who text := fence.check_owner(owner);
+    ttl_us bigint := fence_internal.check_ttl(ttl);
+    who text := fence_internal.check_owner(owner);
     each text;
     lease fence.lease;
 BEGIN
-    IF session_bound IS NULL THEN PERFORM fence.raise_null('session_bound'); END IF;
-    IF durable IS NULL THEN PERFORM fence.raise_null('durable'); END IF;
-    PERFORM fence.check_token(token);
-    PERFORM fence.require_writable('acquire a lease');
+    IF session_bound IS NULL THEN PERFORM fence_internal.raise_null('session_bound'); END IF;
+    IF durable IS NULL THEN PERFORM fence_internal.raise_null('durable'); END IF;
+    PERFORM fence_internal.check_token(token);
+    PERFORM fence_internal.require_writable('acquire a lease');
     IF token IS NOT NULL THEN
         FOREACH each IN ARRAY list LOOP
-            lease := fence.lease_held_with(each, token, NULL);
+            lease := fence_internal.lease_held_with(each, token, NULL);
             IF lease IS NOT NULL THEN
                 RETURN lease;
             END IF;
         END LOOP;
     END IF;
     FOREACH each IN ARRAY list LOOP
-        lease := fence.try_grant(each, ttl_us, who, session_bound, durable, token, false, 1, 0, NULL, NULL, true);
+        lease := fence_internal.try_grant(each, ttl_us, who, session_bound, durable, token, false, 1, 0, NULL, NULL, true);
         IF lease IS NOT NULL THEN
             RETURN lease;
         END IF;
@@ -1214,8 +1219,8 @@ AS $$
 DECLARE
     room bigint;
 BEGIN
-    PERFORM fence.check_key(key);
-    room := fence.lock_id('room', key);
+    PERFORM fence_internal.check_key(key);
+    room := fence_internal.lock_id('room', key);
     RETURN (SELECT count(*)::integer FROM pg_locks l
              WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ExclusiveLock'
                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -1230,27 +1235,27 @@ $$;
 -- locked, and nobody is held up however often it is called.
 
 -- The live lease's row, if this token's hash holds it (which table it is in).
-CREATE FUNCTION fence.held_kind(key text, hash bytea) RETURNS boolean
+CREATE FUNCTION fence_internal.held_kind(key text, hash bytea) RETURNS boolean
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT r.durable FROM fence.key_rows(key, clock_timestamp()) r WHERE r.live AND r.token_hash = hash
+    SELECT r.durable FROM fence_internal.key_rows(key, clock_timestamp()) r WHERE r.live AND r.token_hash = hash
      ORDER BY r.durable LIMIT 1
 $$;
 
 -- The renewal itself (shared by renew_if_held and lease_renew_many), checks done.
-CREATE FUNCTION fence.renew_checked(key text, token uuid, ttl bigint) RETURNS timestamptz
+CREATE FUNCTION fence_internal.renew_checked(key text, token uuid, ttl bigint) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     hash bytea := sha256(uuid_send(token));
-    durable boolean := fence.held_kind(key, hash);
+    durable boolean := fence_internal.held_kind(key, hash);
     now timestamptz;
     renewed timestamptz;
 BEGIN
     IF durable IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM pg_advisory_xact_lock(fence.lock_id('change', key));
+    PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
     now := clock_timestamp();
     IF durable THEN
         UPDATE fence.lease_state s SET expires_at = now + ttl * interval '1 microsecond'
@@ -1258,7 +1263,7 @@ BEGIN
            AND (s.session_id IS NULL OR coalesce(fence.holder_alive(s.session_pid, s.session_id), false))
         RETURNING s.expires_at INTO renewed;
         IF renewed IS NOT NULL THEN
-            PERFORM fence.require_durable_commit();
+            PERFORM fence_internal.require_durable_commit();
         END IF;
     ELSE
         UPDATE fence.fast_lease_state s SET expires_at = now + ttl * interval '1 microsecond'
@@ -1276,28 +1281,28 @@ AS $$
 DECLARE
     ttl_us bigint;
 BEGIN
-    PERFORM fence.check_key(key);
-    IF token IS NULL THEN PERFORM fence.raise_null('token'); END IF;
-    ttl_us := fence.check_ttl(ttl);
-    PERFORM fence.require_writable('renew a lease');
-    RETURN fence.renew_checked(key, token, ttl_us);
+    PERFORM fence_internal.check_key(key);
+    IF token IS NULL THEN PERFORM fence_internal.raise_null('token'); END IF;
+    ttl_us := fence_internal.check_ttl(ttl);
+    PERFORM fence_internal.require_writable('renew a lease');
+    RETURN fence_internal.renew_checked(key, token, ttl_us);
 END
 $$;
 
 -- Ends the lease this token holds: its fence, or NULL when it holds none.
-CREATE FUNCTION fence.release_checked(key text, token uuid) RETURNS bigint
+CREATE FUNCTION fence_internal.release_checked(key text, token uuid) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     hash bytea := sha256(uuid_send(token));
-    durable boolean := fence.held_kind(key, hash);
+    durable boolean := fence_internal.held_kind(key, hash);
     now timestamptz;
     ended bigint;
 BEGIN
     IF durable IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM pg_advisory_xact_lock(fence.lock_id('change', key));
+    PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
     now := clock_timestamp();
     IF durable THEN
         UPDATE fence.lease_state s
@@ -1315,7 +1320,7 @@ BEGIN
         RETURNING s.fence INTO ended;
     END IF;
     IF ended IS NOT NULL THEN
-        PERFORM fence.announce('released', key, ended);
+        PERFORM fence_internal.announce('released', key, ended);
     END IF;
     RETURN ended;
 END
@@ -1325,10 +1330,10 @@ CREATE FUNCTION fence.lease_release(key text, token uuid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM fence.check_key(key);
-    IF token IS NULL THEN PERFORM fence.raise_null('token'); END IF;
-    PERFORM fence.require_writable('release a lease');
-    RETURN fence.release_checked(key, token) IS NOT NULL;
+    PERFORM fence_internal.check_key(key);
+    IF token IS NULL THEN PERFORM fence_internal.raise_null('token'); END IF;
+    PERFORM fence_internal.require_writable('release a lease');
+    RETURN fence_internal.release_checked(key, token) IS NOT NULL;
 END
 $$;
 
@@ -1346,35 +1351,35 @@ DECLARE
     renewed timestamptz[];
     i integer;
 BEGIN
-    IF keys IS NULL THEN PERFORM fence.raise_null('keys'); END IF;
-    IF tokens IS NULL THEN PERFORM fence.raise_null('tokens'); END IF;
-    IF ttls IS NULL THEN PERFORM fence.raise_null('ttls'); END IF;
+    IF keys IS NULL THEN PERFORM fence_internal.raise_null('keys'); END IF;
+    IF tokens IS NULL THEN PERFORM fence_internal.raise_null('tokens'); END IF;
+    IF ttls IS NULL THEN PERFORM fence_internal.raise_null('ttls'); END IF;
     k := ARRAY(SELECT x FROM unnest(keys) x);
     t := ARRAY(SELECT x FROM unnest(tokens) x);
     d := ARRAY(SELECT x FROM unnest(ttls) x);
     IF cardinality(k) <> cardinality(t) OR cardinality(k) <> cardinality(d) THEN
-        PERFORM fence.raise_invalid(format('keys, tokens and ttls must be of one length, got %s, %s and %s',
+        PERFORM fence_internal.raise_invalid(format('keys, tokens and ttls must be of one length, got %s, %s and %s',
                                            cardinality(k), cardinality(t), cardinality(d)), hint);
     END IF;
     IF cardinality(k) > 64 THEN
-        PERFORM fence.raise_invalid(format('%s leases to renew, more than the limit of 64 in one call', cardinality(k)),
+        PERFORM fence_internal.raise_invalid(format('%s leases to renew, more than the limit of 64 in one call', cardinality(k)),
                                     'Renew the others in another call.');
     END IF;
     FOR i IN 1 .. cardinality(k) LOOP
-        IF k[i] IS NULL THEN PERFORM fence.raise_null('an element of keys'); END IF;
-        PERFORM fence.check_key(k[i]);
-        IF t[i] IS NULL THEN PERFORM fence.raise_null('an element of tokens'); END IF;
-        IF d[i] IS NULL THEN PERFORM fence.raise_null('an element of ttls'); END IF;
-        us := us || fence.check_ttl(d[i]);
+        IF k[i] IS NULL THEN PERFORM fence_internal.raise_null('an element of keys'); END IF;
+        PERFORM fence_internal.check_key(k[i]);
+        IF t[i] IS NULL THEN PERFORM fence_internal.raise_null('an element of tokens'); END IF;
+        IF d[i] IS NULL THEN PERFORM fence_internal.raise_null('an element of ttls'); END IF;
+        us := us || fence_internal.check_ttl(d[i]);
     END LOOP;
     IF cardinality(k) = 0 THEN
         RETURN;
     END IF;
-    PERFORM fence.require_writable('renew a lease');
+    PERFORM fence_internal.require_writable('renew a lease');
     renewed := array_fill(NULL::timestamptz, ARRAY[cardinality(k)]);
     -- in one order (by key, then token), so that two calls never wait for each other in a circle
     FOR i IN SELECT n FROM generate_series(1, cardinality(k)) n ORDER BY k[n] COLLATE "C", t[n] LOOP
-        renewed[i] := fence.renew_checked(k[i], t[i], us[i]);
+        renewed[i] := fence_internal.renew_checked(k[i], t[i], us[i]);
     END LOOP;
     RETURN QUERY SELECT k[n], t[n], renewed[n] FROM generate_series(1, cardinality(k)) n;
 END
@@ -1390,17 +1395,17 @@ DECLARE
     now timestamptz;
     done boolean;
 BEGIN
-    PERFORM fence.check_key(key);
-    IF token IS NULL THEN PERFORM fence.raise_null('token'); END IF;
-    IF owner IS NULL THEN PERFORM fence.raise_null('owner'); END IF;
-    who := fence.check_owner(owner);
-    PERFORM fence.require_writable('proclaim a lease''s owner');
+    PERFORM fence_internal.check_key(key);
+    IF token IS NULL THEN PERFORM fence_internal.raise_null('token'); END IF;
+    IF owner IS NULL THEN PERFORM fence_internal.raise_null('owner'); END IF;
+    who := fence_internal.check_owner(owner);
+    PERFORM fence_internal.require_writable('proclaim a lease''s owner');
     hash := sha256(uuid_send(token));
-    durable := fence.held_kind(key, hash);
+    durable := fence_internal.held_kind(key, hash);
     IF durable IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM pg_advisory_xact_lock(fence.lock_id('change', key));
+    PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
     now := clock_timestamp();
     IF durable THEN
         UPDATE fence.lease_state s SET owner = who
@@ -1408,7 +1413,7 @@ BEGIN
            AND (s.session_id IS NULL OR coalesce(fence.holder_alive(s.session_pid, s.session_id), false))
         RETURNING true INTO done;
         IF done THEN
-            PERFORM fence.require_durable_commit();
+            PERFORM fence_internal.require_durable_commit();
         END IF;
     ELSE
         UPDATE fence.fast_lease_state s SET owner = who
@@ -1430,18 +1435,18 @@ DECLARE
     fences bigint[];
     f bigint;
 BEGIN
-    PERFORM fence.check_key(key);
-    PERFORM fence.require_writable('revoke a lease');
+    PERFORM fence_internal.check_key(key);
+    PERFORM fence_internal.require_writable('revoke a lease');
     now := clock_timestamp();
-    rows := ARRAY(SELECT r FROM fence.key_rows(key, now) r);
-    IF NOT EXISTS (SELECT FROM unnest(rows) r WHERE r.live) AND fence.held_back_until(rows, now) IS NULL THEN
+    rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, now) r);
+    IF NOT EXISTS (SELECT FROM unnest(rows) r WHERE r.live) AND fence_internal.held_back_until(rows, now) IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM pg_advisory_xact_lock(fence.lock_id('change', key));
+    PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
     now := clock_timestamp();
-    rows := ARRAY(SELECT r FROM fence.key_rows(key, now) r);
+    rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, now) r);
     IF NOT EXISTS (SELECT FROM unnest(rows) r WHERE r.live) THEN
-        IF fence.held_back_until(rows, now) IS NULL THEN
+        IF fence_internal.held_back_until(rows, now) IS NULL THEN
             RETURN false;
         END IF;
         UPDATE fence.lease_state s SET lock_delay = 0 WHERE s.key = lease_revoke.key AND s.lock_delay > 0;
@@ -1466,9 +1471,9 @@ BEGIN
     IF fences IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM fence.require_durable_commit();
+    PERFORM fence_internal.require_durable_commit();
     FOREACH f IN ARRAY fences LOOP
-        PERFORM fence.announce('revoked', key, f);
+        PERFORM fence_internal.announce('revoked', key, f);
     END LOOP;
     RETURN true;
 END
@@ -1477,7 +1482,7 @@ $$;
 -- sql/edition/sets.sql
 -- Lease sets (src/leases/calls/sets.rs): every key or none, one token, in the keys' byte order.
 -- All the grants run in one subtransaction, rolled back whole when one key cannot be granted.
-CREATE FUNCTION fence.try_grant_all(keys text[], ttl bigint, owner text, session_bound boolean, durable boolean,
+CREATE FUNCTION fence_internal.try_grant_all(keys text[], ttl bigint, owner text, session_bound boolean, durable boolean,
                                     token uuid, mind_waiters boolean)
 RETURNS SETOF fence.lease
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
@@ -1489,7 +1494,7 @@ DECLARE
 BEGIN
     BEGIN
         FOREACH each IN ARRAY keys LOOP
-            lease := fence.try_grant(each, ttl, owner, session_bound, durable, token, false, 1, 0, NULL, NULL, mind_waiters);
+            lease := fence_internal.try_grant(each, ttl, owner, session_bound, durable, token, false, 1, 0, NULL, NULL, mind_waiters);
             IF lease IS NULL THEN
                 RAISE SQLSTATE 'PFZ01';
             END IF;
@@ -1508,40 +1513,40 @@ RETURNS SETOF fence.lease
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    sorted text[] := fence.check_keys(keys, 64,
+    sorted text[] := fence_internal.check_keys(keys, 64,
         'Pass an array of 1 to 64 distinct, non-empty keys, such as ARRAY[''invoice:1'', ''invoice:2''].', true);
-    ttl_us bigint := fence.check_ttl(ttl);
-    who text := fence.check_owner(owner);
-    wait_us bigint := fence.check_wait(wait);
+    ttl_us bigint := fence_internal.check_ttl(ttl);
+    who text := fence_internal.check_owner(owner);
+    wait_us bigint := fence_internal.check_wait(wait);
     token uuid := gen_random_uuid();
     until timestamptz;
     rooms bigint[] := '{}';
     room bigint;
     leases fence.lease[];
 BEGIN
-    IF session_bound IS NULL THEN PERFORM fence.raise_null('session_bound'); END IF;
-    IF durable IS NULL THEN PERFORM fence.raise_null('durable'); END IF;
-    PERFORM fence.require_writable('acquire a lease');
+    IF session_bound IS NULL THEN PERFORM fence_internal.raise_null('session_bound'); END IF;
+    IF durable IS NULL THEN PERFORM fence_internal.raise_null('durable'); END IF;
+    PERFORM fence_internal.require_writable('acquire a lease');
     IF wait_us > 0 THEN
-        PERFORM fence.require_read_committed();
+        PERFORM fence_internal.require_read_committed();
     END IF;
-    leases := ARRAY(SELECT l FROM fence.try_grant_all(sorted, ttl_us, who, session_bound, durable, token, true) l);
+    leases := ARRAY(SELECT l FROM fence_internal.try_grant_all(sorted, ttl_us, who, session_bound, durable, token, true) l);
     IF cardinality(leases) > 0 OR wait_us = 0 THEN
         RETURN QUERY SELECT * FROM unnest(leases);
         RETURN;
     END IF;
     until := clock_timestamp() + wait_us * interval '1 microsecond';
     IF session_bound THEN
-        PERFORM fence.hold_session_lock();
+        PERFORM fence_internal.hold_session_lock();
     END IF;
     -- First in line for every key: their waiting rooms, in the keys' order; then a look every 10 ms.
     BEGIN
-        FOREACH room IN ARRAY ARRAY(SELECT fence.lock_id('room', k) FROM unnest(sorted) k) LOOP
-            EXIT WHEN NOT fence.session_lock_until(room, until);
+        FOREACH room IN ARRAY ARRAY(SELECT fence_internal.lock_id('room', k) FROM unnest(sorted) k) LOOP
+            EXIT WHEN NOT fence_internal.session_lock_until(room, until);
             rooms := rooms || room;
         END LOOP;
         WHILE cardinality(rooms) = cardinality(sorted) AND clock_timestamp() < until LOOP
-            leases := ARRAY(SELECT l FROM fence.try_grant_all(sorted, ttl_us, who, session_bound, durable, token, false) l);
+            leases := ARRAY(SELECT l FROM fence_internal.try_grant_all(sorted, ttl_us, who, session_bound, durable, token, false) l);
             EXIT WHEN cardinality(leases) > 0;
             PERFORM pg_sleep(greatest(0, least(0.01, extract(epoch FROM until - clock_timestamp()))));
         END LOOP;
@@ -1558,19 +1563,19 @@ CREATE FUNCTION fence.renew_all_if_held(keys text[], token uuid, ttl interval) R
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    sorted text[] := fence.check_keys(keys, 64,
+    sorted text[] := fence_internal.check_keys(keys, 64,
         'Pass an array of 1 to 64 distinct, non-empty keys, such as ARRAY[''invoice:1'', ''invoice:2''].', true);
     ttl_us bigint;
     each text;
     renewed timestamptz;
     earliest timestamptz;
 BEGIN
-    IF token IS NULL THEN PERFORM fence.raise_null('token'); END IF;
-    ttl_us := fence.check_ttl(ttl);
-    PERFORM fence.require_writable('renew a lease');
+    IF token IS NULL THEN PERFORM fence_internal.raise_null('token'); END IF;
+    ttl_us := fence_internal.check_ttl(ttl);
+    PERFORM fence_internal.require_writable('renew a lease');
     BEGIN
         FOREACH each IN ARRAY sorted LOOP
-            renewed := fence.renew_checked(each, token, ttl_us);
+            renewed := fence_internal.renew_checked(each, token, ttl_us);
             IF renewed IS NULL THEN
                 RAISE SQLSTATE 'PFZ01';
             END IF;
@@ -1587,12 +1592,12 @@ CREATE FUNCTION fence.lease_release_all(keys text[], token uuid) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    sorted text[] := fence.check_keys(keys, 64,
+    sorted text[] := fence_internal.check_keys(keys, 64,
         'Pass an array of 1 to 64 distinct, non-empty keys, such as ARRAY[''invoice:1'', ''invoice:2''].', true);
 BEGIN
-    IF token IS NULL THEN PERFORM fence.raise_null('token'); END IF;
-    PERFORM fence.require_writable('release a lease');
-    RETURN (SELECT count(*) FILTER (WHERE fence.release_checked(k, token) IS NOT NULL)::integer FROM unnest(sorted) k);
+    IF token IS NULL THEN PERFORM fence_internal.raise_null('token'); END IF;
+    PERFORM fence_internal.require_writable('release a lease');
+    RETURN (SELECT count(*) FILTER (WHERE fence_internal.release_checked(k, token) IS NOT NULL)::integer FROM unnest(sorted) k);
 END
 $$;
 
@@ -1603,7 +1608,7 @@ CREATE FUNCTION fence.current_fence(key text) RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM fence.check_key(key);
+    PERFORM fence_internal.check_key(key);
     RETURN greatest((SELECT max(s.fence) FROM fence.lease_state s WHERE s.key = current_fence.key),
                     (SELECT max(s.fence) FROM fence.fast_lease_state s WHERE s.key = current_fence.key));
 END
@@ -1618,12 +1623,12 @@ DECLARE
     current bigint;
     r fence.key_row;
 BEGIN
-    PERFORM fence.check_key(key);
-    IF token IS NULL THEN PERFORM fence.raise_null('token'); END IF;
+    PERFORM fence_internal.check_key(key);
+    IF token IS NULL THEN PERFORM fence_internal.raise_null('token'); END IF;
     hash := sha256(uuid_send(token));
     current_fence := fence.current_fence(key);
     current := current_fence;
-    FOR r IN SELECT * FROM fence.key_rows(key, clock_timestamp()) ORDER BY durable DESC, slot LOOP
+    FOR r IN SELECT * FROM fence_internal.key_rows(key, clock_timestamp()) ORDER BY durable DESC, slot LOOP
         IF r.token_hash = hash THEN
             IF r.live THEN
                 state := 'live'; fence := r.fence; expires_at := r.expires_at;
@@ -1660,16 +1665,16 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER PARALLEL UNSAFE SET search_path = pg_
 AS $$
 DECLARE
     until timestamptz;
-    pace float8 := greatest(0.01, extract(epoch FROM fence.setting('observe_interval')::interval)::float8);
+    pace float8 := greatest(0.01, extract(epoch FROM fence_internal.setting('observe_interval')::interval)::float8);
     r fence.key_row;
 BEGIN
-    PERFORM fence.check_key(key);
-    IF timeout IS NULL THEN PERFORM fence.raise_null('timeout'); END IF;
-    until := clock_timestamp() + fence.check_duration(timeout, 'timeout',
+    PERFORM fence_internal.check_key(key);
+    IF timeout IS NULL THEN PERFORM fence_internal.raise_null('timeout'); END IF;
+    until := clock_timestamp() + fence_internal.check_duration(timeout, 'timeout',
         'Pass how long to wait for a change, such as ''30 seconds'', or ''0'' not to wait.') * interval '1 microsecond';
     LOOP
         r := NULL;
-        SELECT * INTO r FROM fence.key_rows(key, clock_timestamp()) x WHERE x.live ORDER BY x.fence DESC LIMIT 1;
+        SELECT * INTO r FROM fence_internal.key_rows(key, clock_timestamp()) x WHERE x.live ORDER BY x.fence DESC LIMIT 1;
         IF (r.fence, r.owner) IS DISTINCT FROM (seen_fence, seen_owner) OR clock_timestamp() >= until THEN
             fence := r.fence; owner := r.owner; live := r.fence IS NOT NULL;
             acquired_at := r.acquired_at; expires_at := r.expires_at;
@@ -1698,20 +1703,20 @@ AS $$
 DECLARE
     lock text;
 BEGIN
-    PERFORM fence.check_key(key);
-    IF fence IS NULL THEN PERFORM fence.raise_null('fence'); END IF;
+    PERFORM fence_internal.check_key(key);
+    IF fence IS NULL THEN PERFORM fence_internal.raise_null('fence'); END IF;
     IF pg_is_in_recovery() THEN
-        PERFORM fence.require_writable('guard a write');
+        PERFORM fence_internal.require_writable('guard a write');
     END IF;
-    SELECT fence.guard_lock_name(r.shared, r.slot) INTO lock
-      FROM fence.key_rows(key, clock_timestamp()) r WHERE r.live AND r.fence = fence_holds.fence;
+    SELECT fence_internal.guard_lock_name(r.shared, r.slot) INTO lock
+      FROM fence_internal.key_rows(key, clock_timestamp()) r WHERE r.live AND r.fence = fence_holds.fence;
     IF lock IS NULL THEN
         RETURN false;
     END IF;
     BEGIN
-        PERFORM pg_advisory_xact_lock_shared(fence.lock_id(lock, key));
-        IF NOT EXISTS (SELECT FROM fence.key_rows(key, clock_timestamp()) r
-                        WHERE r.live AND r.fence = fence_holds.fence AND fence.guard_lock_name(r.shared, r.slot) = lock) THEN
+        PERFORM pg_advisory_xact_lock_shared(fence_internal.lock_id(lock, key));
+        IF NOT EXISTS (SELECT FROM fence_internal.key_rows(key, clock_timestamp()) r
+                        WHERE r.live AND r.fence = fence_holds.fence AND fence_internal.guard_lock_name(r.shared, r.slot) = lock) THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
     EXCEPTION WHEN SQLSTATE 'PFZ01' THEN
@@ -1721,7 +1726,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fence.raise_stale_fence(key text, fence bigint) RETURNS void
+CREATE FUNCTION fence_internal.raise_stale_fence(key text, fence bigint) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -1737,21 +1742,21 @@ LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF NOT fence.fence_holds(key, fence) THEN
-        PERFORM fence.raise_stale_fence(key, fence);
+        PERFORM fence_internal.raise_stale_fence(key, fence);
     END IF;
     RETURN true;
 END
 $$;
 
 -- The target of a write: a table (42P01, 42809 otherwise), by its qualified name.
-CREATE FUNCTION fence.target_table(function text, target oid) RETURNS text
+CREATE FUNCTION fence_internal.target_table(function text, target oid) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     kind "char";
     name text;
 BEGIN
-    IF target IS NULL THEN PERFORM fence.raise_null('target'); END IF;
+    IF target IS NULL THEN PERFORM fence_internal.raise_null('target'); END IF;
     SELECT c.relkind, format('%I.%I', n.nspname, c.relname) INTO kind, name
       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = target;
     IF name IS NULL THEN
@@ -1767,7 +1772,7 @@ END
 $$;
 
 -- The columns an object names (changes or filter), checked: (name, type as SQL, equality operator).
-CREATE FUNCTION fence.object_columns(target oid, table_name text, argument text, object jsonb, nulls_refused boolean)
+CREATE FUNCTION fence_internal.object_columns(target oid, table_name text, argument text, object jsonb, nulls_refused boolean)
 RETURNS TABLE (name text, sql_type text, equals text)
 LANGUAGE plpgsql STABLE
 AS $$
@@ -1775,13 +1780,13 @@ DECLARE
     k text;
     v jsonb;
 BEGIN
-    IF object IS NULL THEN PERFORM fence.raise_null(argument); END IF;
+    IF object IS NULL THEN PERFORM fence_internal.raise_null(argument); END IF;
     IF jsonb_typeof(object) <> 'object' THEN
-        PERFORM fence.raise_invalid(format('%s must be a JSON object of column names to values, not %s', argument, object),
+        PERFORM fence_internal.raise_invalid(format('%s must be a JSON object of column names to values, not %s', argument, object),
                                     'For example ''{"status": "paid"}''.');
     END IF;
     IF object = '{}' THEN
-        PERFORM fence.raise_invalid(format('%s must name at least one column', argument),
+        PERFORM fence_internal.raise_invalid(format('%s must name at least one column', argument),
             'An empty filter would update every row of the table; name the row, e.g. ''{"id": 42}''.');
     END IF;
     FOR k, v IN SELECT * FROM jsonb_each(object) LOOP
@@ -1801,7 +1806,7 @@ BEGIN
                 USING ERRCODE = '42703', HINT = 'The keys of changes and filter must be column names of the table, spelled exactly.';
         END IF;
         IF nulls_refused AND jsonb_typeof(v) = 'null' THEN
-            PERFORM fence.raise_invalid(format('%s value for column "%s" is null', argument, k),
+            PERFORM fence_internal.raise_invalid(format('%s value for column "%s" is null', argument, k),
                                         'Filter values are compared with =, which never matches NULL.');
         END IF;
         IF nulls_refused AND equals IS NULL THEN
@@ -1814,32 +1819,32 @@ END
 $$;
 
 -- The statement parts of a write: the SET list from changes ($1), the WHERE from filter ($2).
-CREATE FUNCTION fence.set_list(target oid, table_name text, changes jsonb) RETURNS text
+CREATE FUNCTION fence_internal.set_list(target oid, table_name text, changes jsonb) RETURNS text
 LANGUAGE sql STABLE
 AS $$
     SELECT format('(%s) = (SELECT %s FROM pg_catalog.jsonb_to_record($1) AS c(%s))',
                   string_agg(format('%I', c.name), ', '), string_agg(format('c.%I', c.name), ', '),
                   string_agg(format('%I %s', c.name, c.sql_type), ', '))
-      FROM fence.object_columns(target, table_name, 'changes', changes, false) c
+      FROM fence_internal.object_columns(target, table_name, 'changes', changes, false) c
 $$;
 
-CREATE FUNCTION fence.where_list(target oid, table_name text, filter jsonb) RETURNS text
+CREATE FUNCTION fence_internal.where_list(target oid, table_name text, filter jsonb) RETURNS text
 LANGUAGE sql STABLE
 AS $$
     SELECT string_agg(format('t.%I %s (SELECT f.%I FROM pg_catalog.jsonb_to_record($2) AS f(%I %s))',
                              c.name, c.equals, c.name, c.name, c.sql_type), ' AND ')
-      FROM fence.object_columns(target, table_name, 'filter', filter, true) c
+      FROM fence_internal.object_columns(target, table_name, 'filter', filter, true) c
 $$;
 
 -- The column a write keeps a fence or version in: an integer column that changes must not set.
-CREATE FUNCTION fence.counter_column(target oid, table_name text, argument text, column_name text, changes jsonb)
+CREATE FUNCTION fence_internal.counter_column(target oid, table_name text, argument text, column_name text, changes jsonb)
 RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     type oid;
 BEGIN
-    IF column_name IS NULL THEN PERFORM fence.raise_null(argument); END IF;
+    IF column_name IS NULL THEN PERFORM fence_internal.raise_null(argument); END IF;
     SELECT a.atttypid INTO type FROM pg_attribute a
      WHERE a.attrelid = target AND a.attname = column_name AND a.attnum > 0 AND NOT a.attisdropped;
     IF type IS NULL THEN
@@ -1851,7 +1856,7 @@ BEGIN
             USING ERRCODE = '42804', HINT = 'Fences and versions are kept in an integer column (bigint is best).';
     END IF;
     IF changes ? column_name THEN
-        PERFORM fence.raise_invalid(format('changes must not set %s "%s"', argument, column_name),
+        PERFORM fence_internal.raise_invalid(format('changes must not set %s "%s"', argument, column_name),
                                     'pg_fence sets that column itself; leave it out of changes.');
     END IF;
     RETURN format('%I', column_name);
@@ -1865,9 +1870,9 @@ CREATE FUNCTION fence.update_matching(target oid, changes jsonb, filter jsonb) R
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    table_name text := fence.target_table('fenced_update', target);
-    set_sql text := fence.set_list(target, table_name, changes);
-    where_sql text := fence.where_list(target, table_name, filter);
+    table_name text := fence_internal.target_table('fenced_update', target);
+    set_sql text := fence_internal.set_list(target, table_name, changes);
+    where_sql text := fence_internal.where_list(target, table_name, filter);
     n bigint;
 BEGIN
     EXECUTE format('UPDATE %s AS t SET %s WHERE %s', table_name, set_sql, where_sql) USING changes, filter;
@@ -1883,13 +1888,13 @@ AS $$
 DECLARE
     table_name text;
 BEGIN
-    PERFORM fence.check_key(key);
-    IF fence IS NULL THEN PERFORM fence.raise_null('fence'); END IF;
-    table_name := fence.target_table('fenced_update', target);
-    PERFORM fence.set_list(target, table_name, changes);
-    PERFORM fence.where_list(target, table_name, filter);
+    PERFORM fence_internal.check_key(key);
+    IF fence IS NULL THEN PERFORM fence_internal.raise_null('fence'); END IF;
+    table_name := fence_internal.target_table('fenced_update', target);
+    PERFORM fence_internal.set_list(target, table_name, changes);
+    PERFORM fence_internal.where_list(target, table_name, filter);
     IF NOT fence.fence_holds(key, fence) THEN
-        PERFORM fence.raise_stale_fence(key, fence);
+        PERFORM fence_internal.raise_stale_fence(key, fence);
     END IF;
     RETURN fence.update_matching(target, changes, filter);
 END
@@ -1901,7 +1906,7 @@ CREATE FUNCTION fence.fence_not_above(row_fence bigint, fence bigint) RETURNS bo
 LANGUAGE plpgsql VOLATILE COST 1000000 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF fence IS NULL THEN PERFORM fence.raise_null('fence'); END IF;
+    IF fence IS NULL THEN PERFORM fence_internal.raise_null('fence'); END IF;
     IF row_fence > fence THEN
         PERFORM set_config('fence.stale_row', 'on', true);
         RETURN false;
@@ -1910,7 +1915,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fence.raise_stale_write(target text, fence_column text, fence bigint, filter jsonb) RETURNS void
+CREATE FUNCTION fence_internal.raise_stale_write(target text, fence_column text, fence bigint, filter jsonb) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -1926,19 +1931,19 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    table_name text := fence.target_table('fenced_write', target);
-    set_sql text := fence.set_list(target, table_name, changes);
-    where_sql text := fence.where_list(target, table_name, filter);
-    col text := fence.counter_column(target, table_name, 'fence_column', fence_column, changes);
+    table_name text := fence_internal.target_table('fenced_write', target);
+    set_sql text := fence_internal.set_list(target, table_name, changes);
+    where_sql text := fence_internal.where_list(target, table_name, filter);
+    col text := fence_internal.counter_column(target, table_name, 'fence_column', fence_column, changes);
     stale boolean;
     outer_flag text := current_setting('fence.stale_row', true);
     n bigint;
 BEGIN
-    IF fence IS NULL THEN PERFORM fence.raise_null('fence'); END IF;
+    IF fence IS NULL THEN PERFORM fence_internal.raise_null('fence'); END IF;
     EXECUTE format('SELECT coalesce(bool_or(t.%s > $3), false) FROM (SELECT t.%s FROM %s AS t WHERE %s FOR NO KEY UPDATE) t',
                    col, col, table_name, where_sql) INTO stale USING changes, filter, fence;
     IF stale THEN
-        PERFORM fence.raise_stale_write(table_name, fence_column, fence, filter);
+        PERFORM fence_internal.raise_stale_write(table_name, fence_column, fence, filter);
     END IF;
     PERFORM set_config('fence.stale_row', 'off', true);
     EXECUTE format('UPDATE %s AS t SET %s, %s = $3 WHERE %s AND fence.fence_not_above(t.%s, $3)',
@@ -1947,7 +1952,7 @@ BEGIN
     stale := current_setting('fence.stale_row', true) = 'on';
     PERFORM set_config('fence.stale_row', coalesce(outer_flag, 'off'), true);
     IF stale THEN
-        PERFORM fence.raise_stale_write(table_name, fence_column, fence, filter);
+        PERFORM fence_internal.raise_stale_write(table_name, fence_column, fence, filter);
     END IF;
     RETURN n;
 END
@@ -1958,21 +1963,21 @@ CREATE FUNCTION fence.checked_version(target oid, row_version bigint, expected b
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF expected IS NULL THEN PERFORM fence.raise_null('expected'); END IF;
+    IF expected IS NULL THEN PERFORM fence_internal.raise_null('expected'); END IF;
     IF row_version IS DISTINCT FROM expected THEN
-        PERFORM fence.raise_version_mismatch(coalesce((SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+        PERFORM fence_internal.raise_version_mismatch(coalesce((SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
                                                          JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = target), '<NULL>'),
                                              expected, row_version);
     END IF;
     IF expected = 9223372036854775807 THEN
-        RAISE EXCEPTION 'the row of % is at the highest version its column can hold', fence.target_table('versioned_update', target)
+        RAISE EXCEPTION 'the row of % is at the highest version its column can hold', fence_internal.target_table('versioned_update', target)
             USING ERRCODE = '22003', HINT = 'Widen the version column to bigint, or start its versions again from 1.';
     END IF;
     RETURN expected + 1;
 END
 $$;
 
-CREATE FUNCTION fence.raise_version_mismatch(table_name text, expected bigint, actual bigint) RETURNS void
+CREATE FUNCTION fence_internal.raise_version_mismatch(table_name text, expected bigint, actual bigint) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -1988,14 +1993,14 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    table_name text := fence.target_table('versioned_update', target);
-    set_sql text := fence.set_list(target, table_name, changes);
-    where_sql text := fence.where_list(target, table_name, filter);
-    col text := fence.counter_column(target, table_name, 'version_column', version_column, changes);
+    table_name text := fence_internal.target_table('versioned_update', target);
+    set_sql text := fence_internal.set_list(target, table_name, changes);
+    where_sql text := fence_internal.where_list(target, table_name, filter);
+    col text := fence_internal.counter_column(target, table_name, 'version_column', version_column, changes);
     found bigint[];
     written bigint[];
 BEGIN
-    IF expected_version IS NULL THEN PERFORM fence.raise_null('expected_version'); END IF;
+    IF expected_version IS NULL THEN PERFORM fence_internal.raise_null('expected_version'); END IF;
     EXECUTE format('SELECT array_agg(v) FROM (SELECT t.%s::pg_catalog.int8 AS v FROM %s AS t WHERE %s LIMIT 2 FOR UPDATE) x',
                    col, table_name, where_sql) INTO found USING changes, filter;
     IF cardinality(found) > 1 THEN
@@ -2007,7 +2012,7 @@ BEGIN
             USING ERRCODE = 'P0002', HINT = 'Check the filter; versioned_update changes exactly one existing row.';
     END IF;
     IF found[1] IS DISTINCT FROM expected_version THEN
-        PERFORM fence.raise_version_mismatch(table_name, expected_version, found[1]);
+        PERFORM fence_internal.raise_version_mismatch(table_name, expected_version, found[1]);
     END IF;
     EXECUTE format('WITH w AS (UPDATE %s AS t SET %s, %s = fence.checked_version(%s::pg_catalog.oid, t.%s, $3) WHERE %s RETURNING t.%s::pg_catalog.int8 AS v) SELECT array_agg(v) FROM w',
                    table_name, set_sql, col, target::oid, col, where_sql, col) INTO written USING changes, filter, expected_version;
@@ -2031,13 +2036,13 @@ LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER PARALLEL UNSAFE SET search_pat
 AS $$
 DECLARE
     now timestamptz := clock_timestamp();
-    retain interval := fence.setting('retain_ended')::interval;
+    retain interval := fence_internal.setting('retain_ended')::interval;
     swept bigint := 0;
     deleted bigint := 0;
     n bigint;
     top bigint;
 BEGIN
-    PERFORM fence.require_writable('sweep leases');
+    PERFORM fence_internal.require_writable('sweep leases');
     -- A statement of a transaction block starts after its transaction did (BEGIN is one).
     IF statement_timestamp() <> transaction_timestamp() THEN
         RAISE EXCEPTION 'fence.sweep() cannot run inside a transaction block' USING ERRCODE = '25001',
@@ -2060,7 +2065,7 @@ BEGIN
                                                OR coalesce(fence.holder_alive(x.session_pid, x.session_id), false)))
                                     LIMIT 1000 FOR UPDATE SKIP LOCKED)
         RETURNING s.key, s.fence)
-    SELECT count(*) INTO n FROM m, LATERAL fence.announce('expired', m.key, m.fence);
+    SELECT count(*) INTO n FROM m, LATERAL fence_internal.announce('expired', m.key, m.fence);
     swept := swept + n;
     WITH m AS (
         UPDATE fence.fast_lease_state s
@@ -2073,7 +2078,7 @@ BEGIN
                                                OR coalesce(fence.holder_alive(x.session_pid, x.session_id), false)))
                                     LIMIT 1000 FOR UPDATE SKIP LOCKED)
         RETURNING s.key, s.fence)
-    SELECT count(*) INTO n FROM m, LATERAL fence.announce('expired', m.key, m.fence);
+    SELECT count(*) INTO n FROM m, LATERAL fence_internal.announce('expired', m.key, m.fence);
     swept := swept + n;
     -- delete the rows ended more than retain_ended ago, whose lock-delay has passed and under
     -- which no writer's transaction is open
@@ -2083,7 +2088,7 @@ BEGIN
                                     WHERE x.token_hash IS NULL AND x.expires_at <= now - retain
                                       AND x.expires_at + x.lock_delay * interval '1 microsecond' <= now
                                     LIMIT 1000 FOR UPDATE SKIP LOCKED)
-           AND fence.writers_done(s.key, s.shared, s.slot)
+           AND fence_internal.writers_done(s.key, s.shared, s.slot)
         RETURNING s.fence)
     SELECT count(*), max(fence) INTO n, top FROM d;
     deleted := deleted + n;
@@ -2097,7 +2102,7 @@ BEGIN
                                     WHERE x.key <> '' AND x.token_hash IS NULL AND x.expires_at <= now - retain
                                       AND x.expires_at + x.lock_delay * interval '1 microsecond' <= now
                                     LIMIT 1000 FOR UPDATE SKIP LOCKED)
-           AND fence.writers_done(s.key, s.shared, s.slot)
+           AND fence_internal.writers_done(s.key, s.shared, s.slot)
         RETURNING s.fence)
     SELECT count(*), max(fence) INTO n, top FROM d;
     deleted := deleted + n;
@@ -2117,12 +2122,12 @@ $$;
 
 -- Whether no writer under the ended lease of (key, slot) still holds its guard lock: the lock,
 -- tried as a grant takes it, at once, in a subtransaction rolled back to give it back.
-CREATE FUNCTION fence.writers_done(key text, shared boolean, slot integer) RETURNS boolean
+CREATE FUNCTION fence_internal.writers_done(key text, shared boolean, slot integer) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     BEGIN
-        IF pg_try_advisory_xact_lock(fence.lock_id(fence.guard_lock_name(shared, slot), key)) THEN
+        IF pg_try_advisory_xact_lock(fence_internal.lock_id(fence_internal.guard_lock_name(shared, slot), key)) THEN
             RAISE SQLSTATE 'PFZ02';
         END IF;
         RETURN false;
@@ -2418,111 +2423,111 @@ COMMENT ON FUNCTION fence.stats_values() IS
 -- sql/edition/internal.sql
 -- The SQL edition's own internal functions (as sql/internal.sql marks the shared ones): each says so
 -- in its COMMENT, is not part of the API, and may change in any release.
-COMMENT ON FUNCTION fence.announce(text,text,bigint) IS
+COMMENT ON FUNCTION fence_internal.announce(text,text,bigint) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.candidate_lock(text,text,boolean,integer,boolean) IS
+COMMENT ON FUNCTION fence_internal.candidate_lock(text,text,boolean,integer,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.check_duration(interval,text,text) IS
+COMMENT ON FUNCTION fence_internal.check_duration(interval,text,text) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.check_key(text) IS
+COMMENT ON FUNCTION fence_internal.check_key(text) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.check_keys(text[],integer,text,boolean) IS
+COMMENT ON FUNCTION fence_internal.check_keys(text[],integer,text,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.check_lock_delay(interval) IS
+COMMENT ON FUNCTION fence_internal.check_lock_delay(interval) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.check_mode(boolean,integer) IS
+COMMENT ON FUNCTION fence_internal.check_mode(boolean,integer) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.check_owner(text) IS
+COMMENT ON FUNCTION fence_internal.check_owner(text) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.check_token(uuid) IS
+COMMENT ON FUNCTION fence_internal.check_token(uuid) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.check_ttl(interval) IS
+COMMENT ON FUNCTION fence_internal.check_ttl(interval) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.check_wait(interval) IS
+COMMENT ON FUNCTION fence_internal.check_wait(interval) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.claim_handoff(text,bigint,text,boolean,boolean,uuid,boolean,integer,bigint) IS
+COMMENT ON FUNCTION fence_internal.claim_handoff(text,bigint,text,boolean,boolean,uuid,boolean,integer,bigint) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.clock_us(timestamp with time zone) IS
+COMMENT ON FUNCTION fence_internal.clock_us(timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.counter_column(oid,text,text,text,jsonb) IS
+COMMENT ON FUNCTION fence_internal.counter_column(oid,text,text,text,jsonb) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.end_unreleased(text,timestamp with time zone,boolean,integer) IS
+COMMENT ON FUNCTION fence_internal.end_unreleased(text,timestamp with time zone,boolean,integer) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.floor(timestamp with time zone,bigint) IS
+COMMENT ON FUNCTION fence_internal.floor(timestamp with time zone,bigint) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.guard_lock_name(boolean,integer) IS
+COMMENT ON FUNCTION fence_internal.guard_lock_name(boolean,integer) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.held_back_until(fence.key_row[],timestamp with time zone) IS
+COMMENT ON FUNCTION fence_internal.held_back_until(fence.key_row[],timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.held_kind(text,bytea) IS
+COMMENT ON FUNCTION fence_internal.held_kind(text,bytea) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.hold_session_lock() IS
+COMMENT ON FUNCTION fence_internal.hold_session_lock() IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.is_infinite(interval) IS
+COMMENT ON FUNCTION fence_internal.is_infinite(interval) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.key_locked_by_me(text) IS
+COMMENT ON FUNCTION fence_internal.key_locked_by_me(text) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.key_rows(text,timestamp with time zone) IS
+COMMENT ON FUNCTION fence_internal.key_rows(text,timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.lease_held_with(text,uuid,boolean) IS
+COMMENT ON FUNCTION fence_internal.lease_held_with(text,uuid,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.lock_held_by_me(bigint,text) IS
+COMMENT ON FUNCTION fence_internal.lock_held_by_me(bigint,text) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.lock_id(text,text) IS
+COMMENT ON FUNCTION fence_internal.lock_id(text,text) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.lock_until(bigint,boolean,timestamp with time zone) IS
+COMMENT ON FUNCTION fence_internal.lock_until(bigint,boolean,timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.locks_to_wait_for(boolean,integer,integer,fence.key_row[]) IS
+COMMENT ON FUNCTION fence_internal.locks_to_wait_for(boolean,integer,integer,fence.key_row[]) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.micros(interval) IS
+COMMENT ON FUNCTION fence_internal.micros(interval) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.object_columns(oid,text,text,jsonb,boolean) IS
+COMMENT ON FUNCTION fence_internal.object_columns(oid,text,text,jsonb,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.raise_invalid(text,text) IS
+COMMENT ON FUNCTION fence_internal.raise_invalid(text,text) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.raise_null(text) IS
+COMMENT ON FUNCTION fence_internal.raise_null(text) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.raise_stale_fence(text,bigint) IS
+COMMENT ON FUNCTION fence_internal.raise_stale_fence(text,bigint) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.raise_stale_write(text,text,bigint,jsonb) IS
+COMMENT ON FUNCTION fence_internal.raise_stale_write(text,text,bigint,jsonb) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.raise_version_mismatch(text,bigint,bigint) IS
+COMMENT ON FUNCTION fence_internal.raise_version_mismatch(text,bigint,bigint) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.release_checked(text,uuid) IS
+COMMENT ON FUNCTION fence_internal.release_checked(text,uuid) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.renew_checked(text,uuid,bigint) IS
+COMMENT ON FUNCTION fence_internal.renew_checked(text,uuid,bigint) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.require_durable_commit() IS
+COMMENT ON FUNCTION fence_internal.require_durable_commit() IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.require_read_committed() IS
+COMMENT ON FUNCTION fence_internal.require_read_committed() IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.require_writable(text) IS
+COMMENT ON FUNCTION fence_internal.require_writable(text) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.reserve_fast_fence(bigint,timestamp with time zone) IS
+COMMENT ON FUNCTION fence_internal.reserve_fast_fence(bigint,timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.reset_floor() IS
+COMMENT ON FUNCTION fence_internal.reset_floor() IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.session_lock_until(bigint,timestamp with time zone) IS
+COMMENT ON FUNCTION fence_internal.session_lock_until(bigint,timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.set_list(oid,text,jsonb) IS
+COMMENT ON FUNCTION fence_internal.set_list(oid,text,jsonb) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.setting(text) IS
+COMMENT ON FUNCTION fence_internal.setting(text) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.slot_for(boolean,integer,fence.key_row[]) IS
+COMMENT ON FUNCTION fence_internal.slot_for(boolean,integer,fence.key_row[]) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.someone_waiting(text) IS
+COMMENT ON FUNCTION fence_internal.someone_waiting(text) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.target_table(text,oid) IS
+COMMENT ON FUNCTION fence_internal.target_table(text,oid) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.try_grant(text,bigint,text,boolean,boolean,uuid,boolean,integer,bigint,text,timestamp with time zone,boolean) IS
+COMMENT ON FUNCTION fence_internal.try_grant(text,bigint,text,boolean,boolean,uuid,boolean,integer,bigint,text,timestamp with time zone,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.try_grant_all(text[],bigint,text,boolean,boolean,uuid,boolean) IS
+COMMENT ON FUNCTION fence_internal.try_grant_all(text[],bigint,text,boolean,boolean,uuid,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.wait_and_grant(text,bigint,text,boolean,boolean,uuid,boolean,integer,bigint,timestamp with time zone) IS
+COMMENT ON FUNCTION fence_internal.wait_and_grant(text,bigint,text,boolean,boolean,uuid,boolean,integer,bigint,timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.where_list(oid,text,jsonb) IS
+COMMENT ON FUNCTION fence_internal.where_list(oid,text,jsonb) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.writers_done(text,boolean,integer) IS
+COMMENT ON FUNCTION fence_internal.writers_done(text,boolean,integer) IS
     'pg_fence internal (SQL edition); not part of the API';
 
 -- sql/privileges.sql
@@ -2567,4 +2572,9 @@ GRANT EXECUTE ON FUNCTION fence.stats_reset() TO fence_admin;
 -- sql/edition/privileges.sql
 -- The SQL edition's own: fence_admin changes the settings (fence.settings, sql/edition/settings.sql).
 GRANT SELECT, UPDATE (value) ON fence.settings TO fence_admin;
+-- The helpers of schema fence_internal (sql/edition/preamble.sql): for fence_user, whose calls of
+-- the functions of schema fence that are not SECURITY DEFINER run them; not for PUBLIC.
+GRANT USAGE ON SCHEMA fence_internal TO fence_user;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA fence_internal FROM PUBLIC;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA fence_internal TO fence_user;
 $_pgtle_$);

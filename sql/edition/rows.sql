@@ -24,7 +24,7 @@ CREATE TYPE fence.key_row AS (
     handed_to    text
 );
 
-CREATE FUNCTION fence.key_rows(key text, now timestamptz) RETURNS SETOF fence.key_row
+CREATE FUNCTION fence_internal.key_rows(key text, now timestamptz) RETURNS SETOF fence.key_row
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT r.durable, r.slot, r.fence, r.owner, r.token_hash, r.acquired_at, r.expires_at,
@@ -42,7 +42,7 @@ $$;
 -- Until when a lock-delay holds a grant of the key back at `now` (src/leases/state/ended.rs), or
 -- NULL. A session's end not yet recorded counts from `now` (the extension counts from a waiter's
 -- first sight of it), and never later than the lease's expiry.
-CREATE FUNCTION fence.held_back_until(rows fence.key_row[], now timestamptz) RETURNS timestamptz
+CREATE FUNCTION fence_internal.held_back_until(rows fence.key_row[], now timestamptz) RETURNS timestamptz
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT max(e.ended + r.lock_delay * interval '1 microsecond')
@@ -56,7 +56,7 @@ $$;
 
 -- The slot a grant in mode (shared, permits) takes among the rows (src/leases/state/slots.rs), or
 -- NULL while the live holders leave no room.
-CREATE FUNCTION fence.slot_for(shared boolean, permits integer, rows fence.key_row[]) RETURNS integer
+CREATE FUNCTION fence_internal.slot_for(shared boolean, permits integer, rows fence.key_row[]) RETURNS integer
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -79,21 +79,21 @@ $$;
 
 -- The guard locks a grant into `slot` waits for (src/leases/state/slots.rs): the slot's own, and
 -- those of every ended holder of another mode; sorted, so every grant takes them in one order.
-CREATE FUNCTION fence.guard_lock_name(shared boolean, slot integer) RETURNS text
+CREATE FUNCTION fence_internal.guard_lock_name(shared boolean, slot integer) RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$ SELECT CASE WHEN shared THEN 'guard:shared' ELSE 'guard:' || slot END $$;
 
-CREATE FUNCTION fence.locks_to_wait_for(shared boolean, permits integer, slot integer, rows fence.key_row[])
+CREATE FUNCTION fence_internal.locks_to_wait_for(shared boolean, permits integer, slot integer, rows fence.key_row[])
 RETURNS text[]
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(array_agg(DISTINCT l ORDER BY l), '{}')
-      FROM (SELECT fence.guard_lock_name(r.shared, r.slot) AS l
+      FROM (SELECT fence_internal.guard_lock_name(r.shared, r.slot) AS l
               FROM unnest(rows) r
              WHERE NOT r.live AND (r.shared, r.permits) IS DISTINCT FROM (shared, CASE WHEN shared THEN r.permits ELSE permits END)
                    AND NOT (r.shared AND shared)
             UNION ALL
-            SELECT fence.guard_lock_name(false, slot) WHERE NOT shared) l
+            SELECT fence_internal.guard_lock_name(false, slot) WHERE NOT shared) l
 $$;
 
 -- The fast leases' rows for view fence.leases (sql/leases.sql).

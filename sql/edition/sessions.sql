@@ -12,7 +12,7 @@ LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF pid = pg_backend_pid() THEN
-        RETURN fence.lock_held_by_me(id, 'ExclusiveLock');
+        RETURN fence_internal.lock_held_by_me(id, 'ExclusiveLock');
     END IF;
     IF pg_try_advisory_lock_shared(id) THEN
         PERFORM pg_advisory_unlock_shared(id);
@@ -23,13 +23,13 @@ END
 $$;
 
 -- Makes sure this session holds its session lock; returns its id.
-CREATE FUNCTION fence.hold_session_lock() RETURNS bigint
+CREATE FUNCTION fence_internal.hold_session_lock() RETURNS bigint
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     id bigint := nullif(current_setting('fence.session_lock', true), '')::bigint;
 BEGIN
-    IF id IS NULL OR NOT fence.lock_held_by_me(id, 'ExclusiveLock') THEN
+    IF id IS NULL OR NOT fence_internal.lock_held_by_me(id, 'ExclusiveLock') THEN
         id := ('x' || encode(substr(uuid_send(gen_random_uuid()), 1, 8), 'hex'))::bit(64)::bigint;
         PERFORM pg_advisory_lock(id);
         PERFORM set_config('fence.session_lock', id::text, false);

@@ -19,6 +19,6 @@ INSERT INTO fence.settings VALUES
 REVOKE ALL ON fence.settings FROM PUBLIC;
 
 -- One setting's value.
-CREATE FUNCTION fence.setting(name text) RETURNS text
+CREATE FUNCTION fence_internal.setting(name text) RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$ SELECT s.value FROM fence.settings s WHERE s.name = setting.name $$;

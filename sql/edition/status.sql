@@ -4,7 +4,7 @@ CREATE FUNCTION fence.current_fence(key text) RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM fence.check_key(key);
+    PERFORM fence_internal.check_key(key);
     RETURN greatest((SELECT max(s.fence) FROM fence.lease_state s WHERE s.key = current_fence.key),
                     (SELECT max(s.fence) FROM fence.fast_lease_state s WHERE s.key = current_fence.key));
 END
@@ -19,12 +19,12 @@ DECLARE
     current bigint;
     r fence.key_row;
 BEGIN
-    PERFORM fence.check_key(key);
-    IF token IS NULL THEN PERFORM fence.raise_null('token'); END IF;
+    PERFORM fence_internal.check_key(key);
+    IF token IS NULL THEN PERFORM fence_internal.raise_null('token'); END IF;
     hash := sha256(uuid_send(token));
     current_fence := fence.current_fence(key);
     current := current_fence;
-    FOR r IN SELECT * FROM fence.key_rows(key, clock_timestamp()) ORDER BY durable DESC, slot LOOP
+    FOR r IN SELECT * FROM fence_internal.key_rows(key, clock_timestamp()) ORDER BY durable DESC, slot LOOP
         IF r.token_hash = hash THEN
             IF r.live THEN
                 state := 'live'; fence := r.fence; expires_at := r.expires_at;

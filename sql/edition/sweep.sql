@@ -9,13 +9,13 @@ LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER PARALLEL UNSAFE SET search_pat
 AS $$
 DECLARE
     now timestamptz := clock_timestamp();
-    retain interval := fence.setting('retain_ended')::interval;
+    retain interval := fence_internal.setting('retain_ended')::interval;
     swept bigint := 0;
     deleted bigint := 0;
     n bigint;
     top bigint;
 BEGIN
-    PERFORM fence.require_writable('sweep leases');
+    PERFORM fence_internal.require_writable('sweep leases');
     -- A statement of a transaction block starts after its transaction did (BEGIN is one).
     IF statement_timestamp() <> transaction_timestamp() THEN
         RAISE EXCEPTION 'fence.sweep() cannot run inside a transaction block' USING ERRCODE = '25001',
@@ -38,7 +38,7 @@ BEGIN
                                                OR coalesce(fence.holder_alive(x.session_pid, x.session_id), false)))
                                     LIMIT 1000 FOR UPDATE SKIP LOCKED)
         RETURNING s.key, s.fence)
-    SELECT count(*) INTO n FROM m, LATERAL fence.announce('expired', m.key, m.fence);
+    SELECT count(*) INTO n FROM m, LATERAL fence_internal.announce('expired', m.key, m.fence);
     swept := swept + n;
     WITH m AS (
         UPDATE fence.fast_lease_state s
@@ -51,7 +51,7 @@ BEGIN
                                                OR coalesce(fence.holder_alive(x.session_pid, x.session_id), false)))
                                     LIMIT 1000 FOR UPDATE SKIP LOCKED)
         RETURNING s.key, s.fence)
-    SELECT count(*) INTO n FROM m, LATERAL fence.announce('expired', m.key, m.fence);
+    SELECT count(*) INTO n FROM m, LATERAL fence_internal.announce('expired', m.key, m.fence);
     swept := swept + n;
     -- delete the rows ended more than retain_ended ago, whose lock-delay has passed and under
     -- which no writer's transaction is open
@@ -61,7 +61,7 @@ BEGIN
                                     WHERE x.token_hash IS NULL AND x.expires_at <= now - retain
                                       AND x.expires_at + x.lock_delay * interval '1 microsecond' <= now
                                     LIMIT 1000 FOR UPDATE SKIP LOCKED)
-           AND fence.writers_done(s.key, s.shared, s.slot)
+           AND fence_internal.writers_done(s.key, s.shared, s.slot)
         RETURNING s.fence)
     SELECT count(*), max(fence) INTO n, top FROM d;
     deleted := deleted + n;
@@ -75,7 +75,7 @@ BEGIN
                                     WHERE x.key <> '' AND x.token_hash IS NULL AND x.expires_at <= now - retain
                                       AND x.expires_at + x.lock_delay * interval '1 microsecond' <= now
                                     LIMIT 1000 FOR UPDATE SKIP LOCKED)
-           AND fence.writers_done(s.key, s.shared, s.slot)
+           AND fence_internal.writers_done(s.key, s.shared, s.slot)
         RETURNING s.fence)
     SELECT count(*), max(fence) INTO n, top FROM d;
     deleted := deleted + n;
@@ -95,12 +95,12 @@ $$;
 
 -- Whether no writer under the ended lease of (key, slot) still holds its guard lock: the lock,
 -- tried as a grant takes it, at once, in a subtransaction rolled back to give it back.
-CREATE FUNCTION fence.writers_done(key text, shared boolean, slot integer) RETURNS boolean
+CREATE FUNCTION fence_internal.writers_done(key text, shared boolean, slot integer) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     BEGIN
-        IF pg_try_advisory_xact_lock(fence.lock_id(fence.guard_lock_name(shared, slot), key)) THEN
+        IF pg_try_advisory_xact_lock(fence_internal.lock_id(fence_internal.guard_lock_name(shared, slot), key)) THEN
             RAISE SQLSTATE 'PFZ02';
         END IF;
         RETURN false;

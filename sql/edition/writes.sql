@@ -14,20 +14,20 @@ AS $$
 DECLARE
     lock text;
 BEGIN
-    PERFORM fence.check_key(key);
-    IF fence IS NULL THEN PERFORM fence.raise_null('fence'); END IF;
+    PERFORM fence_internal.check_key(key);
+    IF fence IS NULL THEN PERFORM fence_internal.raise_null('fence'); END IF;
     IF pg_is_in_recovery() THEN
-        PERFORM fence.require_writable('guard a write');
+        PERFORM fence_internal.require_writable('guard a write');
     END IF;
-    SELECT fence.guard_lock_name(r.shared, r.slot) INTO lock
-      FROM fence.key_rows(key, clock_timestamp()) r WHERE r.live AND r.fence = fence_holds.fence;
+    SELECT fence_internal.guard_lock_name(r.shared, r.slot) INTO lock
+      FROM fence_internal.key_rows(key, clock_timestamp()) r WHERE r.live AND r.fence = fence_holds.fence;
     IF lock IS NULL THEN
         RETURN false;
     END IF;
     BEGIN
-        PERFORM pg_advisory_xact_lock_shared(fence.lock_id(lock, key));
-        IF NOT EXISTS (SELECT FROM fence.key_rows(key, clock_timestamp()) r
-                        WHERE r.live AND r.fence = fence_holds.fence AND fence.guard_lock_name(r.shared, r.slot) = lock) THEN
+        PERFORM pg_advisory_xact_lock_shared(fence_internal.lock_id(lock, key));
+        IF NOT EXISTS (SELECT FROM fence_internal.key_rows(key, clock_timestamp()) r
+                        WHERE r.live AND r.fence = fence_holds.fence AND fence_internal.guard_lock_name(r.shared, r.slot) = lock) THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
     EXCEPTION WHEN SQLSTATE 'PFZ01' THEN
@@ -37,7 +37,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fence.raise_stale_fence(key text, fence bigint) RETURNS void
+CREATE FUNCTION fence_internal.raise_stale_fence(key text, fence bigint) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -53,21 +53,21 @@ LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF NOT fence.fence_holds(key, fence) THEN
-        PERFORM fence.raise_stale_fence(key, fence);
+        PERFORM fence_internal.raise_stale_fence(key, fence);
     END IF;
     RETURN true;
 END
 $$;
 
 -- The target of a write: a table (42P01, 42809 otherwise), by its qualified name.
-CREATE FUNCTION fence.target_table(function text, target oid) RETURNS text
+CREATE FUNCTION fence_internal.target_table(function text, target oid) RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     kind "char";
     name text;
 BEGIN
-    IF target IS NULL THEN PERFORM fence.raise_null('target'); END IF;
+    IF target IS NULL THEN PERFORM fence_internal.raise_null('target'); END IF;
     SELECT c.relkind, format('%I.%I', n.nspname, c.relname) INTO kind, name
       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = target;
     IF name IS NULL THEN
@@ -83,7 +83,7 @@ END
 $$;
 
 -- The columns an object names (changes or filter), checked: (name, type as SQL, equality operator).
-CREATE FUNCTION fence.object_columns(target oid, table_name text, argument text, object jsonb, nulls_refused boolean)
+CREATE FUNCTION fence_internal.object_columns(target oid, table_name text, argument text, object jsonb, nulls_refused boolean)
 RETURNS TABLE (name text, sql_type text, equals text)
 LANGUAGE plpgsql STABLE
 AS $$
@@ -91,13 +91,13 @@ DECLARE
     k text;
     v jsonb;
 BEGIN
-    IF object IS NULL THEN PERFORM fence.raise_null(argument); END IF;
+    IF object IS NULL THEN PERFORM fence_internal.raise_null(argument); END IF;
     IF jsonb_typeof(object) <> 'object' THEN
-        PERFORM fence.raise_invalid(format('%s must be a JSON object of column names to values, not %s', argument, object),
+        PERFORM fence_internal.raise_invalid(format('%s must be a JSON object of column names to values, not %s', argument, object),
                                     'For example ''{"status": "paid"}''.');
     END IF;
     IF object = '{}' THEN
-        PERFORM fence.raise_invalid(format('%s must name at least one column', argument),
+        PERFORM fence_internal.raise_invalid(format('%s must name at least one column', argument),
             'An empty filter would update every row of the table; name the row, e.g. ''{"id": 42}''.');
     END IF;
     FOR k, v IN SELECT * FROM jsonb_each(object) LOOP
@@ -117,7 +117,7 @@ BEGIN
                 USING ERRCODE = '42703', HINT = 'The keys of changes and filter must be column names of the table, spelled exactly.';
         END IF;
         IF nulls_refused AND jsonb_typeof(v) = 'null' THEN
-            PERFORM fence.raise_invalid(format('%s value for column "%s" is null', argument, k),
+            PERFORM fence_internal.raise_invalid(format('%s value for column "%s" is null', argument, k),
                                         'Filter values are compared with =, which never matches NULL.');
         END IF;
         IF nulls_refused AND equals IS NULL THEN
@@ -130,32 +130,32 @@ END
 $$;
 
 -- The statement parts of a write: the SET list from changes ($1), the WHERE from filter ($2).
-CREATE FUNCTION fence.set_list(target oid, table_name text, changes jsonb) RETURNS text
+CREATE FUNCTION fence_internal.set_list(target oid, table_name text, changes jsonb) RETURNS text
 LANGUAGE sql STABLE
 AS $$
     SELECT format('(%s) = (SELECT %s FROM pg_catalog.jsonb_to_record($1) AS c(%s))',
                   string_agg(format('%I', c.name), ', '), string_agg(format('c.%I', c.name), ', '),
                   string_agg(format('%I %s', c.name, c.sql_type), ', '))
-      FROM fence.object_columns(target, table_name, 'changes', changes, false) c
+      FROM fence_internal.object_columns(target, table_name, 'changes', changes, false) c
 $$;
 
-CREATE FUNCTION fence.where_list(target oid, table_name text, filter jsonb) RETURNS text
+CREATE FUNCTION fence_internal.where_list(target oid, table_name text, filter jsonb) RETURNS text
 LANGUAGE sql STABLE
 AS $$
     SELECT string_agg(format('t.%I %s (SELECT f.%I FROM pg_catalog.jsonb_to_record($2) AS f(%I %s))',
                              c.name, c.equals, c.name, c.name, c.sql_type), ' AND ')
-      FROM fence.object_columns(target, table_name, 'filter', filter, true) c
+      FROM fence_internal.object_columns(target, table_name, 'filter', filter, true) c
 $$;
 
 -- The column a write keeps a fence or version in: an integer column that changes must not set.
-CREATE FUNCTION fence.counter_column(target oid, table_name text, argument text, column_name text, changes jsonb)
+CREATE FUNCTION fence_internal.counter_column(target oid, table_name text, argument text, column_name text, changes jsonb)
 RETURNS text
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     type oid;
 BEGIN
-    IF column_name IS NULL THEN PERFORM fence.raise_null(argument); END IF;
+    IF column_name IS NULL THEN PERFORM fence_internal.raise_null(argument); END IF;
     SELECT a.atttypid INTO type FROM pg_attribute a
      WHERE a.attrelid = target AND a.attname = column_name AND a.attnum > 0 AND NOT a.attisdropped;
     IF type IS NULL THEN
@@ -167,7 +167,7 @@ BEGIN
             USING ERRCODE = '42804', HINT = 'Fences and versions are kept in an integer column (bigint is best).';
     END IF;
     IF changes ? column_name THEN
-        PERFORM fence.raise_invalid(format('changes must not set %s "%s"', argument, column_name),
+        PERFORM fence_internal.raise_invalid(format('changes must not set %s "%s"', argument, column_name),
                                     'pg_fence sets that column itself; leave it out of changes.');
     END IF;
     RETURN format('%I', column_name);
@@ -181,9 +181,9 @@ CREATE FUNCTION fence.update_matching(target oid, changes jsonb, filter jsonb) R
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    table_name text := fence.target_table('fenced_update', target);
-    set_sql text := fence.set_list(target, table_name, changes);
-    where_sql text := fence.where_list(target, table_name, filter);
+    table_name text := fence_internal.target_table('fenced_update', target);
+    set_sql text := fence_internal.set_list(target, table_name, changes);
+    where_sql text := fence_internal.where_list(target, table_name, filter);
     n bigint;
 BEGIN
     EXECUTE format('UPDATE %s AS t SET %s WHERE %s', table_name, set_sql, where_sql) USING changes, filter;
@@ -199,13 +199,13 @@ AS $$
 DECLARE
     table_name text;
 BEGIN
-    PERFORM fence.check_key(key);
-    IF fence IS NULL THEN PERFORM fence.raise_null('fence'); END IF;
-    table_name := fence.target_table('fenced_update', target);
-    PERFORM fence.set_list(target, table_name, changes);
-    PERFORM fence.where_list(target, table_name, filter);
+    PERFORM fence_internal.check_key(key);
+    IF fence IS NULL THEN PERFORM fence_internal.raise_null('fence'); END IF;
+    table_name := fence_internal.target_table('fenced_update', target);
+    PERFORM fence_internal.set_list(target, table_name, changes);
+    PERFORM fence_internal.where_list(target, table_name, filter);
     IF NOT fence.fence_holds(key, fence) THEN
-        PERFORM fence.raise_stale_fence(key, fence);
+        PERFORM fence_internal.raise_stale_fence(key, fence);
     END IF;
     RETURN fence.update_matching(target, changes, filter);
 END
@@ -217,7 +217,7 @@ CREATE FUNCTION fence.fence_not_above(row_fence bigint, fence bigint) RETURNS bo
 LANGUAGE plpgsql VOLATILE COST 1000000 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF fence IS NULL THEN PERFORM fence.raise_null('fence'); END IF;
+    IF fence IS NULL THEN PERFORM fence_internal.raise_null('fence'); END IF;
     IF row_fence > fence THEN
         PERFORM set_config('fence.stale_row', 'on', true);
         RETURN false;
@@ -226,7 +226,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fence.raise_stale_write(target text, fence_column text, fence bigint, filter jsonb) RETURNS void
+CREATE FUNCTION fence_internal.raise_stale_write(target text, fence_column text, fence bigint, filter jsonb) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -242,19 +242,19 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    table_name text := fence.target_table('fenced_write', target);
-    set_sql text := fence.set_list(target, table_name, changes);
-    where_sql text := fence.where_list(target, table_name, filter);
-    col text := fence.counter_column(target, table_name, 'fence_column', fence_column, changes);
+    table_name text := fence_internal.target_table('fenced_write', target);
+    set_sql text := fence_internal.set_list(target, table_name, changes);
+    where_sql text := fence_internal.where_list(target, table_name, filter);
+    col text := fence_internal.counter_column(target, table_name, 'fence_column', fence_column, changes);
     stale boolean;
     outer_flag text := current_setting('fence.stale_row', true);
     n bigint;
 BEGIN
-    IF fence IS NULL THEN PERFORM fence.raise_null('fence'); END IF;
+    IF fence IS NULL THEN PERFORM fence_internal.raise_null('fence'); END IF;
     EXECUTE format('SELECT coalesce(bool_or(t.%s > $3), false) FROM (SELECT t.%s FROM %s AS t WHERE %s FOR NO KEY UPDATE) t',
                    col, col, table_name, where_sql) INTO stale USING changes, filter, fence;
     IF stale THEN
-        PERFORM fence.raise_stale_write(table_name, fence_column, fence, filter);
+        PERFORM fence_internal.raise_stale_write(table_name, fence_column, fence, filter);
     END IF;
     PERFORM set_config('fence.stale_row', 'off', true);
     EXECUTE format('UPDATE %s AS t SET %s, %s = $3 WHERE %s AND fence.fence_not_above(t.%s, $3)',
@@ -263,7 +263,7 @@ BEGIN
     stale := current_setting('fence.stale_row', true) = 'on';
     PERFORM set_config('fence.stale_row', coalesce(outer_flag, 'off'), true);
     IF stale THEN
-        PERFORM fence.raise_stale_write(table_name, fence_column, fence, filter);
+        PERFORM fence_internal.raise_stale_write(table_name, fence_column, fence, filter);
     END IF;
     RETURN n;
 END
@@ -274,21 +274,21 @@ CREATE FUNCTION fence.checked_version(target oid, row_version bigint, expected b
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF expected IS NULL THEN PERFORM fence.raise_null('expected'); END IF;
+    IF expected IS NULL THEN PERFORM fence_internal.raise_null('expected'); END IF;
     IF row_version IS DISTINCT FROM expected THEN
-        PERFORM fence.raise_version_mismatch(coalesce((SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+        PERFORM fence_internal.raise_version_mismatch(coalesce((SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
                                                          JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = target), '<NULL>'),
                                              expected, row_version);
     END IF;
     IF expected = 9223372036854775807 THEN
-        RAISE EXCEPTION 'the row of % is at the highest version its column can hold', fence.target_table('versioned_update', target)
+        RAISE EXCEPTION 'the row of % is at the highest version its column can hold', fence_internal.target_table('versioned_update', target)
             USING ERRCODE = '22003', HINT = 'Widen the version column to bigint, or start its versions again from 1.';
     END IF;
     RETURN expected + 1;
 END
 $$;
 
-CREATE FUNCTION fence.raise_version_mismatch(table_name text, expected bigint, actual bigint) RETURNS void
+CREATE FUNCTION fence_internal.raise_version_mismatch(table_name text, expected bigint, actual bigint) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -304,14 +304,14 @@ RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    table_name text := fence.target_table('versioned_update', target);
-    set_sql text := fence.set_list(target, table_name, changes);
-    where_sql text := fence.where_list(target, table_name, filter);
-    col text := fence.counter_column(target, table_name, 'version_column', version_column, changes);
+    table_name text := fence_internal.target_table('versioned_update', target);
+    set_sql text := fence_internal.set_list(target, table_name, changes);
+    where_sql text := fence_internal.where_list(target, table_name, filter);
+    col text := fence_internal.counter_column(target, table_name, 'version_column', version_column, changes);
     found bigint[];
     written bigint[];
 BEGIN
-    IF expected_version IS NULL THEN PERFORM fence.raise_null('expected_version'); END IF;
+    IF expected_version IS NULL THEN PERFORM fence_internal.raise_null('expected_version'); END IF;
     EXECUTE format('SELECT array_agg(v) FROM (SELECT t.%s::pg_catalog.int8 AS v FROM %s AS t WHERE %s LIMIT 2 FOR UPDATE) x',
                    col, table_name, where_sql) INTO found USING changes, filter;
     IF cardinality(found) > 1 THEN
@@ -323,7 +323,7 @@ BEGIN
             USING ERRCODE = 'P0002', HINT = 'Check the filter; versioned_update changes exactly one existing row.';
     END IF;
     IF found[1] IS DISTINCT FROM expected_version THEN
-        PERFORM fence.raise_version_mismatch(table_name, expected_version, found[1]);
+        PERFORM fence_internal.raise_version_mismatch(table_name, expected_version, found[1]);
     END IF;
     EXECUTE format('WITH w AS (UPDATE %s AS t SET %s, %s = fence.checked_version(%s::pg_catalog.oid, t.%s, $3) WHERE %s RETURNING t.%s::pg_catalog.int8 AS v) SELECT array_agg(v) FROM w',
                    table_name, set_sql, col, target::oid, col, where_sql, col) INTO written USING changes, filter, expected_version;

@@ -581,7 +581,9 @@ INSERT INTO cases (block, expr) SELECT 'read-only', expr FROM (VALUES
     ($$fence.fenced_update('held', @fence@, 'target', '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.fenced_write('target', 'fence', 9, '{"status": "x"}', '{"id": 1}')$$),
     ($$fence.versioned_update('target', 'version', 1, '{"status": "x"}', '{"id": 1}')$$),
-    ($$fence.enable_versioning('target')$$)
+    ($$fence.enable_versioning('target')$$),
+    -- (and which edition answers, read-only or not: 'extension', or the SQL edition's 'sql')
+    ($$fence.edition() IN ('extension', 'sql')$$)
 ) AS c(expr);
 
 SELECT run_block('args', :held_fence, :'held_token', :'old_token');
