@@ -222,7 +222,8 @@ END
 $$;
 
 -- How many sessions wait for the key (holding or queueing for its waiting room), from pg_locks.
-CREATE FUNCTION fence.waiters(key text) RETURNS integer
+-- (SECURITY DEFINER for the lock's secret; fence.waiters below, as the extension's, is not.)
+CREATE FUNCTION fence_internal.waiters(key text) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -236,3 +237,7 @@ BEGIN
                AND l.classid = ((room >> 32) & 4294967295)::text::oid AND l.objid = (room & 4294967295)::text::oid);
 END
 $$;
+
+CREATE FUNCTION fence.waiters(key text) RETURNS integer
+LANGUAGE sql VOLATILE
+AS $$ SELECT fence_internal.waiters(key) $$;

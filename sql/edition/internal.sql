@@ -106,3 +106,21 @@ COMMENT ON FUNCTION fence_internal.where_list(oid,text,jsonb) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.writers_done(text,boolean,integer) IS
     'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.waiters(text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.fence_holds(text,bigint) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.type_sql(oid,integer) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.equality_operator(oid) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.run_as_caller(text,boolean,text,jsonb,jsonb,bigint) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.update_matching(oid,jsonb,jsonb,text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.fenced_update(text,bigint,oid,jsonb,jsonb,text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.fenced_write(oid,name,bigint,jsonb,jsonb,text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.update_versioned_row(oid,text,bigint,jsonb,jsonb,text) IS
+    'pg_fence internal (SQL edition); not part of the API';

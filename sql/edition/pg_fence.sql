@@ -1209,7 +1209,8 @@ END
 $$;
 
 -- How many sessions wait for the key (holding or queueing for its waiting room), from pg_locks.
-CREATE FUNCTION fence.waiters(key text) RETURNS integer
+-- (SECURITY DEFINER for the lock's secret; fence.waiters below, as the extension's, is not.)
+CREATE FUNCTION fence_internal.waiters(key text) RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -1223,6 +1224,10 @@ BEGIN
                AND l.classid = ((room >> 32) & 4294967295)::text::oid AND l.objid = (room & 4294967295)::text::oid);
 END
 $$;
+
+CREATE FUNCTION fence.waiters(key text) RETURNS integer
+LANGUAGE sql VOLATILE
+AS $$ SELECT fence_internal.waiters(key) $$;
 
 -- sql/edition/renew_release.sql
 -- What the holder's token may do (src/leases/calls/holder.rs, renew_many.rs, proclaim.rs) and
@@ -1684,8 +1689,15 @@ $$;
 
 -- sql/edition/writes.sql
 -- Writes a stale holder cannot make (src/writes/): the guard, fenced_update, fenced_write and the
--- core of versioned_update. None is SECURITY DEFINER but fence_holds, which reads the lease row:
--- the writes run with the caller's privileges, so table grants and row-level security apply.
+-- core of versioned_update. None is SECURITY DEFINER but fence_internal.fence_holds, which reads the
+-- lease row: the writes run with the caller's privileges, so table grants and row-level security
+-- apply.
+--
+-- Every function here pins search_path but the SQL shells of schema fence, which only call
+-- fence_internal with qualified names, and pass it the caller's search_path: the caller's UPDATE
+-- (built with every name qualified, operators included) runs under it, so that a domain's error
+-- names the domain as the caller's own UPDATE would, and triggers see what the caller sees
+-- (fence_internal.run_as_caller). Nothing else runs under it.
 
 -- The guard's core (src/writes/fencing.rs): true when `fence` is the fence of a live holder of the
 -- key, as last committed; then the guard lock of that holder's slot is held, shared, until the
@@ -1693,7 +1705,7 @@ $$;
 -- A fence that does not hold is refused before any lock is taken. The lock is the subtransaction's
 -- (PostgreSQL's pg_advisory_xact_lock_shared): a ROLLBACK TO SAVEPOINT gives it back
 -- (docs/sql-edition.md).
-CREATE FUNCTION fence.fence_holds(key text, fence bigint) RETURNS boolean
+CREATE FUNCTION fence_internal.fence_holds(key text, fence bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -1721,6 +1733,11 @@ BEGIN
     RETURN true;
 END
 $$;
+
+-- fence.fence_holds, as the extension's, is no SECURITY DEFINER: its core above is.
+CREATE FUNCTION fence.fence_holds(key text, fence bigint) RETURNS boolean
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+AS $$ SELECT fence_internal.fence_holds(key, fence) $$;
 
 CREATE FUNCTION fence_internal.raise_stale_fence(key text, fence bigint) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
@@ -1767,10 +1784,79 @@ BEGIN
 END
 $$;
 
+-- A column type as SQL that names the same type under any search_path: qualified by its schema but
+-- for the types the grammar itself names (integer, character varying(8), numeric(10,2), ...), and
+-- with the column's typmod, as jsonb_to_record is to convert a value.
+CREATE FUNCTION fence_internal.type_sql(type oid, typmod integer) RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN e.typname IN ('bit', 'varbit', 'bool', 'bpchar', 'float4', 'float8', 'int2', 'int4', 'int8',
+                                   'interval', 'numeric', 'time', 'timetz', 'timestamp', 'timestamptz', 'varchar')
+                     AND n.nspname = 'pg_catalog'
+                  OR f.shown LIKE quote_ident(n.nspname) || '.%'
+                THEN f.shown
+                ELSE quote_ident(n.nspname) || '.' || f.shown END
+      FROM pg_type t
+      JOIN pg_type e ON e.oid = CASE WHEN t.typcategory = 'A' AND t.typelem <> 0 THEN t.typelem ELSE t.oid END
+      JOIN pg_namespace n ON n.oid = e.typnamespace,
+           LATERAL (SELECT format_type(type, typmod) AS shown) f
+     WHERE t.oid = type
+$$;
+
+-- `OPERATOR(schema.name)` of the equality operator of the type's default btree (else hash)
+-- operator class, the one PostgreSQL itself means by "equal" for the type (as foreign keys use,
+-- and src/writes/table_facts.rs's equality_operator): a domain's base type's, varchar's text's, an
+-- array's, enum's or range's polymorphic class's (an array's only when its element type has one).
+-- NULL when the type has none.
+CREATE FUNCTION fence_internal.equality_operator(type oid) RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    base oid := type;
+    kind "char";
+    category "char";
+    element oid;
+    found text;
+BEGIN
+    -- A domain's base type (a domain over a domain too).
+    LOOP
+        SELECT t.typtype, t.typcategory, t.typelem INTO kind, category, element FROM pg_type t WHERE t.oid = base;
+        EXIT WHEN kind IS DISTINCT FROM 'd';
+        SELECT t.typbasetype INTO base FROM pg_type t WHERE t.oid = base;
+    END LOOP;
+    IF kind IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF category = 'A' AND element <> 0 AND fence_internal.equality_operator(element) IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT format('OPERATOR(%I.%s)', n.nspname, o.oprname) INTO found
+      FROM pg_opclass c
+      JOIN pg_am am ON am.oid = c.opcmethod
+      JOIN pg_amop ao ON ao.amopfamily = c.opcfamily AND ao.amoplefttype = c.opcintype
+                     AND ao.amoprighttype = c.opcintype
+                     AND ao.amopstrategy = CASE am.amname WHEN 'btree' THEN 3 ELSE 1 END
+      JOIN pg_operator o ON o.oid = ao.amopopr
+      JOIN pg_namespace n ON n.oid = o.oprnamespace
+     WHERE c.opcdefault AND am.amname IN ('btree', 'hash')
+       AND (c.opcintype = base
+            OR EXISTS (SELECT FROM pg_cast k WHERE k.castsource = base AND k.casttarget = c.opcintype
+                                                AND k.castmethod = 'b')
+            OR (c.opcintype = 'anyarray'::regtype AND category = 'A' AND element <> 0)
+            OR (c.opcintype = 'anyenum'::regtype AND kind = 'e')
+            OR (c.opcintype = 'anyrange'::regtype AND kind = 'r')
+            OR (c.opcintype = 'anymultirange'::regtype AND kind = 'm')
+            OR (c.opcintype = 'record'::regtype AND kind = 'c'))
+     ORDER BY am.amname = 'btree' DESC, c.opcintype = base DESC
+     LIMIT 1;
+    RETURN found;
+END
+$$;
+
 -- The columns an object names (changes or filter), checked: (name, type as SQL, equality operator).
 CREATE FUNCTION fence_internal.object_columns(target oid, table_name text, argument text, object jsonb, nulls_refused boolean)
 RETURNS TABLE (name text, sql_type text, equals text)
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     k text;
@@ -1787,14 +1873,8 @@ BEGIN
     END IF;
     FOR k, v IN SELECT * FROM jsonb_each(object) LOOP
         name := k;
-        SELECT format_type(a.atttypid, a.atttypmod),
-               (SELECT format('OPERATOR(%I.%s)', on_.nspname, o.oprname)
-                  FROM pg_operator o JOIN pg_namespace on_ ON on_.oid = o.oprnamespace
-                 WHERE o.oid = (SELECT CASE WHEN t.typtype = 'd' THEN (SELECT eq_opr FROM (SELECT o2.oid AS eq_opr FROM pg_operator o2
-                                        WHERE o2.oprname = '=' AND o2.oprleft = t.typbasetype AND o2.oprright = t.typbasetype) x LIMIT 1)
-                                     ELSE (SELECT o2.oid FROM pg_operator o2 WHERE o2.oprname = '=' AND o2.oprleft = a.atttypid
-                                             AND o2.oprright = a.atttypid LIMIT 1) END
-                                  FROM pg_type t WHERE t.oid = a.atttypid))
+        SELECT fence_internal.type_sql(a.atttypid, a.atttypmod),
+               CASE WHEN nulls_refused THEN fence_internal.equality_operator(a.atttypid) END
           INTO sql_type, equals
           FROM pg_attribute a WHERE a.attrelid = target AND a.attname = k AND a.attnum > 0 AND NOT a.attisdropped;
         IF sql_type IS NULL THEN
@@ -1816,7 +1896,7 @@ $$;
 
 -- The statement parts of a write: the SET list from changes ($1), the WHERE from filter ($2).
 CREATE FUNCTION fence_internal.set_list(target oid, table_name text, changes jsonb) RETURNS text
-LANGUAGE sql STABLE
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT format('(%s) = (SELECT %s FROM pg_catalog.jsonb_to_record($1) AS c(%s))',
                   string_agg(format('%I', c.name), ', '), string_agg(format('c.%I', c.name), ', '),
@@ -1825,11 +1905,30 @@ AS $$
 $$;
 
 CREATE FUNCTION fence_internal.where_list(target oid, table_name text, filter jsonb) RETURNS text
-LANGUAGE sql STABLE
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT string_agg(format('t.%I %s (SELECT f.%I FROM pg_catalog.jsonb_to_record($2) AS f(%I %s))',
                              c.name, c.equals, c.name, c.name, c.sql_type), ' AND ')
       FROM fence_internal.object_columns(target, table_name, 'filter', filter, true) c
+$$;
+
+-- Runs a write's statement (every name in it qualified) under the caller's search_path `path`,
+-- with $1 changes, $2 filter, $3 a bigint: the rows it writes, and a bigint[] the statement
+-- returns as its one value (NULL when it returns none). search_path is the function's own again
+-- when it returns (SET search_path: set_config's local change ends with the call).
+CREATE FUNCTION fence_internal.run_as_caller(sql text, returns_answer boolean, path text, changes jsonb,
+                                             filter jsonb, third bigint, OUT n bigint, OUT answer bigint[])
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('search_path', path, true);
+    IF returns_answer THEN
+        EXECUTE sql INTO answer USING changes, filter, third;
+    ELSE
+        EXECUTE sql USING changes, filter, third;
+    END IF;
+    GET DIAGNOSTICS n = ROW_COUNT;
+END
 $$;
 
 -- The column a write keeps a fence or version in: an integer column that changes must not set.
@@ -1859,27 +1958,29 @@ BEGIN
 END
 $$;
 
--- The UPDATE fenced_update makes once its guard passed, without the guard. The three functions that
--- run the caller's UPDATE keep the caller's search_path (every name in their statements is
--- qualified), so that a domain's errors name it as the caller's own UPDATE would.
-CREATE FUNCTION fence.update_matching(target oid, changes jsonb, filter jsonb) RETURNS bigint
-LANGUAGE plpgsql VOLATILE
+-- The UPDATE fenced_update makes once its guard passed, without the guard; as all the writes, it runs
+-- under the caller's search_path (path), which the shells of schema fence pass.
+CREATE FUNCTION fence_internal.update_matching(target oid, changes jsonb, filter jsonb, path text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     table_name text := fence_internal.target_table('fenced_update', target);
     set_sql text := fence_internal.set_list(target, table_name, changes);
     where_sql text := fence_internal.where_list(target, table_name, filter);
-    n bigint;
 BEGIN
-    EXECUTE format('UPDATE %s AS t SET %s WHERE %s', table_name, set_sql, where_sql) USING changes, filter;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+    RETURN (fence_internal.run_as_caller(format('UPDATE %s AS t SET %s WHERE %s', table_name, set_sql, where_sql),
+                                         false, path, changes, filter, NULL)).n;
 END
 $$;
 
-CREATE FUNCTION fence.fenced_update(key text, fence bigint, target regclass, changes jsonb, filter jsonb)
+CREATE FUNCTION fence.update_matching(target oid, changes jsonb, filter jsonb) RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT fence_internal.update_matching(target, changes, filter, pg_catalog.current_setting('search_path')) $$;
+
+CREATE FUNCTION fence_internal.fenced_update(key text, fence bigint, target oid, changes jsonb, filter jsonb,
+                                             path text)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     table_name text;
@@ -1889,12 +1990,17 @@ BEGIN
     table_name := fence_internal.target_table('fenced_update', target);
     PERFORM fence_internal.set_list(target, table_name, changes);
     PERFORM fence_internal.where_list(target, table_name, filter);
-    IF NOT fence.fence_holds(key, fence) THEN
+    IF NOT fence_internal.fence_holds(key, fence) THEN
         PERFORM fence_internal.raise_stale_fence(key, fence);
     END IF;
-    RETURN fence.update_matching(target, changes, filter);
+    RETURN fence_internal.update_matching(target, changes, filter, path);
 END
 $$;
+
+CREATE FUNCTION fence.fenced_update(key text, fence bigint, target regclass, changes jsonb, filter jsonb)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT fence_internal.fenced_update(key, fence, target, changes, filter, pg_catalog.current_setting('search_path')) $$;
 
 -- fenced_write's last condition: may a row holding row_fence be written under fence? A refusal is
 -- noted (setting fence.stale_row) for the fenced_write running it.
@@ -1922,9 +2028,10 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION fence.fenced_write(target regclass, fence_column name, fence bigint, changes jsonb, filter jsonb)
+CREATE FUNCTION fence_internal.fenced_write(target oid, fence_column name, fence bigint, changes jsonb,
+                                            filter jsonb, path text)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     table_name text := fence_internal.target_table('fenced_write', target);
@@ -1936,15 +2043,18 @@ DECLARE
     n bigint;
 BEGIN
     IF fence IS NULL THEN PERFORM fence_internal.raise_null('fence'); END IF;
-    EXECUTE format('SELECT coalesce(bool_or(t.%s > $3), false) FROM (SELECT t.%s FROM %s AS t WHERE %s FOR NO KEY UPDATE) t',
-                   col, col, table_name, where_sql) INTO stale USING changes, filter, fence;
+    stale := (fence_internal.run_as_caller(
+        format('SELECT pg_catalog.array_agg(1) FROM (SELECT t.%s AS f FROM %s AS t WHERE %s FOR NO KEY UPDATE) t WHERE t.f OPERATOR(pg_catalog.>) $3',
+               col, table_name, where_sql),
+        true, path, changes, filter, fence)).answer IS NOT NULL;
     IF stale THEN
         PERFORM fence_internal.raise_stale_write(table_name, fence_column, fence, filter);
     END IF;
     PERFORM set_config('fence.stale_row', 'off', true);
-    EXECUTE format('UPDATE %s AS t SET %s, %s = $3 WHERE %s AND fence.fence_not_above(t.%s, $3)',
-                   table_name, set_sql, col, where_sql, col) USING changes, filter, fence;
-    GET DIAGNOSTICS n = ROW_COUNT;
+    n := (fence_internal.run_as_caller(
+        format('UPDATE %s AS t SET %s, %s = $3 WHERE %s AND fence.fence_not_above(t.%s, $3)',
+               table_name, set_sql, col, where_sql, col),
+        false, path, changes, filter, fence)).n;
     stale := current_setting('fence.stale_row', true) = 'on';
     PERFORM set_config('fence.stale_row', coalesce(outer_flag, 'off'), true);
     IF stale THEN
@@ -1953,6 +2063,11 @@ BEGIN
     RETURN n;
 END
 $$;
+
+CREATE FUNCTION fence.fenced_write(target regclass, fence_column name, fence bigint, changes jsonb, filter jsonb)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$ SELECT fence_internal.fenced_write(target, fence_column, fence, changes, filter, pg_catalog.current_setting('search_path')) $$;
 
 -- The version check of versioned_update's UPDATE: the next version, or 40001.
 CREATE FUNCTION fence.checked_version(target oid, row_version bigint, expected bigint) RETURNS bigint
@@ -1983,10 +2098,10 @@ END
 $$;
 
 -- The core of versioned_update (src/writes/occ.rs): lock the one matching row, compare, update.
-CREATE FUNCTION fence.update_versioned_row(target oid, version_column text, expected_version bigint,
-                                           changes jsonb, filter jsonb)
+CREATE FUNCTION fence_internal.update_versioned_row(target oid, version_column text, expected_version bigint,
+                                                    changes jsonb, filter jsonb, path text)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     table_name text := fence_internal.target_table('versioned_update', target);
@@ -1997,8 +2112,10 @@ DECLARE
     written bigint[];
 BEGIN
     IF expected_version IS NULL THEN PERFORM fence_internal.raise_null('expected_version'); END IF;
-    EXECUTE format('SELECT array_agg(v) FROM (SELECT t.%s::pg_catalog.int8 AS v FROM %s AS t WHERE %s LIMIT 2 FOR UPDATE) x',
-                   col, table_name, where_sql) INTO found USING changes, filter;
+    found := (fence_internal.run_as_caller(
+        format('SELECT pg_catalog.array_agg(v) FROM (SELECT t.%s::pg_catalog.int8 AS v FROM %s AS t WHERE %s LIMIT 2 FOR UPDATE) x',
+               col, table_name, where_sql),
+        true, path, changes, filter, NULL)).answer;
     IF cardinality(found) > 1 THEN
         RAISE EXCEPTION 'the filter matches more than one row of %; versioned_update changes exactly one', table_name
             USING ERRCODE = '21000', HINT = 'Filter on a unique key, such as the primary key.';
@@ -2010,14 +2127,25 @@ BEGIN
     IF found[1] IS DISTINCT FROM expected_version THEN
         PERFORM fence_internal.raise_version_mismatch(table_name, expected_version, found[1]);
     END IF;
-    EXECUTE format('WITH w AS (UPDATE %s AS t SET %s, %s = fence.checked_version(%s::pg_catalog.oid, t.%s, $3) WHERE %s RETURNING t.%s::pg_catalog.int8 AS v) SELECT array_agg(v) FROM w',
-                   table_name, set_sql, col, target::oid, col, where_sql, col) INTO written USING changes, filter, expected_version;
+    written := (fence_internal.run_as_caller(
+        format('WITH w AS (UPDATE %s AS t SET %s, %s = fence.checked_version(%s::pg_catalog.oid, t.%s, $3) WHERE %s RETURNING t.%s::pg_catalog.int8 AS v) SELECT pg_catalog.array_agg(v) FROM w',
+               table_name, set_sql, col, target::oid, col, where_sql, col),
+        true, path, changes, filter, expected_version)).answer;
     IF written IS NULL THEN
         RAISE EXCEPTION 'no row of % matches the filter', table_name
             USING ERRCODE = 'P0002', HINT = 'Check the filter; versioned_update changes exactly one existing row.';
     END IF;
     RETURN written[1];
 END
+$$;
+
+CREATE FUNCTION fence.update_versioned_row(target oid, version_column text, expected_version bigint,
+                                           changes jsonb, filter jsonb)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT fence_internal.update_versioned_row(target, version_column, expected_version, changes, filter,
+                                               pg_catalog.current_setting('search_path'))
 $$;
 
 -- sql/edition/sweep.sql
@@ -2524,6 +2652,24 @@ COMMENT ON FUNCTION fence_internal.wait_and_grant(text,bigint,text,boolean,boole
 COMMENT ON FUNCTION fence_internal.where_list(oid,text,jsonb) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.writers_done(text,boolean,integer) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.waiters(text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.fence_holds(text,bigint) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.type_sql(oid,integer) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.equality_operator(oid) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.run_as_caller(text,boolean,text,jsonb,jsonb,bigint) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.update_matching(oid,jsonb,jsonb,text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.fenced_update(text,bigint,oid,jsonb,jsonb,text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.fenced_write(oid,name,bigint,jsonb,jsonb,text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.update_versioned_row(oid,text,bigint,jsonb,jsonb,text) IS
     'pg_fence internal (SQL edition); not part of the API';
 
 -- sql/privileges.sql
