@@ -18,7 +18,14 @@ INSERT INTO fence.settings VALUES
     ('notify', 'off'), ('notify_keys', 'off');
 REVOKE ALL ON fence.settings FROM PUBLIC;
 
--- One setting's value.
+-- One setting's value: the table's, unless the session is a superuser's and has the placeholder
+-- pg_fence.<name> set (SET pg_fence.max_ttl = '3d', as with the extension, whose pg_fence.max_ttl
+-- only a superuser may set): a superuser's session could change the table anyway, and no other
+-- role's SET of the placeholder counts.
 CREATE FUNCTION fence_internal.setting(name text) RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT s.value FROM fence.settings s WHERE s.name = setting.name $$;
+AS $$
+    SELECT coalesce((SELECT nullif(current_setting('pg_fence.' || setting.name, true), '')
+                      WHERE EXISTS (SELECT FROM pg_roles r WHERE r.rolname = session_user AND r.rolsuper)),
+                    (SELECT s.value FROM fence.settings s WHERE s.name = setting.name))
+$$;
