@@ -95,14 +95,15 @@ END
 $$;
 
 -- A column type as SQL that names the same type under any search_path: qualified by its schema but
--- for the types the grammar itself names (integer, character varying(8), numeric(10,2), ...), and
+-- for the types the grammar itself names (integer, character varying(8), numeric(10,2), ...; not
+-- bpchar without a length, which format_type shows as its plain name), and
 -- with the column's typmod, as jsonb_to_record is to convert a value.
 CREATE FUNCTION fence_internal.type_sql(type oid, typmod integer) RETURNS text
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT CASE WHEN e.typname IN ('bit', 'varbit', 'bool', 'bpchar', 'float4', 'float8', 'int2', 'int4', 'int8',
                                    'interval', 'numeric', 'time', 'timetz', 'timestamp', 'timestamptz', 'varchar')
-                     AND n.nspname = 'pg_catalog'
+                     AND n.nspname = 'pg_catalog' AND f.shown NOT LIKE 'bpchar%'
                   OR f.shown LIKE quote_ident(n.nspname) || '.%'
                 THEN f.shown
                 ELSE quote_ident(n.nspname) || '.' || f.shown END
@@ -115,7 +116,8 @@ $$;
 
 -- `OPERATOR(schema.name)` of the equality operator of the type's default btree (else hash)
 -- operator class, the one PostgreSQL itself means by "equal" for the type (as foreign keys use,
--- and src/writes/table_facts.rs's equality_operator): a domain's base type's, varchar's text's, an
+-- and src/writes/table_facts.rs's equality_operator; a class for another type counts when the
+-- type is binary-coercible to it, implicitly): a domain's base type's, varchar's text's, an
 -- array's, enum's or range's polymorphic class's (an array's only when its element type has one).
 -- NULL when the type has none.
 CREATE FUNCTION fence_internal.equality_operator(type oid) RETURNS text
@@ -151,7 +153,7 @@ BEGIN
      WHERE c.opcdefault AND am.amname IN ('btree', 'hash')
        AND (c.opcintype = base
             OR EXISTS (SELECT FROM pg_cast k WHERE k.castsource = base AND k.casttarget = c.opcintype
-                                                AND k.castmethod = 'b')
+                                                AND k.castmethod = 'b' AND k.castcontext = 'i')
             OR (c.opcintype = 'anyarray'::regtype AND category = 'A' AND element <> 0)
             OR (c.opcintype = 'anyenum'::regtype AND kind = 'e')
             OR (c.opcintype = 'anyrange'::regtype AND kind = 'r')
