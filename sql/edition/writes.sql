@@ -22,10 +22,12 @@ BEGIN
     SELECT fence.guard_lock_name(r.shared, r.slot) INTO lock
       FROM fence.key_rows(key, clock_timestamp()) r WHERE r.live AND r.fence = fence_holds.fence;
     IF lock IS NULL THEN
+        PERFORM fence.require_latest(key, true);
         RETURN false;
     END IF;
     BEGIN
         PERFORM pg_advisory_xact_lock_shared(fence.lock_id(lock, key));
+        PERFORM fence.require_latest(key, false);
         IF NOT EXISTS (SELECT FROM fence.key_rows(key, clock_timestamp()) r
                         WHERE r.live AND r.fence = fence_holds.fence AND fence.guard_lock_name(r.shared, r.slot) = lock) THEN
             RAISE SQLSTATE 'PFZ01';
