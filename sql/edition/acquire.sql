@@ -24,14 +24,24 @@ END
 $$;
 
 -- The key's live lease, as last committed, if `token` holds it (of one kind only, with `durable`).
+-- Under REPEATABLE READ, a lease found is checked to be the latest (fence_internal.require_latest); none
+-- found leaves the grant that follows to check.
 CREATE FUNCTION fence_internal.lease_held_with(key text, token uuid, durable boolean) RETURNS fence.lease
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT ROW(key, r.owner, r.fence, token, r.acquired_at, r.expires_at)::fence.lease
+DECLARE
+    lease fence.lease;
+BEGIN
+    SELECT ROW(key, r.owner, r.fence, token, r.acquired_at, r.expires_at)::fence.lease INTO lease
       FROM fence_internal.key_rows(key, clock_timestamp()) r
-     WHERE r.live AND r.token_hash = sha256(uuid_send(token)) AND (durable IS NULL OR r.durable = durable)
+     WHERE r.live AND r.token_hash = sha256(uuid_send(token)) AND (lease_held_with.durable IS NULL OR r.durable = lease_held_with.durable)
      ORDER BY r.durable
-     LIMIT 1
+     LIMIT 1;
+    IF lease IS NOT NULL THEN
+        PERFORM fence_internal.require_latest(key, false);
+    END IF;
+    RETURN lease;
+END
 $$;
 
 -- Whether this transaction holds one of the key's locks (it changed or guarded the key): it does not

@@ -18,6 +18,7 @@ DECLARE
     floor bigint;
     tok uuid := coalesce(token, gen_random_uuid());
     hash bytea := sha256(uuid_send(coalesce(token, tok)));
+    inserted boolean := false;
     spid integer;
     sid bigint;
     lease fence.lease;
@@ -29,6 +30,7 @@ BEGIN
         IF mind_waiters AND fence_internal.someone_waiting(key) THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
+        PERFORM fence_internal.require_latest(key, true);
         decided := clock_timestamp();
         rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, decided) r);
         IF fence_internal.held_back_until(rows, decided) IS NOT NULL THEN
@@ -72,6 +74,7 @@ BEGIN
                         now + ttl * interval '1 microsecond', spid, sid)
                 ON CONFLICT DO NOTHING
                 RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
+                inserted := lease IS NOT NULL;
             END IF;
         ELSE
             UPDATE fence.fast_lease_state s
@@ -95,10 +98,14 @@ BEGIN
                         now + ttl * interval '1 microsecond', spid, sid)
                 ON CONFLICT DO NOTHING
                 RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
+                inserted := lease IS NOT NULL;
             END IF;
         END IF;
         IF lease IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
+        END IF;
+        IF inserted AND grant_slot > 0 THEN
+            PERFORM fence_internal.touch_slot_0(key);
         END IF;
         PERFORM fence_internal.end_unreleased(key, now, durable, grant_slot);
         IF durable THEN

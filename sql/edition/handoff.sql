@@ -35,6 +35,7 @@ BEGIN
     hash := sha256(uuid_send(token));
     SELECT * INTO held FROM fence_internal.key_rows(key, clock_timestamp()) r WHERE r.live AND r.token_hash = hash;
     IF held.fence IS NULL THEN
+        PERFORM fence_internal.require_latest(key, true);
         RETURN NULL;
     END IF;
     candidate := fence_internal.candidate_lock(key, to_owner, held.shared, held.permits, held.durable);
@@ -49,6 +50,7 @@ BEGIN
             RAISE EXCEPTION 'the lease on key "%" cannot be handed off while writes under it are running', key
                 USING ERRCODE = '55P03', HINT = 'Let the transactions writing under the lease end, then call lease_handoff again.';
         END IF;
+        PERFORM fence_internal.require_latest(key, true);
         now := clock_timestamp();
         rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, now) r);
         SELECT * INTO held FROM unnest(rows) r WHERE r.live AND r.token_hash = hash;

@@ -76,11 +76,15 @@ COMMENT ON FUNCTION fence_internal.renew_checked(text,uuid,bigint) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.require_durable_commit() IS
     'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.require_latest(text,boolean) IS
+    'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.require_read_committed() IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.require_writable(text) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.reserve_fast_fence(bigint,timestamp with time zone) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.touch_slot_0(text) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.reset_floor() IS
     'pg_fence internal (SQL edition); not part of the API';

@@ -16,6 +16,11 @@ BEGIN
     IF timeout IS NULL THEN PERFORM fence_internal.raise_null('timeout'); END IF;
     until := clock_timestamp() + fence_internal.check_duration(timeout, 'timeout',
         'Pass how long to wait for a change, such as ''30 seconds'', or ''0'' not to wait.') * interval '1 microsecond';
+    -- A REPEATABLE READ snapshot would never show it a change: it waits only in READ COMMITTED.
+    IF until > clock_timestamp() AND current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'await_change cannot wait in a REPEATABLE READ or SERIALIZABLE transaction'
+            USING ERRCODE = '0A000', HINT = 'Call it with a timeout in a READ COMMITTED transaction (the default), ideally on its own.';
+    END IF;
     LOOP
         r := NULL;
         SELECT * INTO r FROM fence_internal.key_rows(key, clock_timestamp()) x WHERE x.live ORDER BY x.fence DESC LIMIT 1;

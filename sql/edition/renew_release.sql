@@ -22,9 +22,11 @@ DECLARE
     renewed timestamptz;
 BEGIN
     IF durable IS NULL THEN
+        PERFORM fence_internal.require_latest(key, true);
         RETURN NULL;
     END IF;
     PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
+    PERFORM fence_internal.require_latest(key, false);
     now := clock_timestamp();
     IF durable THEN
         UPDATE fence.lease_state s SET expires_at = now + ttl * interval '1 microsecond'
@@ -69,9 +71,11 @@ DECLARE
     ended bigint;
 BEGIN
     IF durable IS NULL THEN
+        PERFORM fence_internal.require_latest(key, true);
         RETURN NULL;
     END IF;
     PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
+    PERFORM fence_internal.require_latest(key, false);
     now := clock_timestamp();
     IF durable THEN
         UPDATE fence.lease_state s
@@ -172,9 +176,11 @@ BEGIN
     hash := sha256(uuid_send(token));
     durable := fence_internal.held_kind(key, hash);
     IF durable IS NULL THEN
+        PERFORM fence_internal.require_latest(key, true);
         RETURN false;
     END IF;
     PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
+    PERFORM fence_internal.require_latest(key, false);
     now := clock_timestamp();
     IF durable THEN
         UPDATE fence.lease_state s SET owner = who
@@ -209,9 +215,11 @@ BEGIN
     now := clock_timestamp();
     rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, now) r);
     IF NOT EXISTS (SELECT FROM unnest(rows) r WHERE r.live) AND fence_internal.held_back_until(rows, now) IS NULL THEN
+        PERFORM fence_internal.require_latest(key, true);
         RETURN false;
     END IF;
     PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
+    PERFORM fence_internal.require_latest(key, true);
     now := clock_timestamp();
     rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, now) r);
     IF NOT EXISTS (SELECT FROM unnest(rows) r WHERE r.live) THEN

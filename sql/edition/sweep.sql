@@ -16,8 +16,13 @@ DECLARE
     top bigint;
 BEGIN
     PERFORM fence_internal.require_writable('sweep leases');
-    -- A statement of a transaction block starts after its transaction did (BEGIN is one).
-    IF statement_timestamp() <> transaction_timestamp() THEN
+    -- PL/pgSQL cannot ask whether it runs in a transaction block (docs/sql-edition.md); these tell
+    -- one apart from a statement of its own: the transaction wrote before, began more than 10 ms
+    -- before the statement (the extended query protocol's Parse starts it a little earlier), or the
+    -- statement came in one query string behind BEGIN.
+    IF pg_current_xact_id_if_assigned() IS NOT NULL
+       OR statement_timestamp() - transaction_timestamp() > interval '10 milliseconds'
+       OR current_query() ~* '^\s*(begin|start\s+transaction)\M' THEN
         RAISE EXCEPTION 'fence.sweep() cannot run inside a transaction block' USING ERRCODE = '25001',
             HINT = 'Call it on its own (autocommit), as the sweeper worker and pg_cron do: the leases it sweeps '
                    'stay locked until its transaction ends, and their next acquirers would wait for it.';

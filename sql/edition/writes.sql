@@ -29,10 +29,12 @@ BEGIN
     SELECT fence_internal.guard_lock_name(r.shared, r.slot) INTO lock
       FROM fence_internal.key_rows(key, clock_timestamp()) r WHERE r.live AND r.fence = fence_holds.fence;
     IF lock IS NULL THEN
+        PERFORM fence_internal.require_latest(key, true);
         RETURN false;
     END IF;
     BEGIN
         PERFORM pg_advisory_xact_lock_shared(fence_internal.lock_id(lock, key));
+        PERFORM fence_internal.require_latest(key, false);
         IF NOT EXISTS (SELECT FROM fence_internal.key_rows(key, clock_timestamp()) r
                         WHERE r.live AND r.fence = fence_holds.fence AND fence_internal.guard_lock_name(r.shared, r.slot) = lock) THEN
             RAISE SQLSTATE 'PFZ01';
