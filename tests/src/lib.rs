@@ -63,6 +63,58 @@ fn extra_settings() -> Vec<String> {
         .collect()
 }
 
+/// Which pg_fence the clusters of this run serve: the C extension, or the SQL edition (issue 43,
+/// sql/edition/) when $PG_FENCE_EDITION is `sql` (pg_test/cluster reads it too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Edition {
+    Extension,
+    Sql,
+}
+
+pub fn edition() -> Edition {
+    match std::env::var("PG_FENCE_EDITION").as_deref() {
+        Ok("sql") => Edition::Sql,
+        _ => Edition::Extension,
+    }
+}
+
+/// For a test of what the SQL edition does not have by design (shared memory, the background
+/// worker, guard_timeout, fence.stats's counters, pg_fence.* settings in postgresql.conf or SET,
+/// server log lines): true, after saying why, when this run is against the SQL edition, and the
+/// test returns at once. tests/regress/sql-edition/README.md lists these tests.
+pub fn skipped_on_the_sql_edition(why: &str) -> bool {
+    if edition() == Edition::Sql {
+        println!("skipped on the SQL edition: {why}");
+        return true;
+    }
+    false
+}
+
+/// The pg_fence.* settings of postgresql.conf that the SQL edition keeps in table fence.settings
+/// instead (sql/edition/settings.sql), with the unit the extension's setting has.
+const EDITION_SETTINGS: [(&str, &str); 3] =
+    [("pg_fence.max_ttl", "s"), ("pg_fence.retain_ended", "s"), ("pg_fence.observe_interval", "ms")];
+
+/// On the SQL edition, the settings of `settings` that it keeps in fence.settings, written there
+/// (as fence_admin may): so a test's `pg_fence.retain_ended=0` means the same on both editions.
+fn apply_edition_settings(client: &mut Client, settings: &[String]) {
+    for setting in settings {
+        let Some((name, value)) = setting.split_once('=') else { continue };
+        let Some((_, unit)) = EDITION_SETTINGS.iter().find(|(known, _)| *known == name) else { continue };
+        let value = if value.chars().all(|c| c.is_ascii_digit()) {
+            format!("{value} {unit}")
+        } else {
+            value.to_owned()
+        };
+        client
+            .execute(
+                "UPDATE fence.settings SET value = $2::text::interval::text WHERE name = $1",
+                &[&name.trim_start_matches("pg_fence."), &value],
+            )
+            .unwrap();
+    }
+}
+
 /// Whether this run keeps fast leases in shared memory (see `extra_settings`).
 pub fn fast_leases_in_memory() -> bool {
     extra_settings()
@@ -99,7 +151,13 @@ impl Cluster {
         let name = create(name, port, settings);
         start_script_with_env(&name, env);
         let cluster = Cluster { name, port };
-        cluster.connect().batch_execute("CREATE EXTENSION pg_fence").unwrap();
+        let mut client = cluster.connect();
+        client.batch_execute("CREATE EXTENSION pg_fence").unwrap();
+        if edition() == Edition::Sql {
+            let mut all = extra_settings();
+            all.extend(settings.iter().map(|s| s.to_string()));
+            apply_edition_settings(&mut client, &all);
+        }
         cluster
     }
 

@@ -1,0 +1,61 @@
+-- REPEATABLE READ and SERIALIZABLE (docs/sql-edition.md). The extension reads a key's rows, the
+-- high-water mark and the fast reservation in the latest committed state (a fresh snapshot,
+-- src/pg/one_row.rs, src/leases/state/rows.rs); PL/pgSQL has only the transaction's snapshot, which
+-- under those levels may predate the key's latest change. So every call that decides on the key's
+-- rows under those levels first makes sure that its snapshot still shows the key as last
+-- committed, and fails with 40001 (retry the transaction) when it does not; it never decides on a
+-- stale row. The check, in a subtransaction rolled back at once (so that it keeps no row lock and
+-- leaves no row):
+--   - locks every row of the key that the snapshot shows, in both tables, FOR SHARE: PostgreSQL
+--     refuses (40001) to lock a row changed or deleted after the snapshot;
+--   - inserts slot 0 of the key into both tables ON CONFLICT DO NOTHING: PostgreSQL refuses (40001)
+--     when the row in the way was inserted after the snapshot. A row of another slot is inserted
+--     only while slot 0 is held (slots are taken lowest first), and its grant touches the row
+--     holding slot 0 (fence_internal.touch_slot_0), so the lock above sees that too;
+--   - with `high_water`, the same for fence.high_water: a row of the key inserted and deleted again
+--     after the snapshot left nothing else behind, and a grant's fence must be above it.
+-- Under READ COMMITTED every statement reads the latest committed state: nothing to check.
+CREATE FUNCTION fence_internal.require_latest(key text, high_water boolean) RETURNS void
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        RETURN;
+    END IF;
+    BEGIN
+        PERFORM FROM fence.lease_state s WHERE s.key = require_latest.key FOR SHARE;
+        PERFORM FROM fence.fast_lease_state s WHERE s.key = require_latest.key FOR SHARE;
+        INSERT INTO fence.lease_state (key, slot, fence, owner, acquired_at, expires_at)
+        VALUES (key, 0, 0, '', now(), now()) ON CONFLICT DO NOTHING;
+        INSERT INTO fence.fast_lease_state (key, slot, fence, owner, acquired_at, expires_at)
+        VALUES (key, 0, 0, '', now(), now()) ON CONFLICT DO NOTHING;
+        IF high_water THEN
+            PERFORM FROM fence.high_water h FOR SHARE;
+            INSERT INTO fence.high_water (one, fence) VALUES (true, 0) ON CONFLICT DO NOTHING;
+        END IF;
+        RAISE SQLSTATE 'PFZ01';
+    EXCEPTION
+        WHEN SQLSTATE 'PFZ01' THEN
+            RETURN;
+        WHEN serialization_failure THEN
+            RAISE EXCEPTION 'the lease of key "%" changed after this transaction''s snapshot was taken', key
+                USING ERRCODE = '40001',
+                      DETAIL = 'Under REPEATABLE READ or SERIALIZABLE the SQL edition of pg_fence decides only on the key''s latest committed state, which this snapshot does not show.',
+                      HINT = 'Retry the transaction, or call it in READ COMMITTED.';
+        WHEN read_only_sql_transaction THEN
+            RAISE EXCEPTION 'the SQL edition of pg_fence cannot check the lease of key "%" in a read-only % transaction',
+                            key, upper(current_setting('transaction_isolation'))
+                USING ERRCODE = '25006',
+                      HINT = 'Under REPEATABLE READ or SERIALIZABLE it checks the key''s rows with row locks: call it in a read-write transaction, or in READ COMMITTED.';
+    END;
+END
+$$;
+
+-- A grant that inserted the row of slot `slot` > 0 touches the row holding slot 0 (live, in either
+-- table), so that a REPEATABLE READ snapshot taken before sees the key changed (fence_internal.require_latest).
+CREATE FUNCTION fence_internal.touch_slot_0(key text) RETURNS void
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE fence.lease_state s SET slot = 0 WHERE s.key = touch_slot_0.key AND s.slot = 0;
+    UPDATE fence.fast_lease_state s SET slot = 0 WHERE s.key = touch_slot_0.key AND s.slot = 0;
+$$;
