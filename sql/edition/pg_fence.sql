@@ -1081,7 +1081,7 @@ BEGIN
            SET token_hash = sha256(uuid_send(tok)), expires_at = now + ttl * interval '1 microsecond',
                session_pid = CASE WHEN session_bound THEN pg_backend_pid() END, session_id = sid,
                lock_delay = claim_handoff.lock_delay, handed_to = NULL
-         WHERE s.key = claim_handoff.key AND s.slot = claim_handoff.slot AND s.handed_to = owner AND s.expires_at > now
+         WHERE s.key = claim_handoff.key AND s.slot = slot AND s.handed_to = owner AND s.expires_at > now
         RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
         PERFORM fence_internal.require_durable_commit();
     ELSE
@@ -1089,7 +1089,7 @@ BEGIN
            SET token_hash = sha256(uuid_send(tok)), expires_at = now + ttl * interval '1 microsecond',
                session_pid = CASE WHEN session_bound THEN pg_backend_pid() END, session_id = sid,
                lock_delay = claim_handoff.lock_delay, handed_to = NULL
-         WHERE s.key = claim_handoff.key AND s.slot = claim_handoff.slot AND s.handed_to = owner AND s.expires_at > now
+         WHERE s.key = claim_handoff.key AND s.slot = slot AND s.handed_to = owner AND s.expires_at > now
         RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
     END IF;
     RETURN lease;
