@@ -216,7 +216,10 @@ $$;
 -- pg_advisory_*: objsubid 1 (one bigint), never the classes 28774-28779 of the extension's locks
 -- (src/locks/keylock.rs), so the two editions' locks can never meet. Each lock is named by 8 bytes
 -- of SHA-256 over the database's secret (fence.lock_secret, as src/locks/key_hash.rs keys its
--- SipHash), the lock's class and the key: nobody without the secret can aim a lock at a key.
+-- SipHash), the lock's class and the key, so that no role can compute a key's lock ahead of time.
+-- But pg_locks shows every advisory lock's number to every role, and pg_advisory_lock takes any
+-- number: a role that has seen a key's lock there can take it and stall that key's calls. That is
+-- a stated limit of this edition (docs/sql-edition.md); the extension's locks are out of SQL's reach.
 --
 -- | class         | taken as                          | by                                    |
 -- |---------------|-----------------------------------|---------------------------------------|
