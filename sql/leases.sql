@@ -85,3 +85,9 @@ SELECT key, owner, fence, acquired_at, expires_at, session_pid, live, durable, s
         WINDOW per_key AS (PARTITION BY key)) holders
  WHERE live OR (NOT key_held AND latest = 1)
  ORDER BY key, fence DESC;
+
+-- Which edition of pg_fence answers: 'extension' here; the SQL edition's (sql/edition/edition.sql)
+-- answers 'sql', so that clients can tell them apart (docs/sql-edition.md).
+CREATE FUNCTION fence.edition() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 'extension'::text $$;

@@ -297,3 +297,10 @@ REVOKE EXECUTE ON FUNCTION fence.lease_renew_many(text[], uuid[], interval[]),
     fence.lease_acquire_any(text[], interval, text, boolean, boolean, uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fence.lease_renew_many(text[], uuid[], interval[]),
     fence.lease_acquire_any(text[], interval, text, boolean, boolean, uuid) TO fence_user;
+
+-- Which edition answers (sql/leases.sql).
+CREATE FUNCTION fence.edition() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 'extension'::text $$;
+REVOKE EXECUTE ON FUNCTION fence.edition() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fence.edition() TO fence_user;
