@@ -9,6 +9,8 @@ set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1
 set key below horizontal
+# Nine systems: gnuplot's default colours cycle after eight.
+set linetype 9 lc rgb "#8b4513"
 set xlabel "clients"
 set grid ytics
 set multiplot layout 1,2 title "acquire+release pairs, ".what." (fsync on; 2 CPUs)"

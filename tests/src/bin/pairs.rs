@@ -4,7 +4,9 @@
 //!
 //!   pairs SYSTEM CLIENTS SECONDS KEYS PORT
 //!
-//! SYSTEM: fence (pg_fence), fence_fast (pg_fence's fast leases, `durable => false`),
+//! SYSTEM: fence (pg_fence), fence_fast (pg_fence's fast leases, `durable => false`), fence_sql
+//! (the SQL edition's durable leases: the same statements as fence's, sent to a cluster that serves
+//! the SQL edition, sql/edition/),
 //! fence_shared (shared leases, `shared => true`), fence_permits (a permit of a semaphore of 3,
 //! `permits => 3`), fence_set3 (a lease set of 3 keys: the key, key/b and key/c, through
 //! lease_acquire_all and lease_release_all), sql_lease (the same fenced lease by hand in SQL), sql_lease_1flush
@@ -115,7 +117,8 @@ impl Session {
             Session::Postgres(Box::new(client), system, statements)
         };
         match system {
-            "fence" => pg(System::Fence),
+            // The same calls: only the server (PORT) tells the editions apart.
+            "fence" | "fence_sql" => pg(System::Fence),
             "fence_fast" => pg(System::FenceFast),
             "fence_shared" => pg(System::FenceShared),
             "fence_permits" => pg(System::FencePermits),
