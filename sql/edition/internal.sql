@@ -88,6 +88,8 @@ COMMENT ON FUNCTION fence.touch_slot_0(text) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.reset_floor() IS
     'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence.seconds_since(timestamp with time zone,double precision,double precision) IS
+    'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.session_lock_until(bigint,timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.set_list(oid,text,jsonb) IS

@@ -79,6 +79,8 @@ $$;
 
 -- The guard locks a grant into `slot` waits for (src/leases/state/slots.rs): the slot's own, and
 -- those of every ended holder of another mode; sorted, so every grant takes them in one order.
+-- (A parameter is named with the function's name wherever a column of r has its name: in an SQL
+-- function the column would win.)
 CREATE FUNCTION fence.guard_lock_name(shared boolean, slot integer) RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$ SELECT CASE WHEN shared THEN 'guard:shared' ELSE 'guard:' || slot END $$;
@@ -90,8 +92,11 @@ AS $$
     SELECT coalesce(array_agg(DISTINCT l ORDER BY l), '{}')
       FROM (SELECT fence.guard_lock_name(r.shared, r.slot) AS l
               FROM unnest(rows) r
-             WHERE NOT r.live AND (r.shared, r.permits) IS DISTINCT FROM (shared, CASE WHEN shared THEN r.permits ELSE permits END)
-                   AND NOT (r.shared AND shared)
+             WHERE NOT r.live
+                   AND (r.shared, r.permits) IS DISTINCT FROM
+                       (locks_to_wait_for.shared,
+                        CASE WHEN locks_to_wait_for.shared THEN r.permits ELSE locks_to_wait_for.permits END)
+                   AND NOT (r.shared AND locks_to_wait_for.shared)
             UNION ALL
             SELECT fence.guard_lock_name(false, slot) WHERE NOT shared) l
 $$;

@@ -3,7 +3,7 @@
 //! order, a wait ends with NULL at its deadline, and cancel or statement_timeout end a wait leaving
 //! nothing behind.
 use pg_fence_integration::{
-    acquire, backend_pid, eventually, signal, sqlstate, wait_event, Acquire, Cluster, Lease,
+    acquire, backend_pid, edition, eventually, signal, sqlstate, wait_event, Acquire, Cluster, Edition, Lease,
 };
 use postgres::Client;
 use std::thread::{self, JoinHandle};
@@ -38,10 +38,12 @@ fn queued(observer: &mut Client, pid: i32) -> bool {
 }
 
 /// pg_fence's advisory locks (key, waiting room, session) held or awaited by `pid`.
+/// (The SQL edition's are advisory locks on one bigint, objsubid 1: sql/edition/locks.sql.)
 fn fence_locks(observer: &mut Client, pid: i32) -> i64 {
+    let classes = if edition() == Edition::Sql { "objsubid = 1" } else { "objsubid BETWEEN 28774 AND 28776" };
     observer
         .query_one(
-            "SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND objsubid BETWEEN 28774 AND 28776",
+            &format!("SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND {classes}"),
             &[&pid],
         )
         .unwrap()
