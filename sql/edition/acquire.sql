@@ -144,6 +144,8 @@ DECLARE
     spent float8 := 0;
     last timestamptz := clock_timestamp();
     nap float8;
+    gone_seen timestamptz;  -- when this waiter first saw a holder's session gone (unrecorded)
+    gone_delay bigint;
 BEGIN
     IF session_bound THEN
         PERFORM fence.hold_session_lock();
@@ -172,6 +174,20 @@ BEGIN
                 spent := spent + fence.seconds_since(last, 0.01, budget - spent + 1);
                 last := clock_timestamp();
                 CONTINUE;
+            END IF;
+            -- A lock-delay after a session's end counts from this waiter's first sight of it, as in
+            -- the extension: once passed, the end is recorded as of then, and the grant goes on.
+            gone_delay := (SELECT max(r.lock_delay) FROM unnest(rows) r WHERE r.session_gone AND r.expires_at > now AND r.lock_delay > 0);
+            IF gone_delay IS NOT NULL THEN
+                gone_seen := coalesce(gone_seen, now);
+                IF now < gone_seen + gone_delay * interval '1 microsecond' THEN
+                    PERFORM pg_sleep(greatest(0, least(0.01, budget - spent)));
+                    spent := spent + fence.seconds_since(last, greatest(0, least(0.01, budget - spent)), 1.01);
+                    last := clock_timestamp();
+                    CONTINUE;
+                END IF;
+                PERFORM fence.record_session_ends(key, gone_seen);
+                rows := ARRAY(SELECT r FROM fence.key_rows(key, now) r);
             END IF;
             sleep_until := fence.held_back_until(rows, now);
             IF sleep_until IS NULL AND fence.slot_for(shared, permits, rows) IS NULL THEN
@@ -203,6 +219,24 @@ BEGIN
         RAISE;
     END;
 END
+$$;
+
+-- Records the end of the key's leases whose session is gone, as of `at` (a waiter's first sight).
+CREATE FUNCTION fence.record_session_ends(key text, at timestamptz) RETURNS void
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE fence.lease_state s
+       SET token_hash = NULL, expires_at = least(s.expires_at, at), ended_hash = s.token_hash, ended_fence = s.fence,
+           ended_at = least(s.expires_at, at),
+           ended_reason = CASE WHEN s.expires_at > at THEN 'session_ended' ELSE 'expired' END
+     WHERE s.key = record_session_ends.key AND s.token_hash IS NOT NULL AND s.session_id IS NOT NULL
+       AND NOT coalesce(fence.holder_alive(s.session_pid, s.session_id), false);
+    UPDATE fence.fast_lease_state s
+       SET token_hash = NULL, expires_at = least(s.expires_at, at), ended_hash = s.token_hash, ended_fence = s.fence,
+           ended_at = least(s.expires_at, at),
+           ended_reason = CASE WHEN s.expires_at > at THEN 'session_ended' ELSE 'expired' END
+     WHERE s.key = record_session_ends.key AND s.token_hash IS NOT NULL AND s.session_id IS NOT NULL
+       AND NOT coalesce(fence.holder_alive(s.session_pid, s.session_id), false);
 $$;
 
 -- Seconds since `last` by the wall clock, when that lies between lo (what surely passed: a sleep's

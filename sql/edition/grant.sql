@@ -108,6 +108,7 @@ BEGIN
             PERFORM fence.touch_slot_0(key);
         END IF;
         PERFORM fence.end_unreleased(key, now, durable, grant_slot);
+        PERFORM fence.sweep_key(key, now, durable, grant_slot);
         IF durable THEN
             PERFORM fence.require_durable_commit();
         ELSE

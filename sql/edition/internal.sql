@@ -76,6 +76,8 @@ COMMENT ON FUNCTION fence.renew_checked(text,uuid,bigint) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.require_durable_commit() IS
     'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence.record_session_ends(text,timestamp with time zone) IS
+    'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.require_latest(text,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.require_read_committed() IS
@@ -99,6 +101,8 @@ COMMENT ON FUNCTION fence.setting(text) IS
 COMMENT ON FUNCTION fence.slot_for(boolean,integer,fence.key_row[]) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.someone_waiting(text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence.sweep_key(text,timestamp with time zone,boolean,integer) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.target_table(text,oid) IS
     'pg_fence internal (SQL edition); not part of the API';

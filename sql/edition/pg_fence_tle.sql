@@ -546,9 +546,22 @@ CREATE TYPE fence.key_row AS (
     handed_to    text
 );
 
+-- (A standby cannot read the unlogged table, whose rows it never has: there it reads the durable one
+-- only. PL/pgSQL, so that the other statement is never planned.)
 CREATE FUNCTION fence.key_rows(key text, now timestamptz) RETURNS SETOF fence.key_row
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RETURN QUERY
+        SELECT true, r.slot, r.fence, r.owner, r.token_hash, r.acquired_at, r.expires_at,
+               r.session_pid, r.session_id, r.shared, r.permits,
+               (r.token_hash IS NOT NULL AND r.expires_at > now), false,  -- the primary's sessions unseen
+               r.lock_delay, r.ended_hash, r.ended_fence, r.ended_at, r.ended_reason, r.handed_to
+          FROM fence.lease_state r WHERE r.key = key_rows.key;
+        RETURN;
+    END IF;
+    RETURN QUERY
     SELECT r.durable, r.slot, r.fence, r.owner, r.token_hash, r.acquired_at, r.expires_at,
            r.session_pid, r.session_id, r.shared, r.permits,
            (r.token_hash IS NOT NULL AND r.expires_at > now AND NOT r.gone),
@@ -558,7 +571,8 @@ AS $$
                          AND NOT coalesce(fence.holder_alive(s.session_pid, s.session_id), false)) AS gone
               FROM (SELECT true AS durable, * FROM fence.lease_state WHERE lease_state.key = key_rows.key
                     UNION ALL
-                    SELECT false, * FROM fence.fast_lease_state WHERE fast_lease_state.key = key_rows.key) s) r
+                    SELECT false, * FROM fence.fast_lease_state WHERE fast_lease_state.key = key_rows.key) s) r;
+END
 $$;
 
 -- Until when a lock-delay holds a grant of the key back at `now` (src/leases/state/ended.rs), or
@@ -623,18 +637,24 @@ AS $$
             SELECT fence.guard_lock_name(false, slot) WHERE NOT shared) l
 $$;
 
--- The fast leases' rows for view fence.leases (sql/leases.sql).
+-- The fast leases' rows for view fence.leases (sql/leases.sql); none on a standby.
 CREATE FUNCTION fence.fast_lease_rows()
 RETURNS TABLE (key text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
                session_pid integer, live boolean, shared boolean, permits integer)
-LANGUAGE sql STABLE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
     SELECT f.key, f.owner, f.fence, f.acquired_at, f.expires_at, f.session_pid,
            f.token_hash IS NOT NULL AND f.expires_at > clock_timestamp()
            AND (f.session_id IS NULL OR coalesce(fence.holder_alive(f.session_pid, f.session_id), false)),
            f.shared, f.permits
       FROM fence.fast_lease_state f
-     WHERE f.key <> ''
+     WHERE f.key <> '';
+END
 $$;
 
 -- sql/edition/latest.sql
@@ -890,6 +910,7 @@ BEGIN
             PERFORM fence.touch_slot_0(key);
         END IF;
         PERFORM fence.end_unreleased(key, now, durable, grant_slot);
+        PERFORM fence.sweep_key(key, now, durable, grant_slot);
         IF durable THEN
             PERFORM fence.require_durable_commit();
         ELSE
@@ -1024,15 +1045,15 @@ AS $$
 #variable_conflict use_variable
 DECLARE
     tok uuid := coalesce(token, gen_random_uuid());
-    slot integer;
+    handed_slot integer;
     now timestamptz;
     sid bigint;
     lease fence.lease;
 BEGIN
-    SELECT r.slot INTO slot FROM fence.key_rows(key, clock_timestamp()) r
+    SELECT r.slot INTO handed_slot FROM fence.key_rows(key, clock_timestamp()) r
      WHERE r.live AND r.handed_to = owner AND r.durable = claim_handoff.durable AND r.shared = claim_handoff.shared
        AND r.permits = claim_handoff.permits;
-    IF slot IS NULL THEN
+    IF handed_slot IS NULL THEN
         RETURN NULL;
     END IF;
     PERFORM pg_advisory_xact_lock(fence.lock_id('change', key));
@@ -1045,7 +1066,7 @@ BEGIN
            SET token_hash = sha256(uuid_send(tok)), expires_at = now + ttl * interval '1 microsecond',
                session_pid = CASE WHEN session_bound THEN pg_backend_pid() END, session_id = sid,
                lock_delay = claim_handoff.lock_delay, handed_to = NULL
-         WHERE s.key = claim_handoff.key AND s.slot = claim_handoff.slot AND s.handed_to = owner AND s.expires_at > now
+         WHERE s.key = claim_handoff.key AND s.slot = handed_slot AND s.handed_to = owner AND s.expires_at > now
         RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
         PERFORM fence.require_durable_commit();
     ELSE
@@ -1053,7 +1074,7 @@ BEGIN
            SET token_hash = sha256(uuid_send(tok)), expires_at = now + ttl * interval '1 microsecond',
                session_pid = CASE WHEN session_bound THEN pg_backend_pid() END, session_id = sid,
                lock_delay = claim_handoff.lock_delay, handed_to = NULL
-         WHERE s.key = claim_handoff.key AND s.slot = claim_handoff.slot AND s.handed_to = owner AND s.expires_at > now
+         WHERE s.key = claim_handoff.key AND s.slot = handed_slot AND s.handed_to = owner AND s.expires_at > now
         RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
     END IF;
     RETURN lease;
@@ -1207,6 +1228,8 @@ DECLARE
     spent float8 := 0;
     last timestamptz := clock_timestamp();
     nap float8;
+    gone_seen timestamptz;  -- when this waiter first saw a holder's session gone (unrecorded)
+    gone_delay bigint;
 BEGIN
     IF session_bound THEN
         PERFORM fence.hold_session_lock();
@@ -1235,6 +1258,20 @@ BEGIN
                 spent := spent + fence.seconds_since(last, 0.01, budget - spent + 1);
                 last := clock_timestamp();
                 CONTINUE;
+            END IF;
+            -- A lock-delay after a session's end counts from this waiter's first sight of it, as in
+            -- the extension: once passed, the end is recorded as of then, and the grant goes on.
+            gone_delay := (SELECT max(r.lock_delay) FROM unnest(rows) r WHERE r.session_gone AND r.expires_at > now AND r.lock_delay > 0);
+            IF gone_delay IS NOT NULL THEN
+                gone_seen := coalesce(gone_seen, now);
+                IF now < gone_seen + gone_delay * interval '1 microsecond' THEN
+                    PERFORM pg_sleep(greatest(0, least(0.01, budget - spent)));
+                    spent := spent + fence.seconds_since(last, greatest(0, least(0.01, budget - spent)), 1.01);
+                    last := clock_timestamp();
+                    CONTINUE;
+                END IF;
+                PERFORM fence.record_session_ends(key, gone_seen);
+                rows := ARRAY(SELECT r FROM fence.key_rows(key, now) r);
             END IF;
             sleep_until := fence.held_back_until(rows, now);
             IF sleep_until IS NULL AND fence.slot_for(shared, permits, rows) IS NULL THEN
@@ -1266,6 +1303,24 @@ BEGIN
         RAISE;
     END;
 END
+$$;
+
+-- Records the end of the key's leases whose session is gone, as of `at` (a waiter's first sight).
+CREATE FUNCTION fence.record_session_ends(key text, at timestamptz) RETURNS void
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE fence.lease_state s
+       SET token_hash = NULL, expires_at = least(s.expires_at, at), ended_hash = s.token_hash, ended_fence = s.fence,
+           ended_at = least(s.expires_at, at),
+           ended_reason = CASE WHEN s.expires_at > at THEN 'session_ended' ELSE 'expired' END
+     WHERE s.key = record_session_ends.key AND s.token_hash IS NOT NULL AND s.session_id IS NOT NULL
+       AND NOT coalesce(fence.holder_alive(s.session_pid, s.session_id), false);
+    UPDATE fence.fast_lease_state s
+       SET token_hash = NULL, expires_at = least(s.expires_at, at), ended_hash = s.token_hash, ended_fence = s.fence,
+           ended_at = least(s.expires_at, at),
+           ended_reason = CASE WHEN s.expires_at > at THEN 'session_ended' ELSE 'expired' END
+     WHERE s.key = record_session_ends.key AND s.token_hash IS NOT NULL AND s.session_id IS NOT NULL
+       AND NOT coalesce(fence.holder_alive(s.session_pid, s.session_id), false);
 $$;
 
 -- Seconds since `last` by the wall clock, when that lies between lo (what surely passed: a sleep's
@@ -1721,6 +1776,9 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE SET search_path = pg_cata
 AS $$
 BEGIN
     PERFORM fence.check_key(key);
+    IF pg_is_in_recovery() THEN  -- a standby has no fast leases (and cannot read their table)
+        RETURN (SELECT max(s.fence) FROM fence.lease_state s WHERE s.key = current_fence.key);
+    END IF;
     RETURN greatest((SELECT max(s.fence) FROM fence.lease_state s WHERE s.key = current_fence.key),
                     (SELECT max(s.fence) FROM fence.fast_lease_state s WHERE s.key = current_fence.key));
 END
@@ -1768,16 +1826,23 @@ $$;
 -- sql/edition/observe.sql
 -- await_change (src/leases/calls/observe.rs): the key's state is its live lease's (fence, owner),
 -- the one with the highest fence, or (NULL, NULL). Returns at once when it differs from the state
--- passed in; otherwise looks again every fence.settings observe_interval (50 ms by default, 10 ms
--- at least: no latch wakes it) until it differs or `timeout` runs out. It writes nothing and
--- takes no lock.
+-- passed in; otherwise looks again every 50 ms (no latch wakes it; every observe_interval when that
+-- is shorter, 10 ms at least) until it differs or `timeout` runs out. It writes nothing. Paced as
+-- the extension's: a session looks at a key no sooner than observe_interval (fence.settings) after
+-- its last answer that told a change of that key (kept in the session's setting fence.observe_told,
+-- by the key's lock id). PL/pgSQL keeps the AccessShareLock of every table it read until the
+-- transaction ends: a waiting observer holds up DDL on them (DROP EXTENSION included).
 CREATE FUNCTION fence.await_change(key text, seen_fence bigint, seen_owner text, timeout interval)
 RETURNS TABLE (fence bigint, owner text, live boolean, acquired_at timestamptz, expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     until timestamptz;
-    pace float8 := greatest(0.01, extract(epoch FROM fence.setting('observe_interval')::interval)::float8);
+    interval_s float8 := extract(epoch FROM fence.setting('observe_interval')::interval)::float8;
+    pace float8 := greatest(0.01, least(0.05, interval_s));
+    told jsonb := coalesce(nullif(current_setting('fence.observe_told', true), ''), '{}')::jsonb;
+    id text;
+    paused_until float8;
     r fence.key_row;
 BEGIN
     PERFORM fence.check_key(key);
@@ -1789,12 +1854,25 @@ BEGIN
         RAISE EXCEPTION 'await_change cannot wait in a REPEATABLE READ or SERIALIZABLE transaction'
             USING ERRCODE = '0A000', HINT = 'Call it with a timeout in a READ COMMITTED transaction (the default), ideally on its own.';
     END IF;
+    id := fence.lock_id('observe', key)::text;
+    paused_until := (told ->> id)::float8 + interval_s;
+    WHILE paused_until > extract(epoch FROM clock_timestamp()) AND clock_timestamp() < until LOOP
+        PERFORM pg_sleep(least(paused_until - extract(epoch FROM clock_timestamp()),
+                               extract(epoch FROM until - clock_timestamp())));
+    END LOOP;
     LOOP
         r := NULL;
         SELECT * INTO r FROM fence.key_rows(key, clock_timestamp()) x WHERE x.live ORDER BY x.fence DESC LIMIT 1;
         IF (r.fence, r.owner) IS DISTINCT FROM (seen_fence, seen_owner) OR clock_timestamp() >= until THEN
             fence := r.fence; owner := r.owner; live := r.fence IS NOT NULL;
             acquired_at := r.acquired_at; expires_at := r.expires_at;
+            IF (r.fence, r.owner) IS DISTINCT FROM (seen_fence, seen_owner) AND interval_s > 0 THEN
+                -- remembered for the pace; the entries whose pause is over are dropped
+                told := (SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}') FROM jsonb_each(told) e
+                          WHERE (e.value #>> '{}')::float8 + interval_s > extract(epoch FROM clock_timestamp()))
+                        || jsonb_build_object(id, extract(epoch FROM clock_timestamp())::float8);
+                PERFORM set_config('fence.observe_told', told::text, false);
+            END IF;
             RETURN NEXT;
             RETURN;
         END IF;
@@ -2122,6 +2200,12 @@ BEGIN
     IF expected_version IS NULL THEN PERFORM fence.raise_null('expected_version'); END IF;
     EXECUTE format('SELECT array_agg(v) FROM (SELECT t.%s::pg_catalog.int8 AS v FROM %s AS t WHERE %s LIMIT 2 FOR UPDATE) x',
                    col, table_name, where_sql) INTO found USING changes, filter;
+    IF found IS NULL THEN
+        -- The row it waited for may have been deleted and inserted again meanwhile, which the lock
+        -- does not follow: a look with a new snapshot (READ COMMITTED) finds it (src/writes/occ.rs).
+        EXECUTE format('SELECT array_agg(v) FROM (SELECT t.%s::pg_catalog.int8 AS v FROM %s AS t WHERE %s LIMIT 2 FOR UPDATE) x',
+                       col, table_name, where_sql) INTO found USING changes, filter;
+    END IF;
     IF cardinality(found) > 1 THEN
         RAISE EXCEPTION 'the filter matches more than one row of %; versioned_update changes exactly one', table_name
             USING ERRCODE = '21000', HINT = 'Filter on a unique key, such as the primary key.';
@@ -2258,6 +2342,41 @@ BEGIN
     EXCEPTION WHEN SQLSTATE 'PFZ02' THEN
         RETURN true;
     END;
+END
+$$;
+
+-- The sweep of one key, done by each grant of it (the issue asks grants to sweep): the key's rows
+-- other than the one just granted whose lease ended more than retain_ended ago, whose lock-delay
+-- has passed and under which no writer's transaction is open, are deleted, the high-water mark
+-- raised to their fences in the same transaction. (Expired rows the grant marked ended itself,
+-- fence.end_unreleased.) The grant holds the key's change lock: no other grant of the key runs.
+CREATE FUNCTION fence.sweep_key(key text, now timestamptz, granted_durable boolean, granted_slot integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    retain interval := fence.setting('retain_ended')::interval;
+    top bigint;
+BEGIN
+    WITH d AS (
+        DELETE FROM fence.lease_state s
+         WHERE s.key = sweep_key.key AND NOT (granted_durable AND s.slot = granted_slot)
+           AND s.token_hash IS NULL AND s.expires_at <= now - retain
+           AND s.expires_at + s.lock_delay * interval '1 microsecond' <= now
+           AND fence.writers_done(s.key, s.shared, s.slot)
+        RETURNING s.fence),
+    f AS (
+        DELETE FROM fence.fast_lease_state s
+         WHERE s.key = sweep_key.key AND NOT (NOT granted_durable AND s.slot = granted_slot)
+           AND s.token_hash IS NULL AND s.expires_at <= now - retain
+           AND s.expires_at + s.lock_delay * interval '1 microsecond' <= now
+           AND fence.writers_done(s.key, s.shared, s.slot)
+        RETURNING s.fence)
+    SELECT max(x.fence) INTO top FROM (SELECT fence FROM d UNION ALL SELECT fence FROM f) x;
+    IF top IS NOT NULL THEN
+        INSERT INTO fence.high_water AS h (one, fence) VALUES (true, top)
+        ON CONFLICT (one) DO UPDATE SET fence = greatest(h.fence, excluded.fence);
+    END IF;
 END
 $$;
 
@@ -2623,6 +2742,8 @@ COMMENT ON FUNCTION fence.renew_checked(text,uuid,bigint) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.require_durable_commit() IS
     'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence.record_session_ends(text,timestamp with time zone) IS
+    'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.require_latest(text,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.require_read_committed() IS
@@ -2646,6 +2767,8 @@ COMMENT ON FUNCTION fence.setting(text) IS
 COMMENT ON FUNCTION fence.slot_for(boolean,integer,fence.key_row[]) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.someone_waiting(text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence.sweep_key(text,timestamp with time zone,boolean,integer) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.target_table(text,oid) IS
     'pg_fence internal (SQL edition); not part of the API';

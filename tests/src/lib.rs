@@ -48,6 +48,11 @@ fn create(name: &str, port: u16, settings: &[&str]) -> String {
     let extra = extra_settings();
     args.extend(extra.iter().map(String::as_str));
     args.extend_from_slice(settings);
+    if edition() == Edition::Sql {
+        // The SQL edition has no library to preload (pg_test/cluster preloads pg_tle, which such a
+        // line would replace): its fast leases are in the unlogged table, its sweep by calls.
+        args.retain(|setting| !setting.starts_with("shared_preload_libraries="));
+    }
     run_script(&args);
     name
 }
@@ -89,6 +94,11 @@ pub fn skipped_on_the_sql_edition(why: &str) -> bool {
     }
     false
 }
+
+/// Why the SQL edition skips the tests of the background worker (shared_preload_libraries=pg_fence).
+pub const WORKER: &str =
+    "the background worker (the sweeper, guard_timeout) needs pg_fence's library preloaded; \
+     the edition's sweep is fence.sweep() by pg_cron, and each grant's of its own key";
 
 /// Why the SQL edition skips the tests of a guard in a subtransaction that rolls back.
 pub const GUARD_IN_SUBTRANSACTION: &str = "its guard lock is PostgreSQL's pg_advisory_xact_lock_shared, which a rolled-back \
