@@ -86,8 +86,6 @@ COMMENT ON FUNCTION fence.require_writable(text) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.reserve_fast_fence(bigint,timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.touch_slot_0(text) IS
-    'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.reset_floor() IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.seconds_since(timestamp with time zone,double precision,double precision) IS

@@ -668,16 +668,19 @@ $$;
 -- leaves no row):
 --   - locks every row of the key that the snapshot shows, in both tables, FOR SHARE: PostgreSQL
 --     refuses (40001) to lock a row changed or deleted after the snapshot;
---   - inserts slot 0 of the key into both tables ON CONFLICT DO NOTHING: PostgreSQL refuses (40001)
---     when the row in the way was inserted after the snapshot. A row of another slot is inserted
---     only while slot 0 is held (slots are taken lowest first), and its grant touches the row
---     holding slot 0 (fence.touch_slot_0), so the lock above sees that too;
---   - with `high_water`, the same for fence.high_water: a row of the key inserted and deleted again
---     after the snapshot left nothing else behind, and a grant's fence must be above it.
+--   - inserts the key's slots 0 to one above the highest it sees into both tables ON CONFLICT DO
+--     NOTHING: PostgreSQL refuses (40001) when a row in the way was inserted after the snapshot. A
+--     grant takes the lowest free slot (src/leases/state/slots.rs), so a row inserted since at a
+--     higher slot found every lower one held: the lowest such slot is at most one above the
+--     highest the snapshot shows, unless a row inserted since was deleted again since;
+--   - with `high_water`, the same for fence.high_water, which every deletion of a row raises: that
+--     case, and a grant's fence, which must be above the mark.
 -- Under READ COMMITTED every statement reads the latest committed state: nothing to check.
 CREATE FUNCTION fence.require_latest(key text, high_water boolean) RETURNS void
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    top integer;
 BEGIN
     IF current_setting('transaction_isolation') = 'read committed' THEN
         RETURN;
@@ -685,10 +688,12 @@ BEGIN
     BEGIN
         PERFORM FROM fence.lease_state s WHERE s.key = require_latest.key FOR SHARE;
         PERFORM FROM fence.fast_lease_state s WHERE s.key = require_latest.key FOR SHARE;
+        top := greatest((SELECT max(s.slot) FROM fence.lease_state s WHERE s.key = require_latest.key),
+                        (SELECT max(s.slot) FROM fence.fast_lease_state s WHERE s.key = require_latest.key));
         INSERT INTO fence.lease_state (key, slot, fence, owner, acquired_at, expires_at)
-        VALUES (key, 0, 0, '', now(), now()) ON CONFLICT DO NOTHING;
+        SELECT key, n, 0, '', now(), now() FROM generate_series(0, coalesce(top, -1) + 1) n ON CONFLICT DO NOTHING;
         INSERT INTO fence.fast_lease_state (key, slot, fence, owner, acquired_at, expires_at)
-        VALUES (key, 0, 0, '', now(), now()) ON CONFLICT DO NOTHING;
+        SELECT key, n, 0, '', now(), now() FROM generate_series(0, coalesce(top, -1) + 1) n ON CONFLICT DO NOTHING;
         IF high_water THEN
             PERFORM FROM fence.high_water h FOR SHARE;
             INSERT INTO fence.high_water (one, fence) VALUES (true, 0) ON CONFLICT DO NOTHING;
@@ -709,15 +714,6 @@ BEGIN
                       HINT = 'Under REPEATABLE READ or SERIALIZABLE it checks the key''s rows with row locks: call it in a read-write transaction, or in READ COMMITTED.';
     END;
 END
-$$;
-
--- A grant that inserted the row of slot `slot` > 0 touches the row holding slot 0 (live, in either
--- table), so that a REPEATABLE READ snapshot taken before sees the key changed (fence.require_latest).
-CREATE FUNCTION fence.touch_slot_0(key text) RETURNS void
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
-AS $$
-    UPDATE fence.lease_state s SET slot = 0 WHERE s.key = touch_slot_0.key AND s.slot = 0;
-    UPDATE fence.fast_lease_state s SET slot = 0 WHERE s.key = touch_slot_0.key AND s.slot = 0;
 $$;
 
 -- sql/edition/fences.sql
@@ -820,7 +816,6 @@ DECLARE
     floor bigint;
     tok uuid := coalesce(token, gen_random_uuid());
     hash bytea := sha256(uuid_send(coalesce(token, tok)));
-    inserted boolean := false;
     spid integer;
     sid bigint;
     lease fence.lease;
@@ -876,7 +871,6 @@ BEGIN
                         now + ttl * interval '1 microsecond', spid, sid)
                 ON CONFLICT DO NOTHING
                 RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
-                inserted := lease IS NOT NULL;
             END IF;
         ELSE
             UPDATE fence.fast_lease_state s
@@ -900,14 +894,10 @@ BEGIN
                         now + ttl * interval '1 microsecond', spid, sid)
                 ON CONFLICT DO NOTHING
                 RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
-                inserted := lease IS NOT NULL;
             END IF;
         END IF;
         IF lease IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
-        END IF;
-        IF inserted AND grant_slot > 0 THEN
-            PERFORM fence.touch_slot_0(key);
         END IF;
         PERFORM fence.end_unreleased(key, now, durable, grant_slot);
         PERFORM fence.sweep_key(key, now, durable, grant_slot);
@@ -2751,8 +2741,6 @@ COMMENT ON FUNCTION fence.require_read_committed() IS
 COMMENT ON FUNCTION fence.require_writable(text) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.reserve_fast_fence(bigint,timestamp with time zone) IS
-    'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence.touch_slot_0(text) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence.reset_floor() IS
     'pg_fence internal (SQL edition); not part of the API';
