@@ -32,7 +32,7 @@ AS $$
 DECLARE
     lease fence.lease;
 BEGIN
-    SELECT ROW(key, r.owner, r.fence, token, r.acquired_at, r.expires_at)::fence.lease INTO lease
+    SELECT key, r.owner, r.fence, token, r.acquired_at, r.expires_at INTO lease
       FROM fence_internal.key_rows(key, clock_timestamp()) r
      WHERE r.live AND r.token_hash = sha256(uuid_send(token)) AND (lease_held_with.durable IS NULL OR r.durable = lease_held_with.durable)
      ORDER BY r.durable
@@ -138,6 +138,14 @@ DECLARE
     rows fence.key_row[];
     sleep_until timestamptz;
     lease fence.lease;
+    -- The wait is counted on a clock of its own, as the extension counts it on the monotonic one: a
+    -- step of the wall clock while it waits neither stretches nor shortens it (fence_internal.seconds_since).
+    budget float8 := extract(epoch FROM until - clock_timestamp());
+    spent float8 := 0;
+    last timestamptz := clock_timestamp();
+    nap float8;
+    gone_seen timestamptz;  -- when this waiter first saw a holder's session gone (unrecorded)
+    gone_delay bigint;
 BEGIN
     IF session_bound THEN
         PERFORM fence_internal.hold_session_lock();
@@ -145,8 +153,10 @@ BEGIN
     BEGIN
         PERFORM pg_advisory_lock_shared(candidate);
         standing := true;
-        in_room := fence_internal.session_lock_until(room, until);
-        WHILE in_room AND clock_timestamp() < until LOOP
+        in_room := fence_internal.session_lock_until(room, clock_timestamp() + budget * interval '1 second');
+        spent := spent + fence_internal.seconds_since(last, 0, budget + 1);
+        last := clock_timestamp();
+        WHILE in_room AND spent < budget LOOP
             IF token IS NOT NULL THEN
                 lease := fence_internal.lease_held_with(key, token, durable);
                 EXIT WHEN lease IS NOT NULL;
@@ -160,8 +170,24 @@ BEGIN
                 PERFORM pg_advisory_unlock(room);
                 in_room := false;
                 PERFORM pg_sleep(0.01);
-                in_room := fence_internal.session_lock_until(room, until);
+                in_room := fence_internal.session_lock_until(room, clock_timestamp() + (budget - spent) * interval '1 second');
+                spent := spent + fence_internal.seconds_since(last, 0.01, budget - spent + 1);
+                last := clock_timestamp();
                 CONTINUE;
+            END IF;
+            -- A lock-delay after a session's end counts from this waiter's first sight of it, as in
+            -- the extension: once passed, the end is recorded as of then, and the grant goes on.
+            gone_delay := (SELECT max(r.lock_delay) FROM unnest(rows) r WHERE r.session_gone AND r.expires_at > now AND r.lock_delay > 0);
+            IF gone_delay IS NOT NULL THEN
+                gone_seen := coalesce(gone_seen, now);
+                IF now < gone_seen + gone_delay * interval '1 microsecond' THEN
+                    PERFORM pg_sleep(greatest(0, least(0.01, budget - spent)));
+                    spent := spent + fence_internal.seconds_since(last, greatest(0, least(0.01, budget - spent)), 1.01);
+                    last := clock_timestamp();
+                    CONTINUE;
+                END IF;
+                PERFORM fence_internal.record_session_ends(key, gone_seen);
+                rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, now) r);
             END IF;
             sleep_until := fence_internal.held_back_until(rows, now);
             IF sleep_until IS NULL AND fence_internal.slot_for(shared, permits, rows) IS NULL THEN
@@ -169,11 +195,14 @@ BEGIN
             END IF;
             IF sleep_until IS NULL THEN
                 lease := fence_internal.try_grant(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay,
-                                         NULL, until, false);
+                                         NULL, clock_timestamp() + (budget - spent) * interval '1 second', false);
                 EXIT WHEN lease IS NOT NULL;
                 sleep_until := now;
             END IF;
-            PERFORM pg_sleep(greatest(0, least(0.01, extract(epoch FROM least(sleep_until, until) - clock_timestamp()))));
+            nap := greatest(0, least(0.01, budget - spent, extract(epoch FROM sleep_until - clock_timestamp())));
+            PERFORM pg_sleep(nap);
+            spent := spent + fence_internal.seconds_since(last, nap, nap + 1);
+            last := clock_timestamp();
         END LOOP;
         IF in_room THEN
             PERFORM pg_advisory_unlock(room);
@@ -190,6 +219,33 @@ BEGIN
         RAISE;
     END;
 END
+$$;
+
+-- Records the end of the key's leases whose session is gone, as of `at` (a waiter's first sight).
+CREATE FUNCTION fence_internal.record_session_ends(key text, at timestamptz) RETURNS void
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE fence.lease_state s
+       SET token_hash = NULL, expires_at = least(s.expires_at, at), ended_hash = s.token_hash, ended_fence = s.fence,
+           ended_at = least(s.expires_at, at),
+           ended_reason = CASE WHEN s.expires_at > at THEN 'session_ended' ELSE 'expired' END
+     WHERE s.key = record_session_ends.key AND s.token_hash IS NOT NULL AND s.session_id IS NOT NULL
+       AND NOT coalesce(fence.holder_alive(s.session_pid, s.session_id), false);
+    UPDATE fence.fast_lease_state s
+       SET token_hash = NULL, expires_at = least(s.expires_at, at), ended_hash = s.token_hash, ended_fence = s.fence,
+           ended_at = least(s.expires_at, at),
+           ended_reason = CASE WHEN s.expires_at > at THEN 'session_ended' ELSE 'expired' END
+     WHERE s.key = record_session_ends.key AND s.token_hash IS NOT NULL AND s.session_id IS NOT NULL
+       AND NOT coalesce(fence.holder_alive(s.session_pid, s.session_id), false);
+$$;
+
+-- Seconds since `last` by the wall clock, when that lies between lo (what surely passed: a sleep's
+-- length) and hi; else the clock stepped, and lo is counted.
+CREATE FUNCTION fence_internal.seconds_since(last timestamptz, lo float8, hi float8) RETURNS float8
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN d BETWEEN lo AND hi THEN d ELSE lo END
+      FROM (SELECT extract(epoch FROM clock_timestamp() - last)::float8 AS d) x
 $$;
 
 -- lease_acquire_any (src/leases/calls/first_free.rs): the first key of `keys`, in the order given,

@@ -18,7 +18,6 @@ DECLARE
     floor bigint;
     tok uuid := coalesce(token, gen_random_uuid());
     hash bytea := sha256(uuid_send(coalesce(token, tok)));
-    inserted boolean := false;
     spid integer;
     sid bigint;
     lease fence.lease;
@@ -74,7 +73,6 @@ BEGIN
                         now + ttl * interval '1 microsecond', spid, sid)
                 ON CONFLICT DO NOTHING
                 RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
-                inserted := lease IS NOT NULL;
             END IF;
         ELSE
             UPDATE fence.fast_lease_state s
@@ -98,16 +96,13 @@ BEGIN
                         now + ttl * interval '1 microsecond', spid, sid)
                 ON CONFLICT DO NOTHING
                 RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
-                inserted := lease IS NOT NULL;
             END IF;
         END IF;
         IF lease IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        IF inserted AND grant_slot > 0 THEN
-            PERFORM fence_internal.touch_slot_0(key);
-        END IF;
         PERFORM fence_internal.end_unreleased(key, now, durable, grant_slot);
+        PERFORM fence_internal.sweep_key(key, now, durable, grant_slot);
         IF durable THEN
             PERFORM fence_internal.require_durable_commit();
         ELSE

@@ -96,15 +96,15 @@ AS $$
 #variable_conflict use_variable
 DECLARE
     tok uuid := coalesce(token, gen_random_uuid());
-    slot integer;
+    handed_slot integer;
     now timestamptz;
     sid bigint;
     lease fence.lease;
 BEGIN
-    SELECT r.slot INTO slot FROM fence_internal.key_rows(key, clock_timestamp()) r
+    SELECT r.slot INTO handed_slot FROM fence_internal.key_rows(key, clock_timestamp()) r
      WHERE r.live AND r.handed_to = owner AND r.durable = claim_handoff.durable AND r.shared = claim_handoff.shared
        AND r.permits = claim_handoff.permits;
-    IF slot IS NULL THEN
+    IF handed_slot IS NULL THEN
         RETURN NULL;
     END IF;
     PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
@@ -117,7 +117,7 @@ BEGIN
            SET token_hash = sha256(uuid_send(tok)), expires_at = now + ttl * interval '1 microsecond',
                session_pid = CASE WHEN session_bound THEN pg_backend_pid() END, session_id = sid,
                lock_delay = claim_handoff.lock_delay, handed_to = NULL
-         WHERE s.key = claim_handoff.key AND s.slot = slot AND s.handed_to = owner AND s.expires_at > now
+         WHERE s.key = claim_handoff.key AND s.slot = handed_slot AND s.handed_to = owner AND s.expires_at > now
         RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
         PERFORM fence_internal.require_durable_commit();
     ELSE
@@ -125,7 +125,7 @@ BEGIN
            SET token_hash = sha256(uuid_send(tok)), expires_at = now + ttl * interval '1 microsecond',
                session_pid = CASE WHEN session_bound THEN pg_backend_pid() END, session_id = sid,
                lock_delay = claim_handoff.lock_delay, handed_to = NULL
-         WHERE s.key = claim_handoff.key AND s.slot = slot AND s.handed_to = owner AND s.expires_at > now
+         WHERE s.key = claim_handoff.key AND s.slot = handed_slot AND s.handed_to = owner AND s.expires_at > now
         RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
     END IF;
     RETURN lease;

@@ -76,6 +76,8 @@ COMMENT ON FUNCTION fence_internal.renew_checked(text,uuid,bigint) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.require_durable_commit() IS
     'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.record_session_ends(text,timestamp with time zone) IS
+    'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.require_latest(text,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.require_read_committed() IS
@@ -84,9 +86,9 @@ COMMENT ON FUNCTION fence_internal.require_writable(text) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.reserve_fast_fence(bigint,timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence_internal.touch_slot_0(text) IS
-    'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.reset_floor() IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.seconds_since(timestamp with time zone,double precision,double precision) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.session_lock_until(bigint,timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
@@ -97,6 +99,8 @@ COMMENT ON FUNCTION fence_internal.setting(text) IS
 COMMENT ON FUNCTION fence_internal.slot_for(boolean,integer,fence.key_row[]) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.someone_waiting(text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.sweep_key(text,timestamp with time zone,boolean,integer) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.target_table(text,oid) IS
     'pg_fence internal (SQL edition); not part of the API';

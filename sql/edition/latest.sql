@@ -8,16 +8,19 @@
 -- leaves no row):
 --   - locks every row of the key that the snapshot shows, in both tables, FOR SHARE: PostgreSQL
 --     refuses (40001) to lock a row changed or deleted after the snapshot;
---   - inserts slot 0 of the key into both tables ON CONFLICT DO NOTHING: PostgreSQL refuses (40001)
---     when the row in the way was inserted after the snapshot. A row of another slot is inserted
---     only while slot 0 is held (slots are taken lowest first), and its grant touches the row
---     holding slot 0 (fence_internal.touch_slot_0), so the lock above sees that too;
---   - with `high_water`, the same for fence.high_water: a row of the key inserted and deleted again
---     after the snapshot left nothing else behind, and a grant's fence must be above it.
+--   - inserts the key's slots 0 to one above the highest it sees into both tables ON CONFLICT DO
+--     NOTHING: PostgreSQL refuses (40001) when a row in the way was inserted after the snapshot. A
+--     grant takes the lowest free slot (src/leases/state/slots.rs), so a row inserted since at a
+--     higher slot found every lower one held: the lowest such slot is at most one above the
+--     highest the snapshot shows, unless a row inserted since was deleted again since;
+--   - with `high_water`, the same for fence.high_water, which every deletion of a row raises: that
+--     case, and a grant's fence, which must be above the mark.
 -- Under READ COMMITTED every statement reads the latest committed state: nothing to check.
 CREATE FUNCTION fence_internal.require_latest(key text, high_water boolean) RETURNS void
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    top integer;
 BEGIN
     IF current_setting('transaction_isolation') = 'read committed' THEN
         RETURN;
@@ -25,10 +28,12 @@ BEGIN
     BEGIN
         PERFORM FROM fence.lease_state s WHERE s.key = require_latest.key FOR SHARE;
         PERFORM FROM fence.fast_lease_state s WHERE s.key = require_latest.key FOR SHARE;
+        top := greatest((SELECT max(s.slot) FROM fence.lease_state s WHERE s.key = require_latest.key),
+                        (SELECT max(s.slot) FROM fence.fast_lease_state s WHERE s.key = require_latest.key));
         INSERT INTO fence.lease_state (key, slot, fence, owner, acquired_at, expires_at)
-        VALUES (key, 0, 0, '', now(), now()) ON CONFLICT DO NOTHING;
+        SELECT key, n, 0, '', now(), now() FROM generate_series(0, coalesce(top, -1) + 1) n ON CONFLICT DO NOTHING;
         INSERT INTO fence.fast_lease_state (key, slot, fence, owner, acquired_at, expires_at)
-        VALUES (key, 0, 0, '', now(), now()) ON CONFLICT DO NOTHING;
+        SELECT key, n, 0, '', now(), now() FROM generate_series(0, coalesce(top, -1) + 1) n ON CONFLICT DO NOTHING;
         IF high_water THEN
             PERFORM FROM fence.high_water h FOR SHARE;
             INSERT INTO fence.high_water (one, fence) VALUES (true, 0) ON CONFLICT DO NOTHING;
@@ -49,13 +54,4 @@ BEGIN
                       HINT = 'Under REPEATABLE READ or SERIALIZABLE it checks the key''s rows with row locks: call it in a read-write transaction, or in READ COMMITTED.';
     END;
 END
-$$;
-
--- A grant that inserted the row of slot `slot` > 0 touches the row holding slot 0 (live, in either
--- table), so that a REPEATABLE READ snapshot taken before sees the key changed (fence_internal.require_latest).
-CREATE FUNCTION fence_internal.touch_slot_0(key text) RETURNS void
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
-AS $$
-    UPDATE fence.lease_state s SET slot = 0 WHERE s.key = touch_slot_0.key AND s.slot = 0;
-    UPDATE fence.fast_lease_state s SET slot = 0 WHERE s.key = touch_slot_0.key AND s.slot = 0;
 $$;

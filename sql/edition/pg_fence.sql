@@ -590,9 +590,22 @@ CREATE TYPE fence.key_row AS (
     handed_to    text
 );
 
+-- (A standby cannot read the unlogged table, whose rows it never has: there it reads the durable one
+-- only. PL/pgSQL, so that the other statement is never planned.)
 CREATE FUNCTION fence_internal.key_rows(key text, now timestamptz) RETURNS SETOF fence.key_row
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RETURN QUERY
+        SELECT true, r.slot, r.fence, r.owner, r.token_hash, r.acquired_at, r.expires_at,
+               r.session_pid, r.session_id, r.shared, r.permits,
+               (r.token_hash IS NOT NULL AND r.expires_at > now), false,  -- the primary's sessions unseen
+               r.lock_delay, r.ended_hash, r.ended_fence, r.ended_at, r.ended_reason, r.handed_to
+          FROM fence.lease_state r WHERE r.key = key_rows.key;
+        RETURN;
+    END IF;
+    RETURN QUERY
     SELECT r.durable, r.slot, r.fence, r.owner, r.token_hash, r.acquired_at, r.expires_at,
            r.session_pid, r.session_id, r.shared, r.permits,
            (r.token_hash IS NOT NULL AND r.expires_at > now AND NOT r.gone),
@@ -602,7 +615,8 @@ AS $$
                          AND NOT coalesce(fence.holder_alive(s.session_pid, s.session_id), false)) AS gone
               FROM (SELECT true AS durable, * FROM fence.lease_state WHERE lease_state.key = key_rows.key
                     UNION ALL
-                    SELECT false, * FROM fence.fast_lease_state WHERE fast_lease_state.key = key_rows.key) s) r
+                    SELECT false, * FROM fence.fast_lease_state WHERE fast_lease_state.key = key_rows.key) s) r;
+END
 $$;
 
 -- Until when a lock-delay holds a grant of the key back at `now` (src/leases/state/ended.rs), or
@@ -645,6 +659,8 @@ $$;
 
 -- The guard locks a grant into `slot` waits for (src/leases/state/slots.rs): the slot's own, and
 -- those of every ended holder of another mode; sorted, so every grant takes them in one order.
+-- (A parameter is named with the function's name wherever a column of r has its name: in an SQL
+-- function the column would win.)
 CREATE FUNCTION fence_internal.guard_lock_name(shared boolean, slot integer) RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$ SELECT CASE WHEN shared THEN 'guard:shared' ELSE 'guard:' || slot END $$;
@@ -656,24 +672,33 @@ AS $$
     SELECT coalesce(array_agg(DISTINCT l ORDER BY l), '{}')
       FROM (SELECT fence_internal.guard_lock_name(r.shared, r.slot) AS l
               FROM unnest(rows) r
-             WHERE NOT r.live AND (r.shared, r.permits) IS DISTINCT FROM (shared, CASE WHEN shared THEN r.permits ELSE permits END)
-                   AND NOT (r.shared AND shared)
+             WHERE NOT r.live
+                   AND (r.shared, r.permits) IS DISTINCT FROM
+                       (locks_to_wait_for.shared,
+                        CASE WHEN locks_to_wait_for.shared THEN r.permits ELSE locks_to_wait_for.permits END)
+                   AND NOT (r.shared AND locks_to_wait_for.shared)
             UNION ALL
             SELECT fence_internal.guard_lock_name(false, slot) WHERE NOT shared) l
 $$;
 
--- The fast leases' rows for view fence.leases (sql/leases.sql).
+-- The fast leases' rows for view fence.leases (sql/leases.sql); none on a standby.
 CREATE FUNCTION fence.fast_lease_rows()
 RETURNS TABLE (key text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
                session_pid integer, live boolean, shared boolean, permits integer)
-LANGUAGE sql STABLE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
     SELECT f.key, f.owner, f.fence, f.acquired_at, f.expires_at, f.session_pid,
            f.token_hash IS NOT NULL AND f.expires_at > clock_timestamp()
            AND (f.session_id IS NULL OR coalesce(fence.holder_alive(f.session_pid, f.session_id), false)),
            f.shared, f.permits
       FROM fence.fast_lease_state f
-     WHERE f.key <> ''
+     WHERE f.key <> '';
+END
 $$;
 
 -- sql/edition/latest.sql
@@ -687,16 +712,19 @@ $$;
 -- leaves no row):
 --   - locks every row of the key that the snapshot shows, in both tables, FOR SHARE: PostgreSQL
 --     refuses (40001) to lock a row changed or deleted after the snapshot;
---   - inserts slot 0 of the key into both tables ON CONFLICT DO NOTHING: PostgreSQL refuses (40001)
---     when the row in the way was inserted after the snapshot. A row of another slot is inserted
---     only while slot 0 is held (slots are taken lowest first), and its grant touches the row
---     holding slot 0 (fence_internal.touch_slot_0), so the lock above sees that too;
---   - with `high_water`, the same for fence.high_water: a row of the key inserted and deleted again
---     after the snapshot left nothing else behind, and a grant's fence must be above it.
+--   - inserts the key's slots 0 to one above the highest it sees into both tables ON CONFLICT DO
+--     NOTHING: PostgreSQL refuses (40001) when a row in the way was inserted after the snapshot. A
+--     grant takes the lowest free slot (src/leases/state/slots.rs), so a row inserted since at a
+--     higher slot found every lower one held: the lowest such slot is at most one above the
+--     highest the snapshot shows, unless a row inserted since was deleted again since;
+--   - with `high_water`, the same for fence.high_water, which every deletion of a row raises: that
+--     case, and a grant's fence, which must be above the mark.
 -- Under READ COMMITTED every statement reads the latest committed state: nothing to check.
 CREATE FUNCTION fence_internal.require_latest(key text, high_water boolean) RETURNS void
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    top integer;
 BEGIN
     IF current_setting('transaction_isolation') = 'read committed' THEN
         RETURN;
@@ -704,10 +732,12 @@ BEGIN
     BEGIN
         PERFORM FROM fence.lease_state s WHERE s.key = require_latest.key FOR SHARE;
         PERFORM FROM fence.fast_lease_state s WHERE s.key = require_latest.key FOR SHARE;
+        top := greatest((SELECT max(s.slot) FROM fence.lease_state s WHERE s.key = require_latest.key),
+                        (SELECT max(s.slot) FROM fence.fast_lease_state s WHERE s.key = require_latest.key));
         INSERT INTO fence.lease_state (key, slot, fence, owner, acquired_at, expires_at)
-        VALUES (key, 0, 0, '', now(), now()) ON CONFLICT DO NOTHING;
+        SELECT key, n, 0, '', now(), now() FROM generate_series(0, coalesce(top, -1) + 1) n ON CONFLICT DO NOTHING;
         INSERT INTO fence.fast_lease_state (key, slot, fence, owner, acquired_at, expires_at)
-        VALUES (key, 0, 0, '', now(), now()) ON CONFLICT DO NOTHING;
+        SELECT key, n, 0, '', now(), now() FROM generate_series(0, coalesce(top, -1) + 1) n ON CONFLICT DO NOTHING;
         IF high_water THEN
             PERFORM FROM fence.high_water h FOR SHARE;
             INSERT INTO fence.high_water (one, fence) VALUES (true, 0) ON CONFLICT DO NOTHING;
@@ -728,15 +758,6 @@ BEGIN
                       HINT = 'Under REPEATABLE READ or SERIALIZABLE it checks the key''s rows with row locks: call it in a read-write transaction, or in READ COMMITTED.';
     END;
 END
-$$;
-
--- A grant that inserted the row of slot `slot` > 0 touches the row holding slot 0 (live, in either
--- table), so that a REPEATABLE READ snapshot taken before sees the key changed (fence_internal.require_latest).
-CREATE FUNCTION fence_internal.touch_slot_0(key text) RETURNS void
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
-AS $$
-    UPDATE fence.lease_state s SET slot = 0 WHERE s.key = touch_slot_0.key AND s.slot = 0;
-    UPDATE fence.fast_lease_state s SET slot = 0 WHERE s.key = touch_slot_0.key AND s.slot = 0;
 $$;
 
 -- sql/edition/fences.sql
@@ -839,7 +860,6 @@ DECLARE
     floor bigint;
     tok uuid := coalesce(token, gen_random_uuid());
     hash bytea := sha256(uuid_send(coalesce(token, tok)));
-    inserted boolean := false;
     spid integer;
     sid bigint;
     lease fence.lease;
@@ -895,7 +915,6 @@ BEGIN
                         now + ttl * interval '1 microsecond', spid, sid)
                 ON CONFLICT DO NOTHING
                 RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
-                inserted := lease IS NOT NULL;
             END IF;
         ELSE
             UPDATE fence.fast_lease_state s
@@ -919,16 +938,13 @@ BEGIN
                         now + ttl * interval '1 microsecond', spid, sid)
                 ON CONFLICT DO NOTHING
                 RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
-                inserted := lease IS NOT NULL;
             END IF;
         END IF;
         IF lease IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        IF inserted AND grant_slot > 0 THEN
-            PERFORM fence_internal.touch_slot_0(key);
-        END IF;
         PERFORM fence_internal.end_unreleased(key, now, durable, grant_slot);
+        PERFORM fence_internal.sweep_key(key, now, durable, grant_slot);
         IF durable THEN
             PERFORM fence_internal.require_durable_commit();
         ELSE
@@ -1063,15 +1079,15 @@ AS $$
 #variable_conflict use_variable
 DECLARE
     tok uuid := coalesce(token, gen_random_uuid());
-    slot integer;
+    handed_slot integer;
     now timestamptz;
     sid bigint;
     lease fence.lease;
 BEGIN
-    SELECT r.slot INTO slot FROM fence_internal.key_rows(key, clock_timestamp()) r
+    SELECT r.slot INTO handed_slot FROM fence_internal.key_rows(key, clock_timestamp()) r
      WHERE r.live AND r.handed_to = owner AND r.durable = claim_handoff.durable AND r.shared = claim_handoff.shared
        AND r.permits = claim_handoff.permits;
-    IF slot IS NULL THEN
+    IF handed_slot IS NULL THEN
         RETURN NULL;
     END IF;
     PERFORM pg_advisory_xact_lock(fence_internal.lock_id('change', key));
@@ -1084,7 +1100,7 @@ BEGIN
            SET token_hash = sha256(uuid_send(tok)), expires_at = now + ttl * interval '1 microsecond',
                session_pid = CASE WHEN session_bound THEN pg_backend_pid() END, session_id = sid,
                lock_delay = claim_handoff.lock_delay, handed_to = NULL
-         WHERE s.key = claim_handoff.key AND s.slot = slot AND s.handed_to = owner AND s.expires_at > now
+         WHERE s.key = claim_handoff.key AND s.slot = handed_slot AND s.handed_to = owner AND s.expires_at > now
         RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
         PERFORM fence_internal.require_durable_commit();
     ELSE
@@ -1092,7 +1108,7 @@ BEGIN
            SET token_hash = sha256(uuid_send(tok)), expires_at = now + ttl * interval '1 microsecond',
                session_pid = CASE WHEN session_bound THEN pg_backend_pid() END, session_id = sid,
                lock_delay = claim_handoff.lock_delay, handed_to = NULL
-         WHERE s.key = claim_handoff.key AND s.slot = slot AND s.handed_to = owner AND s.expires_at > now
+         WHERE s.key = claim_handoff.key AND s.slot = handed_slot AND s.handed_to = owner AND s.expires_at > now
         RETURNING s.key, s.owner, s.fence, tok::uuid, s.acquired_at, s.expires_at INTO lease;
     END IF;
     RETURN lease;
@@ -1134,7 +1150,7 @@ AS $$
 DECLARE
     lease fence.lease;
 BEGIN
-    SELECT ROW(key, r.owner, r.fence, token, r.acquired_at, r.expires_at)::fence.lease INTO lease
+    SELECT key, r.owner, r.fence, token, r.acquired_at, r.expires_at INTO lease
       FROM fence_internal.key_rows(key, clock_timestamp()) r
      WHERE r.live AND r.token_hash = sha256(uuid_send(token)) AND (lease_held_with.durable IS NULL OR r.durable = lease_held_with.durable)
      ORDER BY r.durable
@@ -1240,6 +1256,14 @@ DECLARE
     rows fence.key_row[];
     sleep_until timestamptz;
     lease fence.lease;
+    -- The wait is counted on a clock of its own, as the extension counts it on the monotonic one: a
+    -- step of the wall clock while it waits neither stretches nor shortens it (fence_internal.seconds_since).
+    budget float8 := extract(epoch FROM until - clock_timestamp());
+    spent float8 := 0;
+    last timestamptz := clock_timestamp();
+    nap float8;
+    gone_seen timestamptz;  -- when this waiter first saw a holder's session gone (unrecorded)
+    gone_delay bigint;
 BEGIN
     IF session_bound THEN
         PERFORM fence_internal.hold_session_lock();
@@ -1247,8 +1271,10 @@ BEGIN
     BEGIN
         PERFORM pg_advisory_lock_shared(candidate);
         standing := true;
-        in_room := fence_internal.session_lock_until(room, until);
-        WHILE in_room AND clock_timestamp() < until LOOP
+        in_room := fence_internal.session_lock_until(room, clock_timestamp() + budget * interval '1 second');
+        spent := spent + fence_internal.seconds_since(last, 0, budget + 1);
+        last := clock_timestamp();
+        WHILE in_room AND spent < budget LOOP
             IF token IS NOT NULL THEN
                 lease := fence_internal.lease_held_with(key, token, durable);
                 EXIT WHEN lease IS NOT NULL;
@@ -1262,8 +1288,24 @@ BEGIN
                 PERFORM pg_advisory_unlock(room);
                 in_room := false;
                 PERFORM pg_sleep(0.01);
-                in_room := fence_internal.session_lock_until(room, until);
+                in_room := fence_internal.session_lock_until(room, clock_timestamp() + (budget - spent) * interval '1 second');
+                spent := spent + fence_internal.seconds_since(last, 0.01, budget - spent + 1);
+                last := clock_timestamp();
                 CONTINUE;
+            END IF;
+            -- A lock-delay after a session's end counts from this waiter's first sight of it, as in
+            -- the extension: once passed, the end is recorded as of then, and the grant goes on.
+            gone_delay := (SELECT max(r.lock_delay) FROM unnest(rows) r WHERE r.session_gone AND r.expires_at > now AND r.lock_delay > 0);
+            IF gone_delay IS NOT NULL THEN
+                gone_seen := coalesce(gone_seen, now);
+                IF now < gone_seen + gone_delay * interval '1 microsecond' THEN
+                    PERFORM pg_sleep(greatest(0, least(0.01, budget - spent)));
+                    spent := spent + fence_internal.seconds_since(last, greatest(0, least(0.01, budget - spent)), 1.01);
+                    last := clock_timestamp();
+                    CONTINUE;
+                END IF;
+                PERFORM fence_internal.record_session_ends(key, gone_seen);
+                rows := ARRAY(SELECT r FROM fence_internal.key_rows(key, now) r);
             END IF;
             sleep_until := fence_internal.held_back_until(rows, now);
             IF sleep_until IS NULL AND fence_internal.slot_for(shared, permits, rows) IS NULL THEN
@@ -1271,11 +1313,14 @@ BEGIN
             END IF;
             IF sleep_until IS NULL THEN
                 lease := fence_internal.try_grant(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay,
-                                         NULL, until, false);
+                                         NULL, clock_timestamp() + (budget - spent) * interval '1 second', false);
                 EXIT WHEN lease IS NOT NULL;
                 sleep_until := now;
             END IF;
-            PERFORM pg_sleep(greatest(0, least(0.01, extract(epoch FROM least(sleep_until, until) - clock_timestamp()))));
+            nap := greatest(0, least(0.01, budget - spent, extract(epoch FROM sleep_until - clock_timestamp())));
+            PERFORM pg_sleep(nap);
+            spent := spent + fence_internal.seconds_since(last, nap, nap + 1);
+            last := clock_timestamp();
         END LOOP;
         IF in_room THEN
             PERFORM pg_advisory_unlock(room);
@@ -1292,6 +1337,33 @@ BEGIN
         RAISE;
     END;
 END
+$$;
+
+-- Records the end of the key's leases whose session is gone, as of `at` (a waiter's first sight).
+CREATE FUNCTION fence_internal.record_session_ends(key text, at timestamptz) RETURNS void
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE fence.lease_state s
+       SET token_hash = NULL, expires_at = least(s.expires_at, at), ended_hash = s.token_hash, ended_fence = s.fence,
+           ended_at = least(s.expires_at, at),
+           ended_reason = CASE WHEN s.expires_at > at THEN 'session_ended' ELSE 'expired' END
+     WHERE s.key = record_session_ends.key AND s.token_hash IS NOT NULL AND s.session_id IS NOT NULL
+       AND NOT coalesce(fence.holder_alive(s.session_pid, s.session_id), false);
+    UPDATE fence.fast_lease_state s
+       SET token_hash = NULL, expires_at = least(s.expires_at, at), ended_hash = s.token_hash, ended_fence = s.fence,
+           ended_at = least(s.expires_at, at),
+           ended_reason = CASE WHEN s.expires_at > at THEN 'session_ended' ELSE 'expired' END
+     WHERE s.key = record_session_ends.key AND s.token_hash IS NOT NULL AND s.session_id IS NOT NULL
+       AND NOT coalesce(fence.holder_alive(s.session_pid, s.session_id), false);
+$$;
+
+-- Seconds since `last` by the wall clock, when that lies between lo (what surely passed: a sleep's
+-- length) and hi; else the clock stepped, and lo is counted.
+CREATE FUNCTION fence_internal.seconds_since(last timestamptz, lo float8, hi float8) RETURNS float8
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN d BETWEEN lo AND hi THEN d ELSE lo END
+      FROM (SELECT extract(epoch FROM clock_timestamp() - last)::float8 AS d) x
 $$;
 
 -- lease_acquire_any (src/leases/calls/first_free.rs): the first key of `keys`, in the order given,
@@ -1743,6 +1815,9 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE SET search_path = pg_cata
 AS $$
 BEGIN
     PERFORM fence_internal.check_key(key);
+    IF pg_is_in_recovery() THEN  -- a standby has no fast leases (and cannot read their table)
+        RETURN (SELECT max(s.fence) FROM fence.lease_state s WHERE s.key = current_fence.key);
+    END IF;
     RETURN greatest((SELECT max(s.fence) FROM fence.lease_state s WHERE s.key = current_fence.key),
                     (SELECT max(s.fence) FROM fence.fast_lease_state s WHERE s.key = current_fence.key));
 END
@@ -1790,16 +1865,23 @@ $$;
 -- sql/edition/observe.sql
 -- await_change (src/leases/calls/observe.rs): the key's state is its live lease's (fence, owner),
 -- the one with the highest fence, or (NULL, NULL). Returns at once when it differs from the state
--- passed in; otherwise looks again every fence.settings observe_interval (50 ms by default, 10 ms
--- at least: no latch wakes it) until it differs or `timeout` runs out. It writes nothing and
--- takes no lock.
+-- passed in; otherwise looks again every 50 ms (no latch wakes it; every observe_interval when that
+-- is shorter, 10 ms at least) until it differs or `timeout` runs out. It writes nothing. Paced as
+-- the extension's: a session looks at a key no sooner than observe_interval (fence.settings) after
+-- its last answer that told a change of that key (kept in the session's setting fence.observe_told,
+-- by the key's lock id). PL/pgSQL keeps the AccessShareLock of every table it read until the
+-- transaction ends: a waiting observer holds up DDL on them (DROP EXTENSION included).
 CREATE FUNCTION fence.await_change(key text, seen_fence bigint, seen_owner text, timeout interval)
 RETURNS TABLE (fence bigint, owner text, live boolean, acquired_at timestamptz, expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER PARALLEL UNSAFE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     until timestamptz;
-    pace float8 := greatest(0.01, extract(epoch FROM fence_internal.setting('observe_interval')::interval)::float8);
+    interval_s float8 := extract(epoch FROM fence_internal.setting('observe_interval')::interval)::float8;
+    pace float8 := greatest(0.01, least(0.05, interval_s));
+    told jsonb := coalesce(nullif(current_setting('fence.observe_told', true), ''), '{}')::jsonb;
+    id text;
+    paused_until float8;
     r fence.key_row;
 BEGIN
     PERFORM fence_internal.check_key(key);
@@ -1811,12 +1893,25 @@ BEGIN
         RAISE EXCEPTION 'await_change cannot wait in a REPEATABLE READ or SERIALIZABLE transaction'
             USING ERRCODE = '0A000', HINT = 'Call it with a timeout in a READ COMMITTED transaction (the default), ideally on its own.';
     END IF;
+    id := fence_internal.lock_id('observe', key)::text;
+    paused_until := (told ->> id)::float8 + interval_s;
+    WHILE paused_until > extract(epoch FROM clock_timestamp()) AND clock_timestamp() < until LOOP
+        PERFORM pg_sleep(least(paused_until - extract(epoch FROM clock_timestamp()),
+                               extract(epoch FROM until - clock_timestamp())));
+    END LOOP;
     LOOP
         r := NULL;
         SELECT * INTO r FROM fence_internal.key_rows(key, clock_timestamp()) x WHERE x.live ORDER BY x.fence DESC LIMIT 1;
         IF (r.fence, r.owner) IS DISTINCT FROM (seen_fence, seen_owner) OR clock_timestamp() >= until THEN
             fence := r.fence; owner := r.owner; live := r.fence IS NOT NULL;
             acquired_at := r.acquired_at; expires_at := r.expires_at;
+            IF (r.fence, r.owner) IS DISTINCT FROM (seen_fence, seen_owner) AND interval_s > 0 THEN
+                -- remembered for the pace; the entries whose pause is over are dropped
+                told := (SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}') FROM jsonb_each(told) e
+                          WHERE (e.value #>> '{}')::float8 + interval_s > extract(epoch FROM clock_timestamp()))
+                        || jsonb_build_object(id, extract(epoch FROM clock_timestamp())::float8);
+                PERFORM set_config('fence.observe_told', told::text, false);
+            END IF;
             RETURN NEXT;
             RETURN;
         END IF;
@@ -2258,6 +2353,14 @@ BEGIN
         format('SELECT pg_catalog.array_agg(v) FROM (SELECT t.%s::pg_catalog.int8 AS v FROM %s AS t WHERE %s LIMIT 2 FOR UPDATE) x',
                col, table_name, where_sql),
         true, path, changes, filter, NULL)).answer;
+    IF found IS NULL THEN
+        -- The row it waited for may have been deleted and inserted again meanwhile, which the lock
+        -- does not follow: a look with a new snapshot (READ COMMITTED) finds it (src/writes/occ.rs).
+        found := (fence_internal.run_as_caller(
+            format('SELECT pg_catalog.array_agg(v) FROM (SELECT t.%s::pg_catalog.int8 AS v FROM %s AS t WHERE %s LIMIT 2 FOR UPDATE) x',
+                   col, table_name, where_sql),
+            true, path, changes, filter, NULL)).answer;
+    END IF;
     IF cardinality(found) > 1 THEN
         RAISE EXCEPTION 'the filter matches more than one row of %; versioned_update changes exactly one', table_name
             USING ERRCODE = '21000', HINT = 'Filter on a unique key, such as the primary key.';
@@ -2405,6 +2508,41 @@ BEGIN
     EXCEPTION WHEN SQLSTATE 'PFZ02' THEN
         RETURN true;
     END;
+END
+$$;
+
+-- The sweep of one key, done by each grant of it (the issue asks grants to sweep): the key's rows
+-- other than the one just granted whose lease ended more than retain_ended ago, whose lock-delay
+-- has passed and under which no writer's transaction is open, are deleted, the high-water mark
+-- raised to their fences in the same transaction. (Expired rows the grant marked ended itself,
+-- fence_internal.end_unreleased.) The grant holds the key's change lock: no other grant of the key runs.
+CREATE FUNCTION fence_internal.sweep_key(key text, now timestamptz, granted_durable boolean, granted_slot integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    retain interval := fence_internal.setting('retain_ended')::interval;
+    top bigint;
+BEGIN
+    WITH d AS (
+        DELETE FROM fence.lease_state s
+         WHERE s.key = sweep_key.key AND NOT (granted_durable AND s.slot = granted_slot)
+           AND s.token_hash IS NULL AND s.expires_at <= now - retain
+           AND s.expires_at + s.lock_delay * interval '1 microsecond' <= now
+           AND fence_internal.writers_done(s.key, s.shared, s.slot)
+        RETURNING s.fence),
+    f AS (
+        DELETE FROM fence.fast_lease_state s
+         WHERE s.key = sweep_key.key AND NOT (NOT granted_durable AND s.slot = granted_slot)
+           AND s.token_hash IS NULL AND s.expires_at <= now - retain
+           AND s.expires_at + s.lock_delay * interval '1 microsecond' <= now
+           AND fence_internal.writers_done(s.key, s.shared, s.slot)
+        RETURNING s.fence)
+    SELECT max(x.fence) INTO top FROM (SELECT fence FROM d UNION ALL SELECT fence FROM f) x;
+    IF top IS NOT NULL THEN
+        INSERT INTO fence.high_water AS h (one, fence) VALUES (true, top)
+        ON CONFLICT (one) DO UPDATE SET fence = greatest(h.fence, excluded.fence);
+    END IF;
 END
 $$;
 
@@ -2770,6 +2908,8 @@ COMMENT ON FUNCTION fence_internal.renew_checked(text,uuid,bigint) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.require_durable_commit() IS
     'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.record_session_ends(text,timestamp with time zone) IS
+    'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.require_latest(text,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.require_read_committed() IS
@@ -2778,9 +2918,9 @@ COMMENT ON FUNCTION fence_internal.require_writable(text) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.reserve_fast_fence(bigint,timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
-COMMENT ON FUNCTION fence_internal.touch_slot_0(text) IS
-    'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.reset_floor() IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.seconds_since(timestamp with time zone,double precision,double precision) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.session_lock_until(bigint,timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
@@ -2791,6 +2931,8 @@ COMMENT ON FUNCTION fence_internal.setting(text) IS
 COMMENT ON FUNCTION fence_internal.slot_for(boolean,integer,fence.key_row[]) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.someone_waiting(text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.sweep_key(text,timestamp with time zone,boolean,integer) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.target_table(text,oid) IS
     'pg_fence internal (SQL edition); not part of the API';

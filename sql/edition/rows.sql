@@ -24,9 +24,22 @@ CREATE TYPE fence.key_row AS (
     handed_to    text
 );
 
+-- (A standby cannot read the unlogged table, whose rows it never has: there it reads the durable one
+-- only. PL/pgSQL, so that the other statement is never planned.)
 CREATE FUNCTION fence_internal.key_rows(key text, now timestamptz) RETURNS SETOF fence.key_row
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RETURN QUERY
+        SELECT true, r.slot, r.fence, r.owner, r.token_hash, r.acquired_at, r.expires_at,
+               r.session_pid, r.session_id, r.shared, r.permits,
+               (r.token_hash IS NOT NULL AND r.expires_at > now), false,  -- the primary's sessions unseen
+               r.lock_delay, r.ended_hash, r.ended_fence, r.ended_at, r.ended_reason, r.handed_to
+          FROM fence.lease_state r WHERE r.key = key_rows.key;
+        RETURN;
+    END IF;
+    RETURN QUERY
     SELECT r.durable, r.slot, r.fence, r.owner, r.token_hash, r.acquired_at, r.expires_at,
            r.session_pid, r.session_id, r.shared, r.permits,
            (r.token_hash IS NOT NULL AND r.expires_at > now AND NOT r.gone),
@@ -36,7 +49,8 @@ AS $$
                          AND NOT coalesce(fence.holder_alive(s.session_pid, s.session_id), false)) AS gone
               FROM (SELECT true AS durable, * FROM fence.lease_state WHERE lease_state.key = key_rows.key
                     UNION ALL
-                    SELECT false, * FROM fence.fast_lease_state WHERE fast_lease_state.key = key_rows.key) s) r
+                    SELECT false, * FROM fence.fast_lease_state WHERE fast_lease_state.key = key_rows.key) s) r;
+END
 $$;
 
 -- Until when a lock-delay holds a grant of the key back at `now` (src/leases/state/ended.rs), or
@@ -79,6 +93,8 @@ $$;
 
 -- The guard locks a grant into `slot` waits for (src/leases/state/slots.rs): the slot's own, and
 -- those of every ended holder of another mode; sorted, so every grant takes them in one order.
+-- (A parameter is named with the function's name wherever a column of r has its name: in an SQL
+-- function the column would win.)
 CREATE FUNCTION fence_internal.guard_lock_name(shared boolean, slot integer) RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$ SELECT CASE WHEN shared THEN 'guard:shared' ELSE 'guard:' || slot END $$;
@@ -90,22 +106,31 @@ AS $$
     SELECT coalesce(array_agg(DISTINCT l ORDER BY l), '{}')
       FROM (SELECT fence_internal.guard_lock_name(r.shared, r.slot) AS l
               FROM unnest(rows) r
-             WHERE NOT r.live AND (r.shared, r.permits) IS DISTINCT FROM (shared, CASE WHEN shared THEN r.permits ELSE permits END)
-                   AND NOT (r.shared AND shared)
+             WHERE NOT r.live
+                   AND (r.shared, r.permits) IS DISTINCT FROM
+                       (locks_to_wait_for.shared,
+                        CASE WHEN locks_to_wait_for.shared THEN r.permits ELSE locks_to_wait_for.permits END)
+                   AND NOT (r.shared AND locks_to_wait_for.shared)
             UNION ALL
             SELECT fence_internal.guard_lock_name(false, slot) WHERE NOT shared) l
 $$;
 
--- The fast leases' rows for view fence.leases (sql/leases.sql).
+-- The fast leases' rows for view fence.leases (sql/leases.sql); none on a standby.
 CREATE FUNCTION fence.fast_lease_rows()
 RETURNS TABLE (key text, owner text, fence bigint, acquired_at timestamptz, expires_at timestamptz,
                session_pid integer, live boolean, shared boolean, permits integer)
-LANGUAGE sql STABLE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+LANGUAGE plpgsql STABLE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
     SELECT f.key, f.owner, f.fence, f.acquired_at, f.expires_at, f.session_pid,
            f.token_hash IS NOT NULL AND f.expires_at > clock_timestamp()
            AND (f.session_id IS NULL OR coalesce(fence.holder_alive(f.session_pid, f.session_id), false)),
            f.shared, f.permits
       FROM fence.fast_lease_state f
-     WHERE f.key <> ''
+     WHERE f.key <> '';
+END
 $$;

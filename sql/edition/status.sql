@@ -5,6 +5,9 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER PARALLEL SAFE SET search_path = pg_cata
 AS $$
 BEGIN
     PERFORM fence_internal.check_key(key);
+    IF pg_is_in_recovery() THEN  -- a standby has no fast leases (and cannot read their table)
+        RETURN (SELECT max(s.fence) FROM fence.lease_state s WHERE s.key = current_fence.key);
+    END IF;
     RETURN greatest((SELECT max(s.fence) FROM fence.lease_state s WHERE s.key = current_fence.key),
                     (SELECT max(s.fence) FROM fence.fast_lease_state s WHERE s.key = current_fence.key));
 END

@@ -114,3 +114,38 @@ BEGIN
     END;
 END
 $$;
+
+-- The sweep of one key, done by each grant of it (the issue asks grants to sweep): the key's rows
+-- other than the one just granted whose lease ended more than retain_ended ago, whose lock-delay
+-- has passed and under which no writer's transaction is open, are deleted, the high-water mark
+-- raised to their fences in the same transaction. (Expired rows the grant marked ended itself,
+-- fence_internal.end_unreleased.) The grant holds the key's change lock: no other grant of the key runs.
+CREATE FUNCTION fence_internal.sweep_key(key text, now timestamptz, granted_durable boolean, granted_slot integer)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    retain interval := fence_internal.setting('retain_ended')::interval;
+    top bigint;
+BEGIN
+    WITH d AS (
+        DELETE FROM fence.lease_state s
+         WHERE s.key = sweep_key.key AND NOT (granted_durable AND s.slot = granted_slot)
+           AND s.token_hash IS NULL AND s.expires_at <= now - retain
+           AND s.expires_at + s.lock_delay * interval '1 microsecond' <= now
+           AND fence_internal.writers_done(s.key, s.shared, s.slot)
+        RETURNING s.fence),
+    f AS (
+        DELETE FROM fence.fast_lease_state s
+         WHERE s.key = sweep_key.key AND NOT (NOT granted_durable AND s.slot = granted_slot)
+           AND s.token_hash IS NULL AND s.expires_at <= now - retain
+           AND s.expires_at + s.lock_delay * interval '1 microsecond' <= now
+           AND fence_internal.writers_done(s.key, s.shared, s.slot)
+        RETURNING s.fence)
+    SELECT max(x.fence) INTO top FROM (SELECT fence FROM d UNION ALL SELECT fence FROM f) x;
+    IF top IS NOT NULL THEN
+        INSERT INTO fence.high_water AS h (one, fence) VALUES (true, top)
+        ON CONFLICT (one) DO UPDATE SET fence = greatest(h.fence, excluded.fence);
+    END IF;
+END
+$$;

@@ -430,6 +430,14 @@ BEGIN
         format('SELECT pg_catalog.array_agg(v) FROM (SELECT t.%s::pg_catalog.int8 AS v FROM %s AS t WHERE %s LIMIT 2 FOR UPDATE) x',
                col, table_name, where_sql),
         true, path, changes, filter, NULL)).answer;
+    IF found IS NULL THEN
+        -- The row it waited for may have been deleted and inserted again meanwhile, which the lock
+        -- does not follow: a look with a new snapshot (READ COMMITTED) finds it (src/writes/occ.rs).
+        found := (fence_internal.run_as_caller(
+            format('SELECT pg_catalog.array_agg(v) FROM (SELECT t.%s::pg_catalog.int8 AS v FROM %s AS t WHERE %s LIMIT 2 FOR UPDATE) x',
+                   col, table_name, where_sql),
+            true, path, changes, filter, NULL)).answer;
+    END IF;
     IF cardinality(found) > 1 THEN
         RAISE EXCEPTION 'the filter matches more than one row of %; versioned_update changes exactly one', table_name
             USING ERRCODE = '21000', HINT = 'Filter on a unique key, such as the primary key.';

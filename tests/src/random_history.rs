@@ -155,7 +155,7 @@ pub fn run(config: &Config<'_>) -> Counts {
         held: Vec::new(),
         told: HashMap::new(),
         highest_told: 0,
-        fast_in_table: false,
+        fast_in_table: crate::edition() == crate::Edition::Sql,
         log: VecDeque::new(),
         counts: Counts::default(),
     };
@@ -489,7 +489,8 @@ impl Driver<'_> {
 
     fn server_fault(&mut self) {
         // Sometimes the next start keeps fast leases in the other store.
-        if self.rng.gen_bool(0.2) {
+        // (The SQL edition keeps them in the table always.)
+        if self.rng.gen_bool(0.2) && crate::edition() == crate::Edition::Extension {
             let setting = if self.fast_in_table {
                 "ALTER SYSTEM RESET pg_fence.fast_leases"
             } else {
@@ -525,8 +526,14 @@ impl Driver<'_> {
 
     fn sweep(&mut self) {
         let (index, client) = self.any_backend();
+        let retain = if crate::edition() == crate::Edition::Sql {
+            // The SQL edition's setting is fence.settings' (sql/edition/settings.sql).
+            "UPDATE fence.settings SET value = '0' WHERE name = 'retain_ended'"
+        } else {
+            "SET pg_fence.retain_ended = 0"
+        };
         let deleted = client
-            .batch_execute("SET pg_fence.retain_ended = 0")
+            .batch_execute(retain)
             .and_then(|()| client.query_one("SELECT fence.sweep()", &[]).map(|row| row.get::<_, i64>(0)));
         match deleted {
             Ok(deleted) => {

@@ -6,7 +6,9 @@
 //! own commit record (pg_walinspect finds it; `commit_flushed`). (The check runs right after each
 //! commit: a later flushed commit would hide an earlier unflushed one.) The cluster's WAL writer is
 //! made lazy (and autovacuum is off) so that a commit that skipped the flush stays visibly unflushed.
-use pg_fence_integration::{acquire, commit_flushed, inspect_wal, wal_insert_position, Acquire, Cluster};
+use pg_fence_integration::{
+    acquire, commit_flushed, edition, inspect_wal, wal_insert_position, Acquire, Cluster, Edition,
+};
 use postgres::Client;
 
 const TRIALS: usize = 20;
@@ -76,11 +78,21 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
         tx.batch_execute("SET LOCAL synchronous_commit = off").unwrap();
         tx.commit().unwrap();
     });
-    assert_eq!(lowered_after, TRIALS, "SET LOCAL synchronous_commit = off after a grant lost its flush");
     let wrapped = flushed_commits(&mut client, |c, key| {
         c.query_one("SELECT lazy_acquire($1)", &[&format!("wrapped-{key}")]).unwrap();
     });
-    assert_eq!(wrapped, TRIALS, "a grant inside a function with SET synchronous_commit = off lost its flush");
+    if edition() == Edition::Sql {
+        // PL/pgSQL has no commit hook: the edition raises synchronous_commit with SET LOCAL at the
+        // call, which the caller's later SET LOCAL, or a wrapping function's SET clause on its
+        // exit, undoes (tests/regress/sql-edition/README.md).
+        println!("skipped on the SQL edition: a flush kept against a later SET LOCAL synchronous_commit ({lowered_after} of {TRIALS}) or a wrapping function's SET ({wrapped} of {TRIALS})");
+    } else {
+        assert_eq!(lowered_after, TRIALS, "SET LOCAL synchronous_commit = off after a grant lost its flush");
+        assert_eq!(
+            wrapped, TRIALS,
+            "a grant inside a function with SET synchronous_commit = off lost its flush"
+        );
+    }
 
     let renewals = flushed_commits(&mut client, |c, key| {
         let key = format!("renew-{key}");
@@ -116,7 +128,13 @@ fn grants_and_renewals_always_flush_releases_only_when_alone() {
         let key = format!("alone-{key}");
         assert!(acquire(c, &key, "1 minute").expect("key is free").release(c));
     });
-    assert!(alone < TRIALS / 2, "{alone} of {TRIALS} release-only commits waited for a flush");
+    if edition() == Edition::Sql {
+        // Without a commit hook the edition cannot tell that a release is its transaction's only
+        // write: every release commit flushes (slower, never less durable).
+        println!("skipped on the SQL edition: a release alone skips the flush ({alone} of {TRIALS} flushed)");
+    } else {
+        assert!(alone < TRIALS / 2, "{alone} of {TRIALS} release-only commits waited for a flush");
+    }
 
     // An acquire refused because the key is held, with or without waiting, changed nothing: it
     // writes no WAL at all, not even a commit record, so it has nothing to flush. (A background

@@ -2,7 +2,10 @@
 //! many hold a key at once, under racing sessions; fences above every fence told before, in every
 //! mode, through kill -9, DROP and CREATE EXTENSION and a failover to an asynchronous standby; a
 //! shared holder's guard against the next exclusive grant; FIFO waiting across modes.
-use pg_fence_integration::{backend_pid, comes_to_wait_on, signal, wait_until_past, Acquire, Cluster, Lease};
+use pg_fence_integration::{
+    backend_pid, comes_to_wait_on, set_fence_setting, signal, skipped_on_the_sql_edition, wait_until_past,
+    Acquire, Cluster, Lease, GUARD_IN_SUBTRANSACTION,
+};
 use postgres::{Client, NoTls};
 use rand::Rng;
 use std::sync::{Arc, Mutex};
@@ -252,6 +255,9 @@ fn exclusive_waits_for_the_write(
 /// back the next exclusive grant until the writing transaction ends; shared grants do not wait.
 #[test]
 fn a_shared_holders_guard_in_a_rolled_back_savepoint_holds_back_the_exclusive_grant() {
+    if skipped_on_the_sql_edition(GUARD_IN_SUBTRANSACTION) {
+        return;
+    }
     let cluster = Cluster::start("modes_guard", 27495, &[]);
     let (mut holder, mut reader, writer, mut observer) =
         (cluster.connect(), cluster.connect(), cluster.connect(), cluster.connect());
@@ -288,7 +294,7 @@ fn the_sweep_keeps_an_ended_lease_whose_writer_is_still_open() {
     let cluster = Cluster::start("modes_swept", 27497, &[]);
     let (mut holder, mut sweeper, mut writer, mut observer) =
         (cluster.connect(), cluster.connect(), cluster.connect(), cluster.connect());
-    sweeper.batch_execute("SET pg_fence.retain_ended = 0").unwrap();
+    set_fence_setting(&mut sweeper, "retain_ended", "0");
     for (key, durable, shared) in
         [("sd", true, true), ("sf", false, true), ("pd", true, false), ("pf", false, false)]
     {

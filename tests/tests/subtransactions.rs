@@ -1,7 +1,9 @@
 //! Invariant 3 under subtransactions: a guard taken inside a subtransaction that rolls back (ROLLBACK
 //! TO SAVEPOINT, or a PL/pgSQL EXCEPTION block that caught an error) still holds back the key's next
 //! grant until the top-level transaction ends, because the writes made after it are made under it.
-use pg_fence_integration::{acquire, wait_until_past, Acquire, Cluster, Lease};
+use pg_fence_integration::{
+    acquire, skipped_on_the_sql_edition, wait_until_past, Acquire, Cluster, Lease, GUARD_IN_SUBTRANSACTION,
+};
 
 const SETUP: &str = "
     CREATE TABLE resource (id int PRIMARY KEY, value text, last_fence bigint);
@@ -41,6 +43,9 @@ fn assert_grant_waits_for(cluster: &Cluster, mut writer: postgres::Transaction, 
 
 #[test]
 fn a_guard_rolled_back_to_a_savepoint_still_holds_back_the_next_grant() {
+    if skipped_on_the_sql_edition(GUARD_IN_SUBTRANSACTION) {
+        return;
+    }
     let cluster = Cluster::start("guard_savepoint", 26412, &[]);
     let mut client = cluster.connect();
     client.batch_execute(SETUP).unwrap();
@@ -56,6 +61,9 @@ fn a_guard_rolled_back_to_a_savepoint_still_holds_back_the_next_grant() {
 
 #[test]
 fn a_guard_in_an_exception_block_still_holds_back_the_next_grant() {
+    if skipped_on_the_sql_edition(GUARD_IN_SUBTRANSACTION) {
+        return;
+    }
     let cluster = Cluster::start("guard_exception", 26413, &[]);
     let mut client = cluster.connect();
     client.batch_execute(SETUP).unwrap();

@@ -3,7 +3,7 @@
 //! order, a wait ends with NULL at its deadline, and cancel or statement_timeout end a wait leaving
 //! nothing behind.
 use pg_fence_integration::{
-    acquire, backend_pid, eventually, signal, sqlstate, wait_event, Acquire, Cluster, Lease,
+    acquire, backend_pid, edition, eventually, signal, sqlstate, wait_event, Acquire, Cluster, Edition, Lease,
 };
 use postgres::Client;
 use std::thread::{self, JoinHandle};
@@ -38,10 +38,12 @@ fn queued(observer: &mut Client, pid: i32) -> bool {
 }
 
 /// pg_fence's advisory locks (key, waiting room, session) held or awaited by `pid`.
+/// (The SQL edition's are advisory locks on one bigint, objsubid 1: sql/edition/locks.sql.)
 fn fence_locks(observer: &mut Client, pid: i32) -> i64 {
+    let classes = if edition() == Edition::Sql { "objsubid = 1" } else { "objsubid BETWEEN 28774 AND 28776" };
     observer
         .query_one(
-            "SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND objsubid BETWEEN 28774 AND 28776",
+            &format!("SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND {classes}"),
             &[&pid],
         )
         .unwrap()
@@ -359,4 +361,38 @@ fn a_cancelled_wait_carries_no_rust_backtrace() {
     let db = err.as_db_error().expect("a server error");
     let said = format!("{:?} {:?} {:?}", db.message(), db.detail(), db.hint());
     assert!(!said.contains("backtrace") && !said.contains("::"), "the error carries Rust internals: {said}");
+}
+
+/// kill -9 of a waiting acquirer, the head of the line with another queued behind it: the crash
+/// recovery that follows ends every session; then nothing was granted to either, no lock of
+/// theirs is left, and the key's line works: the next waiter is granted at the holder's release.
+#[test]
+fn kill_9_of_a_waiting_acquirer_leaves_nothing_granted_and_no_stuck_line() {
+    let cluster = Cluster::start("wait_kill_9", 26712, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let held = acquire(&mut holder, "k9", "1 hour").expect("the key is free");
+    let (head_pid, head) = waiter(&cluster, "k9", "1 minute");
+    assert!(eventually(GENEROUS, || sleeping(&mut observer, head_pid)), "the head never waited");
+    let (behind_pid, behind) = waiter(&cluster, "k9", "1 minute");
+    assert!(eventually(GENEROUS, || queued(&mut observer, behind_pid)), "the second never queued");
+    signal(head_pid as u32, "-KILL");
+    // Both waiters' connections end with the crash recovery (their threads panic on it).
+    let (_, _) = (head.join(), behind.join());
+    cluster.wait_until_ready();
+    let mut client = cluster.connect();
+    let leases: Vec<(i64, bool)> = client
+        .query("SELECT fence, live FROM fence.leases WHERE key = 'k9'", &[])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(leases, [(held.fence, true)], "the holder's lease only");
+    let locks: i64 =
+        client.query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'", &[]).unwrap().get(0);
+    assert_eq!(locks, 0, "a killed waiter's lock outlived it");
+    let (next_pid, next) = waiter(&cluster, "k9", "1 minute");
+    assert!(eventually(GENEROUS, || sleeping(&mut client, next_pid)), "the next waiter never waited");
+    assert!(held.release(&mut client));
+    let granted = next.join().unwrap().1.expect("the next waiter is granted at the release");
+    assert!(granted.fence > held.fence);
 }
