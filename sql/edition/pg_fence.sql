@@ -401,15 +401,22 @@ $$;
 CREATE FUNCTION fence_internal.micros(value interval) RETURNS numeric
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT ((extract(year FROM value) * 12 + extract(month FROM value)) * 30 + extract(day FROM value)) * 86400000000
-           + (extract(hour FROM value) * 3600 + extract(minute FROM value) * 60 + extract(second FROM value)) * 1000000
+    -- An infinite interval (PostgreSQL 17 and later) has no hours, minutes or seconds to extract.
+    SELECT CASE WHEN isfinite(value) THEN
+               ((extract(year FROM value) * 12 + extract(month FROM value)) * 30 + extract(day FROM value)) * 86400000000
+               + (extract(hour FROM value) * 3600 + extract(minute FROM value) * 60 + extract(second FROM value)) * 1000000
+           WHEN value > interval '0' THEN 'Infinity'::numeric
+           ELSE '-Infinity'::numeric END
 $$;
 
 CREATE FUNCTION fence_internal.is_infinite(value interval) RETURNS boolean
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT abs(extract(year FROM value) * 12 + extract(month FROM value)) = 2147483647
-           AND abs(extract(day FROM value)) = 2147483647
+    -- PostgreSQL 17 and later have infinite intervals (isfinite says so; -infinity is caught as not
+    -- positive, as the extension does); before, the extreme months and days stand for them.
+    SELECT (NOT isfinite(value) AND value > interval '0')
+           OR (abs(extract(year FROM value) * 12 + extract(month FROM value)) = 2147483647
+               AND abs(extract(day FROM value)) = 2147483647)
 $$;
 
 CREATE FUNCTION fence_internal.check_ttl(ttl interval) RETURNS bigint
