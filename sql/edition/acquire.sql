@@ -210,10 +210,12 @@ BEGIN
         PERFORM pg_advisory_unlock_shared(candidate);
         RETURN lease;
     EXCEPTION WHEN query_canceled OR others THEN
-        IF in_room THEN
+        -- PostgreSQL may grant a lock at the moment a cancel or a timeout ends its wait, and a
+        -- session-level lock outlives the rollback: whatever pg_locks says this session holds goes.
+        IF in_room OR fence_internal.lock_held_by_me(room, 'ExclusiveLock') THEN
             PERFORM pg_advisory_unlock(room);
         END IF;
-        IF standing THEN
+        IF standing OR fence_internal.lock_held_by_me(candidate, 'ShareLock') THEN
             PERFORM pg_advisory_unlock_shared(candidate);
         END IF;
         RAISE;

@@ -50,6 +50,10 @@ COMMENT ON FUNCTION fence_internal.lease_held_with(text,uuid,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.lock_held_by_me(bigint,text) IS
     'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.lock_held_by(integer,bigint,text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.session_lock_id(integer,bytea) IS
+    'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.lock_id(text,text) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.lock_until(bigint,boolean,timestamp with time zone) IS

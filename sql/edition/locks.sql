@@ -92,20 +92,28 @@ BEGIN
         PERFORM set_config('lock_timeout', users_ms::text, true);
         RETURN true;
     EXCEPTION WHEN lock_not_available THEN
-        RETURN false;
+        -- PostgreSQL may grant the lock as lock_timeout ends the wait: a session-level lock outlives
+        -- the rollback, so the caller holds it (and must give it back) when pg_locks says so.
+        RETURN fence_internal.lock_held_by_me(id, 'ExclusiveLock');
     END;
 END
 $$;
 
--- Whether this backend holds the advisory lock `id` in `mode` (NULL: any), at session or
--- transaction level: its own locks never conflict with a probe, so it asks pg_locks.
-CREATE FUNCTION fence_internal.lock_held_by_me(id bigint, mode text) RETURNS boolean
+-- Whether backend `pid` holds the advisory lock `id` in `mode` (NULL: any), granted, at session or
+-- transaction level, as pg_locks shows it: what no other backend can fake by queueing on the lock.
+CREATE FUNCTION fence_internal.lock_held_by(pid integer, id bigint, mode text) RETURNS boolean
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (SELECT FROM pg_locks l
-                    WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted
+                    WHERE l.locktype = 'advisory' AND l.pid = lock_held_by.pid AND l.granted
                       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                       AND l.classid = ((id >> 32) & 4294967295)::text::oid
                       AND l.objid = (id & 4294967295)::text::oid AND l.objsubid = 1
-                      AND (lock_held_by_me.mode IS NULL OR l.mode = lock_held_by_me.mode))
+                      AND (lock_held_by.mode IS NULL OR l.mode = lock_held_by.mode))
 $$;
+
+-- Whether this backend holds the advisory lock `id` in `mode` (NULL: any): its own locks never
+-- conflict with a probe, so it asks pg_locks.
+CREATE FUNCTION fence_internal.lock_held_by_me(id bigint, mode text) RETURNS boolean
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT fence_internal.lock_held_by(pg_backend_pid(), id, mode) $$;

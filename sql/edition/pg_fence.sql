@@ -302,47 +302,61 @@ BEGIN
         PERFORM set_config('lock_timeout', users_ms::text, true);
         RETURN true;
     EXCEPTION WHEN lock_not_available THEN
-        RETURN false;
+        -- PostgreSQL may grant the lock as lock_timeout ends the wait: a session-level lock outlives
+        -- the rollback, so the caller holds it (and must give it back) when pg_locks says so.
+        RETURN fence_internal.lock_held_by_me(id, 'ExclusiveLock');
     END;
 END
 $$;
 
--- Whether this backend holds the advisory lock `id` in `mode` (NULL: any), at session or
--- transaction level: its own locks never conflict with a probe, so it asks pg_locks.
-CREATE FUNCTION fence_internal.lock_held_by_me(id bigint, mode text) RETURNS boolean
+-- Whether backend `pid` holds the advisory lock `id` in `mode` (NULL: any), granted, at session or
+-- transaction level, as pg_locks shows it: what no other backend can fake by queueing on the lock.
+CREATE FUNCTION fence_internal.lock_held_by(pid integer, id bigint, mode text) RETURNS boolean
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT EXISTS (SELECT FROM pg_locks l
-                    WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted
+                    WHERE l.locktype = 'advisory' AND l.pid = lock_held_by.pid AND l.granted
                       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                       AND l.classid = ((id >> 32) & 4294967295)::text::oid
                       AND l.objid = (id & 4294967295)::text::oid AND l.objsubid = 1
-                      AND (lock_held_by_me.mode IS NULL OR l.mode = lock_held_by_me.mode))
+                      AND (lock_held_by.mode IS NULL OR l.mode = lock_held_by.mode))
 $$;
+
+-- Whether this backend holds the advisory lock `id` in `mode` (NULL: any): its own locks never
+-- conflict with a probe, so it asks pg_locks.
+CREATE FUNCTION fence_internal.lock_held_by_me(id bigint, mode text) RETURNS boolean
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT fence_internal.lock_held_by(pg_backend_pid(), id, mode) $$;
 
 -- sql/edition/sessions.sql
 -- Session-bound leases (src/leases/line/sessions.rs): the holder's backend keeps a session-level
--- advisory lock on a random id, which the lease row records with its pid (session_pid,
+-- advisory lock on an id of its own, which the lease row records with its pid (session_pid,
 -- session_id); PostgreSQL drops it when the session ends, however it ends. "Is the holder's session
--- alive?" is "is that lock still held?", which any role can ask without waiting: a shared try-lock
--- that succeeds (and is given back at once) finds it orphaned. No pg_stat_activity is read, whose
--- backend_start PostgreSQL hides from roles without pg_read_all_stats. The id is drawn at random
--- (so it cannot be guessed and taken first) and kept in the session's setting fence.session_lock;
--- pg_advisory_unlock_all() and DISCARD ALL drop the lock, and the next session-bound grant draws a
--- new one, so the leases that lock kept stay ended.
+-- alive?" is "does pg_locks show backend session_pid holding that lock, granted?", which any role can
+-- ask without waiting, and which nobody can fake: another backend that queued on the id and took it
+-- when the holder died holds it under its own pid. No pg_stat_activity is read, whose backend_start
+-- PostgreSQL hides from roles without pg_read_all_stats. The id is 4 random bytes (so it cannot be
+-- guessed and taken first) and 4 bytes of a MAC of them and the pid under the database's secret, and
+-- kept in the session's setting fence.session_lock; a rollback undoes the setting but not the lock,
+-- and the session finds its lock again in pg_locks by its MAC (one lock per session, however many
+-- session-bound grants roll back). pg_advisory_unlock_all() and DISCARD ALL drop the lock, and the
+-- next session-bound grant draws a new one, so the leases that lock kept stay ended.
 CREATE FUNCTION fence.holder_alive(pid integer, id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF pid = pg_backend_pid() THEN
-        RETURN fence_internal.lock_held_by_me(id, 'ExclusiveLock');
-    END IF;
-    IF pg_try_advisory_lock_shared(id) THEN
-        PERFORM pg_advisory_unlock_shared(id);
-        RETURN false;
-    END IF;
-    RETURN true;
+    RETURN fence_internal.lock_held_by(pid, id, 'ExclusiveLock');
 END
+$$;
+
+-- The session lock id of backend `pid` whose random half is `nonce` (4 bytes).
+CREATE FUNCTION fence_internal.session_lock_id(pid integer, nonce bytea) RETURNS bigint
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT ('x' || encode(nonce, 'hex')
+                || encode(substr(sha256(s.secret || convert_to('session', 'UTF8') || '\x00'::bytea
+                                        || convert_to(pid::text, 'UTF8') || '\x00'::bytea || nonce), 1, 4), 'hex'))::bit(64)::bigint
+      FROM fence.lock_secret s
 $$;
 
 -- Makes sure this session holds its session lock; returns its id.
@@ -353,8 +367,20 @@ DECLARE
     id bigint := nullif(current_setting('fence.session_lock', true), '')::bigint;
 BEGIN
     IF id IS NULL OR NOT fence_internal.lock_held_by_me(id, 'ExclusiveLock') THEN
-        id := ('x' || encode(substr(uuid_send(gen_random_uuid()), 1, 8), 'hex'))::bit(64)::bigint;
-        PERFORM pg_advisory_lock(id);
+        -- the lock a rolled-back grant took, if any (its setting rolled back with it)
+        id := (SELECT min(h.id)
+                 FROM (SELECT l.classid, l.objid, ('x' || lpad(to_hex(l.classid::text::bigint), 8, '0')
+                                                        || lpad(to_hex(l.objid::text::bigint), 8, '0'))::bit(64)::bigint AS id
+                         FROM pg_locks l
+                        WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted
+                          AND l.mode = 'ExclusiveLock' AND l.objsubid = 1
+                          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())) h
+                WHERE h.id = fence_internal.session_lock_id(pg_backend_pid(),
+                                                            decode(lpad(to_hex(h.classid::text::bigint), 8, '0'), 'hex')));
+        IF id IS NULL THEN
+            id := fence_internal.session_lock_id(pg_backend_pid(), substr(uuid_send(gen_random_uuid()), 1, 4));
+            PERFORM pg_advisory_lock(id);
+        END IF;
         PERFORM set_config('fence.session_lock', id::text, false);
     END IF;
     RETURN id;
@@ -1335,10 +1361,12 @@ BEGIN
         PERFORM pg_advisory_unlock_shared(candidate);
         RETURN lease;
     EXCEPTION WHEN query_canceled OR others THEN
-        IF in_room THEN
+        -- PostgreSQL may grant a lock at the moment a cancel or a timeout ends its wait, and a
+        -- session-level lock outlives the rollback: whatever pg_locks says this session holds goes.
+        IF in_room OR fence_internal.lock_held_by_me(room, 'ExclusiveLock') THEN
             PERFORM pg_advisory_unlock(room);
         END IF;
-        IF standing THEN
+        IF standing OR fence_internal.lock_held_by_me(candidate, 'ShareLock') THEN
             PERFORM pg_advisory_unlock_shared(candidate);
         END IF;
         RAISE;
@@ -1734,6 +1762,7 @@ DECLARE
     token uuid := gen_random_uuid();
     until timestamptz;
     rooms bigint[] := '{}';
+    every_room bigint[];
     room bigint;
     leases fence.lease[];
 BEGIN
@@ -1754,7 +1783,8 @@ BEGIN
     END IF;
     -- First in line for every key: their waiting rooms, in the keys' order; then a look every 10 ms.
     BEGIN
-        FOREACH room IN ARRAY ARRAY(SELECT fence_internal.lock_id('room', k) FROM unnest(sorted) k) LOOP
+        every_room := ARRAY(SELECT fence_internal.lock_id('room', k) FROM unnest(sorted) k);
+        FOREACH room IN ARRAY every_room LOOP
             EXIT WHEN NOT fence_internal.session_lock_until(room, until);
             rooms := rooms || room;
         END LOOP;
@@ -1765,7 +1795,8 @@ BEGIN
         END LOOP;
         PERFORM pg_advisory_unlock(r) FROM unnest(rooms) r;
     EXCEPTION WHEN query_canceled OR others THEN
-        PERFORM pg_advisory_unlock(r) FROM unnest(rooms) r;
+        -- not `rooms` alone: a room granted as a cancel or a timeout ended its wait is held too
+        PERFORM pg_advisory_unlock(r) FROM unnest(every_room) r WHERE fence_internal.lock_held_by_me(r, 'ExclusiveLock');
         RAISE;
     END;
     RETURN QUERY SELECT * FROM unnest(leases);
@@ -2888,6 +2919,10 @@ COMMENT ON FUNCTION fence_internal.key_rows(text,timestamp with time zone) IS
 COMMENT ON FUNCTION fence_internal.lease_held_with(text,uuid,boolean) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.lock_held_by_me(bigint,text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.lock_held_by(integer,bigint,text) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.session_lock_id(integer,bytea) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.lock_id(text,text) IS
     'pg_fence internal (SQL edition); not part of the API';

@@ -39,6 +39,7 @@ DECLARE
     token uuid := gen_random_uuid();
     until timestamptz;
     rooms bigint[] := '{}';
+    every_room bigint[];
     room bigint;
     leases fence.lease[];
 BEGIN
@@ -59,7 +60,8 @@ BEGIN
     END IF;
     -- First in line for every key: their waiting rooms, in the keys' order; then a look every 10 ms.
     BEGIN
-        FOREACH room IN ARRAY ARRAY(SELECT fence_internal.lock_id('room', k) FROM unnest(sorted) k) LOOP
+        every_room := ARRAY(SELECT fence_internal.lock_id('room', k) FROM unnest(sorted) k);
+        FOREACH room IN ARRAY every_room LOOP
             EXIT WHEN NOT fence_internal.session_lock_until(room, until);
             rooms := rooms || room;
         END LOOP;
@@ -70,7 +72,8 @@ BEGIN
         END LOOP;
         PERFORM pg_advisory_unlock(r) FROM unnest(rooms) r;
     EXCEPTION WHEN query_canceled OR others THEN
-        PERFORM pg_advisory_unlock(r) FROM unnest(rooms) r;
+        -- not `rooms` alone: a room granted as a cancel or a timeout ended its wait is held too
+        PERFORM pg_advisory_unlock(r) FROM unnest(every_room) r WHERE fence_internal.lock_held_by_me(r, 'ExclusiveLock');
         RAISE;
     END;
     RETURN QUERY SELECT * FROM unnest(leases);

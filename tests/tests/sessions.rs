@@ -1,7 +1,9 @@
 //! Session-bound leases, from real clients: the lease ends with the session that took it, however
 //! that session ends, and the next acquirer takes over at once with a higher fence. Plain leases
 //! outlive their sessions.
-use pg_fence_integration::{acquire, backend_pid, comes_to_wait_on, eventually, sqlstate, Acquire, Cluster};
+use pg_fence_integration::{
+    acquire, backend_pid, comes_to_wait_on, edition, eventually, sqlstate, Acquire, Cluster, Edition,
+};
 use postgres::Client;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -105,4 +107,81 @@ fn only_the_end_of_its_session_ends_a_session_bound_lease() {
     assert_eq!(sqlstate(&err), "PF001");
     let err = holder.query_one("SELECT fence.fence_guard('bound', $1)", &[&fence]).unwrap_err();
     assert_eq!(sqlstate(&err), "PF002");
+}
+
+/// A session-bound lease whose session ended is not kept alive by another session that read the
+/// holder's session lock from pg_locks and queued on it (taking it when the holder's session
+/// ended): the key is free for the next acquirer. The extension's session lock is of a class
+/// PostgreSQL's pg_advisory_* cannot reach, so only the SQL edition's can be queued on like that.
+#[test]
+fn a_session_that_queued_on_an_ended_holder_s_lock_does_not_keep_its_lease() {
+    if edition() == Edition::Extension {
+        println!("skipped on the extension: its session lock is not an advisory lock pg_advisory_lock can queue on");
+        return;
+    }
+    let cluster = Cluster::start("session_lock_taken", 26804, &[]);
+    let (mut holder, mut observer, mut thief) = (cluster.connect(), cluster.connect(), cluster.connect());
+    let lease = Acquire::new("taken", "1 hour").session_bound(true).run(&mut holder).unwrap();
+    let pid = backend_pid(&mut holder);
+    let ids: Vec<i64> = observer
+        .query(
+            "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks
+              WHERE locktype = 'advisory' AND objsubid = 1 AND granted AND pid = $1",
+            &[&pid],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(ids.len(), 1, "the holder's session locks: {ids:?}");
+    let thief_pid = backend_pid(&mut thief);
+    let id = ids[0];
+    let queued = thread::spawn(move || {
+        thief.execute("SELECT pg_advisory_lock($1)", &[&id]).unwrap();
+        thief
+    });
+    assert!(comes_to_wait_on(&mut observer, thief_pid, "Lock"));
+    drop(holder);
+    let _thief = queued.join().unwrap();
+    let next = Acquire::new("taken", "1 hour").wait("5 seconds").run(&mut observer);
+    let next = next.expect("a session that took the ended holder's lock kept its lease alive");
+    assert!(next.fence > lease.fence, "fence {} granted after {}", next.fence, lease.fence);
+}
+
+/// Session-bound grants that roll back leave no more behind than one does: the session reuses
+/// one session lock, however many of its transactions that took one roll back.
+#[test]
+fn rolled_back_session_bound_grants_leave_no_lock_each() {
+    let cluster = Cluster::start("session_rollbacks", 26805, &[]);
+    let (mut client, mut observer) = (cluster.connect(), cluster.connect());
+    let pid = backend_pid(&mut client);
+    let held = |observer: &mut Client| -> i64 {
+        observer
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $1",
+                &[&pid],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let mut counts = Vec::new();
+    for n in 0..5 {
+        let mut tx = client.transaction().unwrap();
+        Acquire::new(&format!("rolled-back:{n}"), "1 hour").session_bound(true).run(&mut tx).unwrap();
+        tx.rollback().unwrap();
+        counts.push(held(&mut observer));
+    }
+    assert!(
+        counts.iter().all(|&n| n == counts[0]),
+        "advisory locks held after each rolled-back grant: {counts:?}"
+    );
+    // The lock it keeps still binds the next grant, which ends with the session.
+    let lease = Acquire::new("kept", "1 hour").session_bound(true).run(&mut client).unwrap();
+    assert!(
+        acquire(&mut observer, "kept", "1 hour").is_none(),
+        "a live session-bound lease's key was granted"
+    );
+    drop(client);
+    let next = Acquire::new("kept", "1 hour").wait("5 seconds").run(&mut observer);
+    assert!(next.expect("not granted after the holder's session ended").fence > lease.fence);
 }

@@ -396,3 +396,94 @@ fn kill_9_of_a_waiting_acquirer_leaves_nothing_granted_and_no_stuck_line() {
     let granted = next.join().unwrap().1.expect("the next waiter is granted at the release");
     assert!(granted.fence > held.fence);
 }
+
+/// Inside a statement (its call of lease_acquire).
+fn running(observer: &mut Client, pid: i32) -> bool {
+    let state: Option<String> =
+        observer.query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid]).unwrap().get(0);
+    state.as_deref() == Some("active")
+}
+
+/// Whether the key, freed, is granted to the next acquirer within a few seconds: a waiter that
+/// gave up but kept the key's waiting room would keep it from everyone.
+fn free_for_the_next(cluster: &Cluster, key: &str) -> bool {
+    let mut next = cluster.connect();
+    Acquire::new(key, "1 minute").wait("5 seconds").run(&mut next).is_some()
+}
+
+/// How the second waiter gives up.
+#[derive(Clone, Copy, Debug)]
+enum GivesUp {
+    /// lease_acquire's `wait` runs out: NULL.
+    Wait,
+    /// statement_timeout cancels its call: 57014.
+    StatementTimeout,
+}
+
+/// Two waiters behind a holder: the first, in line first, gives up after 300 ms (its `wait` runs
+/// out) and so lets the second, queued behind it, to the front; the second gives up 0 to 12 ms
+/// after that (by 0.5 ms; PostgreSQL may grant it the key's waiting room as its wait ends). Then
+/// the holder releases, and the next acquirer must get the key: a waiter that gave up but kept the
+/// waiting room would keep the key from everyone as long as its session lives. Many trials.
+fn given_up_as_the_queue_moves(name: &str, port: u16, how: GivesUp) {
+    let cluster = Cluster::start(name, port, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let (mut first, mut second) = (cluster.connect(), cluster.connect());
+    let (first_pid, second_pid) = (backend_pid(&mut first), backend_pid(&mut second));
+    let mut clients = Some((first, second));
+    let started = std::time::Instant::now();
+    for trial in 0..100 {
+        if started.elapsed() > Duration::from_secs(40) {
+            break;
+        }
+        let key = format!("k{trial}");
+        let lease = acquire(&mut holder, &key, "1 minute").unwrap();
+        let (mut first, mut second) = clients.take().unwrap();
+        let first_key = key.clone();
+        let first = thread::spawn(move || {
+            let grant = Acquire::new(&first_key, "1 minute").wait("300 milliseconds").try_run(&mut first);
+            (first, grant.map(|g| g.is_some()).map_err(|err| sqlstate(&err)))
+        });
+        assert!(eventually(GENEROUS, || running(&mut observer, first_pid)));
+        thread::sleep(Duration::from_millis(30));
+        let gives_up = format!("{} microseconds", 270_000 + (trial % 25) * 500);
+        let second_key = key.clone();
+        let second = thread::spawn(move || {
+            let grant = match how {
+                GivesUp::Wait => Acquire::new(&second_key, "1 minute").wait(&gives_up).try_run(&mut second),
+                GivesUp::StatementTimeout => {
+                    let timeout = format!("{}us", 270_000 + (trial % 25) * 500);
+                    second.execute("SELECT set_config('statement_timeout', $1, false)", &[&timeout]).unwrap();
+                    let grant = Acquire::new(&second_key, "1 minute").wait("1 minute").try_run(&mut second);
+                    second.batch_execute("RESET statement_timeout").unwrap();
+                    grant
+                }
+            };
+            (second, grant.map(|g| g.is_some()).map_err(|err| sqlstate(&err)))
+        });
+        let (first, first_result) = first.join().unwrap();
+        let (second, second_result) = second.join().unwrap();
+        assert_eq!(first_result, Ok(false), "trial {trial}: the first waiter");
+        let expected = match how {
+            GivesUp::Wait => Ok(false),
+            GivesUp::StatementTimeout => Err("57014".to_string()),
+        };
+        assert_eq!(second_result, expected, "trial {trial}: the second waiter");
+        assert!(lease.release(&mut holder));
+        assert!(
+            free_for_the_next(&cluster, &key),
+            "trial {trial}: key {key} not granted after its waiters gave up ({how:?}; pids {first_pid}, {second_pid})"
+        );
+        clients = Some((first, second));
+    }
+}
+
+#[test]
+fn a_waiter_timing_out_as_the_queue_moves_leaves_the_key_free() {
+    given_up_as_the_queue_moves("wait_timeout_race", 26714, GivesUp::Wait);
+}
+
+#[test]
+fn a_waiter_cancelled_as_the_queue_moves_leaves_the_key_free() {
+    given_up_as_the_queue_moves("wait_cancel_race", 26713, GivesUp::StatementTimeout);
+}
