@@ -106,9 +106,13 @@ pub const GUARD_IN_SUBTRANSACTION: &str = "its guard lock is PostgreSQL's pg_adv
      ends with the transaction (issue 43 allows it; docs/sql-edition.md says which writes it still protects)";
 
 /// The pg_fence.* settings of postgresql.conf that the SQL edition keeps in table fence.settings
-/// instead (sql/edition/settings.sql), with the unit the extension's setting has.
-const EDITION_SETTINGS: [(&str, &str); 3] =
-    [("pg_fence.max_ttl", "s"), ("pg_fence.retain_ended", "s"), ("pg_fence.observe_interval", "ms")];
+/// instead (sql/edition/settings.sql), with the unit the extension's setting has ("" for a boolean).
+const EDITION_SETTINGS: [(&str, &str); 4] = [
+    ("pg_fence.max_ttl", "s"),
+    ("pg_fence.retain_ended", "s"),
+    ("pg_fence.observe_interval", "ms"),
+    ("pg_fence.notify_keys", ""),
+];
 
 /// On the SQL edition, the settings of `settings` that it keeps in fence.settings, written there
 /// (as fence_admin may): so a test's `pg_fence.retain_ended=0` means the same on both editions.
@@ -116,14 +120,15 @@ fn apply_edition_settings(client: &mut Client, settings: &[String]) {
     for setting in settings {
         let Some((name, value)) = setting.split_once('=') else { continue };
         let Some((_, unit)) = EDITION_SETTINGS.iter().find(|(known, _)| *known == name) else { continue };
-        let value = if value.chars().all(|c| c.is_ascii_digit()) {
+        let value = if !unit.is_empty() && value.chars().all(|c| c.is_ascii_digit()) {
             format!("{value} {unit}")
         } else {
             value.to_owned()
         };
+        let cast = if unit.is_empty() { "$2::text::boolean::text" } else { "$2::text::interval::text" };
         client
             .execute(
-                "UPDATE fence.settings SET value = $2::text::interval::text WHERE name = $1",
+                &format!("UPDATE fence.settings SET value = {cast} WHERE name = $1"),
                 &[&name.trim_start_matches("pg_fence."), &value],
             )
             .unwrap();
@@ -131,7 +136,7 @@ fn apply_edition_settings(client: &mut Client, settings: &[String]) {
 }
 
 /// `SET pg_fence.NAME = 'VALUE'` for this session on the extension; on the SQL edition, which
-/// keeps max_ttl, retain_ended and observe_interval in fence.settings for the whole database, that
+/// keeps max_ttl, retain_ended, observe_interval and notify_keys in fence.settings for the whole database, that
 /// row (the caller must be fence_admin).
 pub fn set_fence_setting(client: &mut Client, name: &str, value: &str) {
     if edition() == Edition::Sql {

@@ -1,6 +1,6 @@
 //! NOTIFY events on channel pg_fence, seen by a LISTENing client: one per lease change, delivered
 //! only when the change commits.
-use pg_fence_integration::{acquire, Cluster};
+use pg_fence_integration::{acquire, edition, set_fence_setting, Cluster, Edition};
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::Client;
 use std::time::Duration;
@@ -36,7 +36,8 @@ fn every_lease_change_is_announced_at_commit() {
     let mut client = cluster.connect();
     acquire(&mut client, "quiet", "1 minute");
     assert!(received(&mut listener).is_empty(), "announced with pg_fence.notify off (the default)");
-    client.batch_execute("SET pg_fence.notify = on; SET pg_fence.notify_keys = on").unwrap();
+    client.batch_execute("SET pg_fence.notify = on").unwrap();
+    set_fence_setting(&mut client, "notify_keys", "on");
 
     let mut tx = client.transaction().unwrap();
     let lease = acquire(&mut tx, "k", "1 minute").expect("the key is free");
@@ -81,9 +82,8 @@ fn every_lease_change_is_announced_at_commit() {
 fn a_forged_event_looks_real_and_fence_leases_tells_the_truth() {
     let cluster = Cluster::start("notify_forged", 26602, &[]);
     let mut admin = cluster.connect();
-    admin
-        .batch_execute("CREATE ROLE forger LOGIN; SET pg_fence.notify = on; SET pg_fence.notify_keys = on")
-        .unwrap();
+    admin.batch_execute("CREATE ROLE forger LOGIN; SET pg_fence.notify = on").unwrap();
+    set_fence_setting(&mut admin, "notify_keys", "on");
     let mut listener = cluster.connect();
     listener.batch_execute("LISTEN pg_fence").unwrap();
     let fence = acquire(&mut admin, "job", "1 minute").expect("the key is free").fence;
@@ -121,6 +121,20 @@ fn events_name_no_key_unless_a_superuser_says_so() {
     let events = received(&mut outsider);
     assert!(events.len() == 1 && events[0].contains(&format!("\"fence\":{fence}")), "{events:?}");
     assert!(!events[0].contains("customer:4711") && !events[0].contains("\"key\""), "{events:?}");
+    if edition() == Edition::Sql {
+        // The SQL edition's notify_keys is fence.settings' row, which only fence_admin may update:
+        // the application's SET makes a placeholder that changes nothing.
+        app.batch_execute("SET pg_fence.notify_keys = on").unwrap();
+        let fence = acquire(&mut app, "customer:4712", "1 minute").expect("the key is free").fence;
+        let events = received(&mut outsider);
+        assert!(events.len() == 1 && events[0].contains(&format!("\"fence\":{fence}")), "{events:?}");
+        assert!(!events[0].contains("\"key\""), "an application turned keys on itself: {events:?}");
+        let err = app
+            .execute("UPDATE fence.settings SET value = 'on' WHERE name = 'notify_keys'", &[])
+            .unwrap_err();
+        assert_eq!(pg_fence_integration::sqlstate(&err), "42501", "an application turned keys on itself");
+        return;
+    }
     let err = app.batch_execute("SET pg_fence.notify_keys = on").unwrap_err();
     assert_eq!(pg_fence_integration::sqlstate(&err), "42501", "an application turned keys on itself");
 }

@@ -7,7 +7,7 @@
 //!
 //! Needs Debian's pgbouncer at /usr/sbin/pgbouncer (pg_test/setup installs it). It refuses to run as
 //! root, so it runs as the postgres user, in the foreground, as a child process killed on drop.
-use pg_fence_integration::{acquire, eventually, sqlstate, Acquire, Cluster};
+use pg_fence_integration::{acquire, eventually, port, sqlstate, Acquire, Cluster};
 use postgres::types::{ToSql, Type};
 use postgres::{Client, NoTls, Row};
 use std::collections::BTreeSet;
@@ -178,7 +178,7 @@ const ROUNDS: i64 = 25;
 #[test]
 fn leases_and_fenced_writes_work_across_pooled_connections() {
     let cluster = Cluster::start("pooler_plain", 27210, &[]);
-    let bouncer = PgBouncer::start("plain", 27210, 27211, POOL_SIZE);
+    let bouncer = PgBouncer::start("plain", cluster.port(), port(27211), POOL_SIZE);
     let mut admin = cluster.connect();
     admin
         .batch_execute(
@@ -262,7 +262,7 @@ fn leases_and_fenced_writes_work_across_pooled_connections() {
 fn a_session_bound_lease_behind_transaction_pooling_ends_with_the_server_connection() {
     let cluster = Cluster::start("pooler_session", 27212, &[]);
     // One server connection, so that every client is served on it.
-    let bouncer = PgBouncer::start("session", 27212, 27213, 1);
+    let bouncer = PgBouncer::start("session", cluster.port(), port(27213), 1);
     let mut admin = cluster.connect();
 
     let mut holder = bouncer.connect();
