@@ -604,7 +604,7 @@ $$;
 -- A key's rows of both lease tables (src/leases/state/rows.rs, found.rs), as the statement reading
 -- them sees them committed: under READ COMMITTED, the latest committed state, as the extension
 -- reads it; under REPEATABLE READ or SERIALIZABLE, the transaction's snapshot, which every call
--- that decides on them first checks is the latest (fence.require_latest, sql/edition/latest.sql).
+-- that decides on them first checks is the latest (fence_internal.require_latest, sql/edition/latest.sql).
 -- `live` is the rule of src/leases/state/liveness.rs.
 CREATE TYPE fence.key_row AS (
     durable      boolean,
