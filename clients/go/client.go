@@ -25,6 +25,9 @@ type Client struct {
 	// leases over (session-bound ones aside); 0: DefaultKeeperConnections. Read when the first
 	// lease is kept.
 	KeeperConnections int
+	// Observer, when set, is told of the client's acquires, renewals, kept leases, losses and
+	// leaderships (for metrics: see the fenceprom package). Set it before the first call.
+	Observer Observer
 
 	keeperOnce sync.Once
 	keeper     *keeper
@@ -59,7 +62,9 @@ func (c *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (
 	opts = opts.withToken()
 	r := c.retry(opts.Wait)
 	r.token = opts.Token
+	start := time.Now()
 	lease, err := on(ctx, r, func(ctx context.Context, q Querier) (*Lease, error) { return Acquire(ctx, q, key, opts) })
+	c.acquired(start, lease != nil, err)
 	if err != nil && ctx.Err() != nil {
 		go c.releaseGivenUp(key, opts.Token, opts.TTL)
 		return nil, context.Cause(ctx)
@@ -98,7 +103,10 @@ func (c *Client) AcquireAll(ctx context.Context, keys []string, opts AcquireOpti
 	}
 	r := c.retry(opts.Wait)
 	r.resend = false
-	return on(ctx, r, func(ctx context.Context, q Querier) (*LeaseSet, error) { return AcquireAll(ctx, q, keys, opts) })
+	start := time.Now()
+	set, err := on(ctx, r, func(ctx context.Context, q Querier) (*LeaseSet, error) { return AcquireAll(ctx, q, keys, opts) })
+	c.acquired(start, set != nil, err)
+	return set, err
 }
 
 // Renew is the one-statement Renew, retried; its *LeaseLostError says why (lease_status).

@@ -198,6 +198,9 @@ func (e *Elector) elected(ctx context.Context, kept *KeptLease) *Leadership {
 	e.mu.Lock()
 	e.leadership = l
 	e.mu.Unlock()
+	if obs := e.observer(); obs != nil {
+		obs.LeadershipGained(e.cfg.Key)
+	}
 	go l.watch(ctx)
 	if start := e.cfg.Callbacks.OnStartedLeading; start != nil {
 		go start(l.ctx)
@@ -359,6 +362,9 @@ func (l *Leadership) watch(ctx context.Context) {
 	l.mu.Lock()
 	l.reason = reason
 	l.mu.Unlock()
+	if obs := l.elector.observer(); obs != nil {
+		obs.LeadershipLost(l.elector.cfg.Key)
+	}
 	close(l.telling)
 	if stopped := l.elector.cfg.Callbacks.OnStoppedLeading; stopped != nil {
 		stopped()
@@ -505,4 +511,12 @@ func (l *Leadership) Resign(ctx context.Context) (bool, error) {
 		<-l.stopped
 	}
 	return released, err
+}
+
+// observer is the client's Observer; nil for none (or no client, in the package's own tests).
+func (e *Elector) observer() Observer {
+	if e.client == nil {
+		return nil
+	}
+	return e.client.Observer
 }

@@ -121,6 +121,9 @@ type KeptLease struct {
 	sent      time.Time
 	deadline  time.Time
 	abandoned bool // stopped without a release: handed off, or left to expire
+	// startTold: the observer was told the lease is kept; endTold: that it ended (or it never
+	// will be, when the start failed).
+	startTold, endTold bool
 
 	// renewing is held around each renewal; an elector's proclaim and hand-off take it too. A
 	// channel, not a mutex: the keeper waits for it only until the deadline, so that a proclaim
@@ -167,6 +170,7 @@ func (c *Client) Hold(ctx context.Context, key string, opts HoldOptions) (*KeptL
 			return Acquire(ctx, conn, key, opts.AcquireOptions)
 		})
 	}
+	c.acquired(sent, lease != nil, err)
 	if err != nil || lease == nil {
 		return nil, k.notGranted(err, key, token)
 	}
@@ -195,6 +199,7 @@ func (c *Client) HoldFirstFree(ctx context.Context, keys []string, opts HoldOpti
 	lease, err := retrying(ctx, k.acquiring(0, opts.Token), func(ctx context.Context, conn *pgx.Conn) (*Lease, error) {
 		return AcquireAny(ctx, conn, keys, opts.AcquireOptions)
 	})
+	c.acquired(sent, lease != nil, err)
 	if err != nil {
 		for _, key := range keys {
 			_ = k.notGranted(err, key, opts.Token)
@@ -227,6 +232,7 @@ func (c *Client) HoldAll(ctx context.Context, keys []string, opts HoldOptions) (
 	set, err := retrying(ctx, r, func(ctx context.Context, conn *pgx.Conn) (*LeaseSet, error) {
 		return AcquireAll(ctx, conn, keys, opts.AcquireOptions)
 	})
+	c.acquired(sent, set != nil, err)
 	if err != nil || set == nil {
 		return nil, k.notGranted(err, strings.Join(keys, ", "), uuid.Nil)
 	}
@@ -371,6 +377,12 @@ func (k *KeptLease) start(sent time.Time) (*KeptLease, error) {
 			return nil, err
 		}
 		k.sent, k.deadline = renewedAt, renewedAt.Add(k.span)
+	}
+	if obs := k.observer(); obs != nil {
+		k.mu.Lock()
+		k.startTold = true
+		k.mu.Unlock()
+		obs.KeptLeaseStarted(k)
 	}
 	go k.run()
 	return k, nil
@@ -560,6 +572,17 @@ func (k *KeptLease) tryRenew(ctx context.Context, limit time.Duration) (time.Tim
 		_, expires, err := k.keeper.renew(ctx, k.kept, k.ttl, limit)
 		return expires, err
 	}
+	if obs := k.observer(); obs != nil {
+		start := time.Now()
+		expires, err := k.renewOwn(ctx, limit)
+		obs.RenewFinished(time.Since(start), renewOutcome(err, errors.Is(err, ErrLeaseLost)), 1)
+		return expires, err
+	}
+	return k.renewOwn(ctx, limit)
+}
+
+// renewOwn renews a session-bound lease on its own connection.
+func (k *KeptLease) renewOwn(ctx context.Context, limit time.Duration) (time.Time, error) {
 	conn, _, err := k.own.get(ctx)
 	if err != nil {
 		return time.Time{}, err
@@ -601,6 +624,10 @@ func (k *KeptLease) settle(state State, reason LossReason) *LeaseLostError {
 	k.mu.Unlock()
 	cause := &LeaseLostError{Key: k.kept.label(), Reason: reason}
 	k.cancel(cause)
+	k.ended()
+	if obs := k.observer(); obs != nil {
+		obs.LeaseLost(k, reason)
+	}
 	return cause
 }
 
@@ -621,6 +648,22 @@ func (k *KeptLease) abandon(state State, reason LossReason, cause error) {
 	k.mu.Unlock()
 	k.cancel(cause)
 	k.stop()
+	k.ended()
+}
+
+// ended tells the observer once that the lease is kept no more, if it was told it started.
+func (k *KeptLease) ended() {
+	obs := k.observer()
+	if obs == nil {
+		return
+	}
+	k.mu.Lock()
+	tell := k.startTold && !k.endTold
+	k.endTold = true
+	k.mu.Unlock()
+	if tell {
+		obs.KeptLeaseEnded(k)
+	}
 }
 
 // Release stops the keeper and releases the lease on a connection of its own (made again if
@@ -632,6 +675,7 @@ func (k *KeptLease) abandon(state State, reason LossReason, cause error) {
 func (k *KeptLease) Release(ctx context.Context) (bool, error) {
 	k.releaseOnce.Do(func() {
 		defer close(k.releaseDone)
+		defer k.ended()
 		k.stop()
 		<-k.done
 		k.mu.Lock()
@@ -682,11 +726,16 @@ func (k *KeptLease) releaseBy(ctx context.Context) (bool, error) {
 		cause = &LeaseLostError{Key: k.kept.label(), Reason: reason}
 	}
 	k.mu.Lock()
+	wasHeld := k.state == StateHeld
 	if k.state == StateHeld || k.state == StateUnknown {
 		k.state, k.reason = to, reason
 	}
+	told := k.startTold
 	k.mu.Unlock()
 	k.cancel(cause)
+	if obs := k.observer(); obs != nil && told && wasHeld && to == StateLost {
+		obs.LeaseLost(k, reason)
+	}
 	return released, err
 }
 
@@ -818,4 +867,12 @@ func (k *KeptLease) settling() {
 	if releasing {
 		<-k.releaseDone
 	}
+}
+
+// observer is the client's Observer; nil for none (or no client, in the package's own tests).
+func (k *KeptLease) observer() Observer {
+	if k.client == nil {
+		return nil
+	}
+	return k.client.Observer
 }

@@ -25,8 +25,9 @@ const renewMany = 64
 // taken whole by the application must not keep a renewal from being sent, and a hundred kept
 // leases must not be a hundred backends. Renewals that are due at once are sent together.
 type keeper struct {
-	slots chan *ownConn // a connection is used by one call at a time: taken from here, put back
-	made  atomic.Int64  // connections made since the keeper started
+	observer Observer      // the client's, when the keeper was made
+	slots    chan *ownConn // a connection is used by one call at a time: taken from here, put back
+	made     atomic.Int64  // connections made since the keeper started
 
 	mu      sync.Mutex
 	pending []*renewReq
@@ -65,7 +66,10 @@ func newKeeper(config *pgx.ConnConfig, n int) *keeper {
 
 // keeperOf is the client's keeper, made with its first kept lease.
 func (c *Client) keeperOf() *keeper {
-	c.keeperOnce.Do(func() { c.keeper = newKeeper(c.Pool.Config().ConnConfig, c.KeeperConnections) })
+	c.keeperOnce.Do(func() {
+		c.keeper = newKeeper(c.Pool.Config().ConnConfig, c.KeeperConnections)
+		c.keeper.observer = c.Observer
+	})
 	return c.keeper
 }
 
@@ -221,6 +225,13 @@ func (kp *keeper) send(slot *ownConn, batch []*renewReq) {
 			}
 		}
 		req.reply <- res
+	}
+	if kp.observer != nil {
+		lost := false
+		for i := range expires {
+			lost = lost || expires[i].IsZero()
+		}
+		kp.observer.RenewFinished(time.Since(sent), renewOutcome(err, err == nil && lost), len(batch))
 	}
 }
 

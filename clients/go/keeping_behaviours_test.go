@@ -39,9 +39,15 @@ type keepingClient struct {
 	told []error
 
 	waiting  context.CancelFunc
-	acquired chan error
+	acquired chan acquired
 
 	events chan observed
+}
+
+// acquired is how the acquire started by acquire_waiting ended.
+type acquired struct {
+	kept *pgfence.KeptLease
+	err  error
 }
 
 type observed struct {
@@ -70,6 +76,15 @@ func (r *keepingRun) close() {
 		cancel()
 	}
 	for _, k := range r.clients {
+		if k.acquired != nil {
+			select {
+			case ended := <-k.acquired:
+				if ended.kept != nil {
+					_ = ended.kept.Close()
+				}
+			default:
+			}
+		}
 		for _, kept := range k.kept {
 			_ = kept.Close()
 		}
@@ -78,8 +93,8 @@ func (r *keepingRun) close() {
 }
 
 // client is the client name, made with a pool of size connections (0: pgx's default), through a
-// proxy when asked.
-func (r *keepingRun) client(t *testing.T, name string, size int, proxied bool) *keepingClient {
+// proxy when asked, its retries taking retryFor at most (0: the default backoff's).
+func (r *keepingRun) client(t *testing.T, name string, size int, proxied bool, retryFor time.Duration) *keepingClient {
 	if k := r.clients[name]; k != nil {
 		return k
 	}
@@ -101,6 +116,7 @@ func (r *keepingRun) client(t *testing.T, name string, size int, proxied bool) *
 	}
 	r.t.Cleanup(k.pool.Close)
 	k.client = pgfence.NewClient(k.pool)
+	k.client.Backoff.MaxElapsed = retryFor
 	r.clients[name] = k
 	return k
 }
@@ -123,7 +139,7 @@ func (r *keepingRun) step(t *testing.T, step pgtest.Step) {
 	ctx := context.Background()
 	switch step.Verb {
 	case "hold_many":
-		k := r.client(t, step.Name(), 0, false)
+		k := r.client(t, step.Name(), 0, false, 0)
 		k.client.KeeperConnections = int(step.Args["keeper_connections"].(float64))
 		count := int(step.Args["count"].(float64))
 		for i := range count {
@@ -154,7 +170,7 @@ func (r *keepingRun) step(t *testing.T, step pgtest.Step) {
 		}
 	case "hold":
 		pool, _ := step.Args["pool"].(float64)
-		k := r.client(t, step.Name(), int(pool), false)
+		k := r.client(t, step.Name(), int(pool), false, 0)
 		kept, err := k.client.Hold(ctx, r.key, r.holdOptions(k, step.Seconds("ttl", 0)))
 		if err != nil {
 			t.Fatal(err)
@@ -189,19 +205,15 @@ func (r *keepingRun) step(t *testing.T, step pgtest.Step) {
 		}
 		k.kept = k.kept[1:]
 	case "acquire_waiting":
-		k := r.client(t, step.Name(), 0, true)
+		k := r.client(t, step.Name(), 0, true, step.Seconds("retry_for", 0))
 		opts := r.holdOptions(k, step.Seconds("ttl", 0))
 		opts.Wait = step.Seconds("wait", 0)
 		waitCtx, cancel := context.WithCancel(ctx)
-		k.waiting, k.acquired = cancel, make(chan error, 1)
+		k.waiting, k.acquired = cancel, make(chan acquired, 1)
 		r.cancels = append(r.cancels, cancel)
 		go func() {
 			kept, err := k.client.Hold(waitCtx, r.key, opts)
-			if kept != nil {
-				_ = kept.Close()
-				err = errors.New("granted")
-			}
-			k.acquired <- err
+			k.acquired <- acquired{kept, err}
 		}()
 	case "waiters":
 		want := fmt.Sprint(step.Args["waiters"])
@@ -220,9 +232,14 @@ func (r *keepingRun) step(t *testing.T, step pgtest.Step) {
 		k := r.known(t, step.Name())
 		k.waiting()
 		select {
-		case err := <-k.acquired:
-			if !errors.Is(err, context.Canceled) {
-				t.Fatalf("the given-up acquire ended with %v, not its cancellation", err)
+		case ended := <-k.acquired:
+			k.acquired = nil
+			if ended.kept != nil {
+				_ = ended.kept.Close()
+				t.Fatal("the given-up acquire was granted")
+			}
+			if !errors.Is(ended.err, context.Canceled) {
+				t.Fatalf("the given-up acquire ended with %v, not its cancellation", ended.err)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatal("the given-up acquire did not end")
@@ -237,8 +254,31 @@ func (r *keepingRun) step(t *testing.T, step pgtest.Step) {
 		}
 		fmt.Printf("[behaviour] %s: the given-up grant released %.1f ms after the give-up began\n",
 			r.scenario.Name, float64(time.Since(r.PreviousStart).Microseconds())/1000)
+	case "pause":
+		time.Sleep(step.Seconds("pause", 0))
+	case "terminate":
+		k := r.known(t, step.Name())
+		if ended := r.c.TerminateClient(t, k.app); ended == "0" {
+			t.Fatalf("no session of %s to end", k.app)
+		}
+	case "granted":
+		k := r.known(t, step.Name())
+		within := step.Seconds("within", 0)
+		select {
+		case ended := <-k.acquired:
+			k.acquired = nil
+			if ended.err != nil || ended.kept == nil {
+				t.Fatalf("the acquire failed: %v (granted: %v)", ended.err, ended.kept != nil)
+			}
+			k.kept = append(k.kept, ended.kept)
+			if !ended.kept.IsHeld() {
+				t.Fatalf("not held: %s, %s", ended.kept.State(), ended.kept.Reason())
+			}
+		case <-time.After(within):
+			t.Fatalf("no answer within %v", within)
+		}
 	case "hold_first_free":
-		k := r.client(t, step.Name(), 0, false)
+		k := r.client(t, step.Name(), 0, false, 0)
 		var keys []string
 		for i := range int(step.Args["count"].(float64)) {
 			keys = append(keys, fmt.Sprintf("%s-%d", r.key, i))
@@ -259,14 +299,14 @@ func (r *keepingRun) step(t *testing.T, step pgtest.Step) {
 			t.Fatalf("got key %d, not %d (-1: none)", got, want)
 		}
 	case "hold_other":
-		other := r.client(t, "other_"+step.Name(), 0, false)
+		other := r.client(t, "other_"+step.Name(), 0, false, 0)
 		opts := pgfence.AcquireOptions{TTL: time.Hour}
 		key := fmt.Sprintf("%s-%d", r.key, int(step.Args["index"].(float64)))
 		if lease, err := other.client.Acquire(ctx, key, opts); lease == nil || err != nil {
 			t.Fatalf("%s not held by the other: %v", key, err)
 		}
 	case "lead":
-		k := r.client(t, step.Name(), 0, false)
+		k := r.client(t, step.Name(), 0, false, 0)
 		cfg := electorConfig(r.key, step.Name(), step.Seconds("ttl", 0))
 		elector, err := pgfence.NewElector(k.client, cfg)
 		if err != nil {
@@ -278,7 +318,7 @@ func (r *keepingRun) step(t *testing.T, step pgtest.Step) {
 			t.Fatal(err)
 		}
 	case "observe":
-		k := r.client(t, step.Name(), 0, true)
+		k := r.client(t, step.Name(), 0, true, 0)
 		cfg := electorConfig(r.key, step.Name(), step.Seconds("ttl", 3))
 		elector, err := pgfence.NewElector(k.client, cfg)
 		if err != nil {

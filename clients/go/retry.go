@@ -13,9 +13,10 @@ import (
 // Backoff is exponential backoff with full jitter: before retry n (from 0) sleep a uniformly
 // random time in [0, min(Cap, Base * 2^n)]. Full jitter spreads clients that failed together (a
 // server restart) so that their retries do not arrive together. Retries end after MaxAttempts
-// tries or once MaxElapsed has passed since the first, whichever comes first.
+// tries or once MaxElapsed has passed since the call's first failure, whichever comes first: the
+// time a try took before it failed (an acquire's Wait for the key) is not the retries' time.
 //
-// The zero value is the default: 50 ms, 2 s, no bound on tries, 30 s in all; the time is the
+// The zero value is the default: 50 ms, 2 s, no bound on tries, 30 s of retries; the time is the
 // bound, not a number of tries, so that a restart or a failover of several seconds is waited out
 // however quickly each try is refused. A negative MaxElapsed is no bound on time.
 type Backoff struct {
@@ -56,15 +57,15 @@ func (b Backoff) Delay(retry int) time.Duration {
 	return time.Duration(rand.Int64N(int64(b.Ceiling(retry)) + 1))
 }
 
-// next is the sleep before the next try, after tries tries since started; false when the
-// retries ran out.
-func (b Backoff) next(tries int, started time.Time) (time.Duration, bool) {
+// next is the sleep before the next try, after tries tries, the first failure at failed; false
+// when the retries ran out.
+func (b Backoff) next(tries int, failed time.Time) (time.Duration, bool) {
 	b = b.orDefault()
 	if b.MaxAttempts > 0 && tries >= b.MaxAttempts {
 		return 0, false
 	}
 	delay := b.Delay(tries - 1)
-	if b.MaxElapsed > 0 && time.Since(started)+delay >= b.MaxElapsed {
+	if b.MaxElapsed > 0 && time.Since(failed)+delay >= b.MaxElapsed {
 		return 0, false
 	}
 	return delay, true
@@ -91,7 +92,9 @@ type retry struct {
 // of retries (or the caller's context ending) leaves the outcome unknown.
 func retrying[T any](ctx context.Context, r retry, call func(context.Context, *pgx.Conn) (T, error)) (T, error) {
 	var zero T
-	started := time.Now()
+	// The retries' time counts from the first failure, not from the call: an acquire that waited
+	// its Wait before its session ended still has all of MaxElapsed to retry.
+	var failed time.Time
 	unsure, connected := false, false
 	for tries := 1; ; tries++ {
 		value, err, sent := tryOnce(ctx, r, call)
@@ -103,7 +106,10 @@ func retrying[T any](ctx context.Context, r retry, call func(context.Context, *p
 		if ctx.Err() == nil && sent && !retryable(err) {
 			return zero, err
 		}
-		delay, more := r.backoff.next(tries, started)
+		if failed.IsZero() {
+			failed = time.Now()
+		}
+		delay, more := r.backoff.next(tries, failed)
 		if ctx.Err() != nil || !more || (unsure && !r.resend) || !sleep(ctx, delay) {
 			switch {
 			case unsure:

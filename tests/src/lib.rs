@@ -658,3 +658,51 @@ pub fn reserve_fast_fences_for_an_hour(client: &mut Client) {
 pub fn wal_insert_position(client: &mut Client) -> String {
     client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).unwrap().get(0)
 }
+
+/// The postmaster and every process it started, stopped with SIGSTOP (the postmaster first, so that
+/// it forks nothing new meanwhile) until dropped, even when the test fails.
+pub struct Frozen(Vec<u32>);
+
+impl Frozen {
+    pub fn server(cluster: &Cluster) -> Frozen {
+        let root = std::env::var("PG_FENCE_TEST_DIR").unwrap_or_else(|_| "/tmp/pg_fence_test".into());
+        let pidfile = std::fs::read_to_string(format!("{root}/{}/postmaster.pid", cluster.name())).unwrap();
+        let postmaster: u32 = pidfile.lines().next().unwrap().trim().parse().unwrap();
+        signal(postmaster, "-STOP");
+        let mut pids = vec![postmaster];
+        pids.extend(children(postmaster));
+        for pid in &pids[1..] {
+            signal(*pid, "-STOP");
+        }
+        Frozen(pids)
+    }
+
+    /// One server backend (`pid`), stopped: its client hears nothing from it; the server goes on.
+    pub fn backend(pid: u32) -> Frozen {
+        signal(pid, "-STOP");
+        Frozen(vec![pid])
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for pid in self.0.iter().rev() {
+            signal(*pid, "-CONT");
+        }
+    }
+}
+
+/// The pids whose parent is `parent`.
+fn children(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // The command name, in parentheses, may hold spaces: the ppid is the second field after it.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        if after.split(' ').nth(1).and_then(|ppid| ppid.parse::<u32>().ok()) == Some(parent) {
+            found.push(pid);
+        }
+    }
+    found
+}

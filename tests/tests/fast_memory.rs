@@ -313,7 +313,7 @@ fn a_clean_restart_ends_fast_leases_and_the_first_grant_after_it_waits_under_the
 /// row tells (invariant 3). Other ended rows are freed.
 #[test]
 fn room_is_not_made_under_an_open_writer() {
-    let cluster = in_memory("mem_room_guard", 27677, 2);
+    let cluster = in_memory("mem_room_guard", 27680, 2);
     let (mut writer, mut client) = (cluster.connect(), cluster.connect());
     let shared = fast("guarded").shared(true).run(&mut writer).unwrap();
     writer.batch_execute("BEGIN").unwrap();
@@ -342,7 +342,7 @@ fn room_is_not_made_under_an_open_writer() {
 fn a_row_is_charged_to_the_role_whose_lease_takes_it() {
     let cluster = Cluster::start(
         "mem_recharge",
-        27676,
+        27681,
         &["shared_preload_libraries=pg_fence", "pg_fence.fast_leases=100", "pg_fence.fast_leases_per_role=5"],
     );
     let mut admin = cluster.connect();

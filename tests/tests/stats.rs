@@ -208,7 +208,7 @@ fn the_exporter_query_runs_and_lists_every_column_it_returns() {
 /// began to wait, not an acquire with `wait` of a free key.
 #[test]
 fn session_ends_and_waits_begun_count_only_what_they_name() {
-    let cluster = preloaded("stats_exact", 27472);
+    let cluster = preloaded("stats_exact", 27476);
     let mut c = cluster.connect();
     assert!(c.query_one("SELECT fence.stats_reset()", &[]).unwrap().get::<_, bool>(0));
     let mut session = cluster.connect();

@@ -305,7 +305,7 @@ fn a_grant_sweeps_its_own_key_on_the_sql_edition() {
     if edition() != Edition::Sql {
         return; // the extension's sweep is its worker's and fence.sweep()'s
     }
-    let cluster = Cluster::start("grant_sweeps", 26506, &[]);
+    let cluster = Cluster::start("grant_sweeps", 26507, &[]);
     let (mut client, mut writer) = (cluster.connect(), cluster.connect());
     set_fence_setting(&mut client, "retain_ended", "0");
     let rows = |client: &mut Client| count(client, "SELECT count(*) FROM fence.lease_state WHERE key = 'k'");

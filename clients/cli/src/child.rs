@@ -2,8 +2,10 @@
 //! lease stops all of it (a shell and what it started), given the signals pg-fence is sent, and
 //! stopped with SIGTERM, then SIGKILL, when the lease it runs under is lost.
 use crate::exit::{Code, Exit};
+use pg_fence_client::HeldLease;
 use std::future::Future;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -21,20 +23,35 @@ pub struct Child {
     group: libc::pid_t,
     forwarded: Forwarded,
     terminal: Terminal,
+    kill_after: Duration,
+    watchdog: Option<Watchdog>,
+    /// SIGCHLD, on a terminal: the command's stops, which there are the user's Ctrl-Z.
+    children: Option<tokio::signal::unix::Signal>,
+}
+
+/// Why the lease was lost, for stderr, and how long the command is given after SIGTERM.
+pub struct Loss {
+    pub why: String,
+    pub kill_after: Duration,
 }
 
 /// The terminal, given to the command's group when pg-fence had it in the foreground: a group of
 /// its own is otherwise a background job, stopped (SIGTTIN) at its first read of the terminal (a
-/// prompt) while its lease is renewed for ever. Taken back when dropped, once the group has ended.
-struct Terminal(Option<libc::c_int>);
+/// prompt) while its lease is renewed for ever. Taken back when dropped, once the group has ended,
+/// if the command's group still has it: after Ctrl-Z and `bg` the shell has it, and keeps it.
+struct Terminal {
+    fd: Option<libc::c_int>,
+    /// The command's group, once it runs.
+    group: libc::pid_t,
+}
 
 impl Terminal {
     /// The first of stdin, stdout and stderr that is a terminal with pg-fence's group in front.
     fn foreground() -> Terminal {
         // SAFETY: isatty, tcgetpgrp and getpgrp only read.
-        Terminal(
-            (0..3).find(|&fd| unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == libc::getpgrp() }),
-        )
+        let fd =
+            (0..3).find(|&fd| unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == libc::getpgrp() });
+        Terminal { fd, group: 0 }
     }
 
     /// In the command, between fork and exec (async-signal-safe calls only): its group in front.
@@ -54,8 +71,9 @@ impl Terminal {
     /// In pg-fence, once the command runs: the same from this side (whichever comes first), and
     /// SIGTTOU ignored from now on, so that pg-fence, in the background, still writes its messages
     /// under `stty tostop` and takes the terminal back.
-    fn give(&self, group: libc::pid_t) {
-        if let Some(fd) = self.0 {
+    fn give(&mut self, group: libc::pid_t) {
+        self.group = group;
+        if let Some(fd) = self.fd {
             // SAFETY: this process's disposition of SIGTTOU, and its terminal's foreground group.
             unsafe {
                 libc::signal(libc::SIGTTOU, libc::SIG_IGN);
@@ -65,13 +83,56 @@ impl Terminal {
     }
 }
 
+impl Terminal {
+    /// The command's group, in front, was stopped from the terminal (Ctrl-Z): pg-fence takes the
+    /// terminal back and stops itself, so that the shell sees its job stopped and gets the terminal,
+    /// instead of waiting on a pg-fence that runs for ever beside a stopped command. Returns once
+    /// pg-fence is continued (`fg`, `bg`), the command left stopped: whether it may run again
+    /// depends on the lease, which may have ended meanwhile (see `resume`).
+    fn suspend(&self) {
+        if let Some(fd) = self.fd {
+            // SAFETY: this process's terminal and signals.
+            unsafe {
+                libc::tcsetpgrp(fd, libc::getpgrp());
+                libc::kill(libc::getpid(), libc::SIGSTOP);
+            }
+        }
+    }
+
+    /// After `suspend`, the lease still held: continues the command, giving it the terminal again
+    /// when pg-fence has it (`fg`).
+    fn resume(&self) {
+        if let Some(fd) = self.fd {
+            // SAFETY: this process's terminal, and the command's group.
+            unsafe {
+                if libc::tcgetpgrp(fd) == libc::getpgrp() {
+                    libc::tcsetpgrp(fd, self.group);
+                }
+                libc::killpg(self.group, libc::SIGCONT);
+            }
+        }
+    }
+}
+
+/// Whether `leader` has stopped since last asked (the report taken, its exit left to be waited for).
+fn stopped(leader: libc::pid_t) -> bool {
+    // SAFETY: a local siginfo; WSTOPPED without WEXITED takes only a stop's report.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        libc::waitid(libc::P_PID, leader as libc::id_t, &mut info, libc::WSTOPPED | libc::WNOHANG) == 0
+            && info.si_pid() == leader
+    }
+}
+
 impl Drop for Terminal {
     fn drop(&mut self) {
-        if let Some(fd) = self.0 {
+        if let Some(fd) = self.fd {
             // SAFETY: as in `give`.
             unsafe {
-                libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-                libc::tcsetpgrp(fd, libc::getpgrp());
+                if libc::tcgetpgrp(fd) == self.group {
+                    libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                    libc::tcsetpgrp(fd, libc::getpgrp());
+                }
             }
         }
     }
@@ -79,7 +140,12 @@ impl Drop for Terminal {
 
 /// Starts `command` with `env` added to pg-fence's own environment, the signals `forwarded`
 /// catches going to it. 127 when it cannot be found, 126 when it cannot be run, as a shell says.
-pub fn spawn(command: &[String], env: &[(&str, String)], forwarded: Forwarded) -> Result<Child, Exit> {
+pub fn spawn(
+    command: &[String],
+    env: &[(&str, String)],
+    forwarded: Forwarded,
+    kill_after: Duration,
+) -> Result<Child, Exit> {
     // The group's processes whose parent ends come to pg-fence rather than to init, which may
     // never reap them (a container's): the group then ends when its last process does.
     // SAFETY: prctl only sets a flag of this process.
@@ -105,8 +171,10 @@ pub fn spawn(command: &[String], env: &[(&str, String)], forwarded: Forwarded) -
             Ok(())
         })
     };
-    let terminal = Terminal::foreground();
-    if let Some(fd) = terminal.0 {
+    let mut terminal = Terminal::foreground();
+    // Listened for before the command starts: a stop that comes before would go unseen.
+    let children = terminal.fd.and_then(|_| signal(SignalKind::child()).ok());
+    if let Some(fd) = terminal.fd {
         // SAFETY: `Terminal::take` makes only async-signal-safe calls.
         unsafe {
             cmd.pre_exec(move || {
@@ -121,7 +189,193 @@ pub fn spawn(command: &[String], env: &[(&str, String)], forwarded: Forwarded) -
     })?;
     let group = child.id().expect("a child just spawned has its pid") as libc::pid_t;
     terminal.give(group);
-    Ok(Child { child, group, forwarded, terminal })
+    let watchdog = Watchdog::start(group, kill_after);
+    Ok(Child { child, group, forwarded, terminal, kill_after, watchdog, children })
+}
+
+/// A process forked from pg-fence that outlives it only to stop the command's group when pg-fence
+/// ends without having stopped it (SIGKILL, the OOM killer): then nothing renews the lease, and the
+/// parent-death signal reaches only the command's first process, which may ignore it. It waits on
+/// a pipe whose writing end only pg-fence holds: a byte says the group has ended, the end of the
+/// file that pg-fence is gone (or gave up on the command without stopping it: an unwind). It runs
+/// in a session of its own, so that a signal to pg-fence's whole group (`kill -9 -PGID`, timeout(1),
+/// a supervisor's group kill) or the terminal's hangup does not end it with pg-fence, and ignores
+/// the signals of job control and of the terminal. Its SIGKILL comes `--kill-after` after its
+/// SIGTERM, or at the lease's local deadline if that comes first: pg-fence shares it with the
+/// watchdog in a word of memory, written at each renewal, that pg-fence's end leaves in place.
+struct Watchdog {
+    pid: libc::pid_t,
+    tell: libc::c_int,
+    /// Whether the command's group has ended.
+    ended: bool,
+    /// The local deadline, in `now_ms`' milliseconds (u64::MAX: none known); mapped shared.
+    deadline: *const AtomicU64,
+}
+
+// SAFETY: `deadline` points to a mapping that lives as long as the Watchdog, only used atomically.
+unsafe impl Send for Watchdog {}
+
+impl Watchdog {
+    /// None when no pipe or process could be made: the parent-death signal still stops the command.
+    fn start(group: libc::pid_t, kill_after: Duration) -> Option<Watchdog> {
+        let mut ends = [0; 2];
+        // SAFETY: pipe2 fills the two descriptors; close-on-exec keeps the writing end from the
+        // command, whose copy would keep the pipe open after pg-fence's end.
+        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return None;
+        }
+        let [read, tell] = ends;
+        let grace_ms = kill_after.as_millis().min(u32::MAX as u128) as u64;
+        // SAFETY: a new anonymous mapping, shared with the process forked below.
+        let deadline = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                std::mem::size_of::<AtomicU64>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if deadline == libc::MAP_FAILED {
+            // SAFETY: the two descriptors just made.
+            unsafe {
+                libc::close(read);
+                libc::close(tell);
+            }
+            return None;
+        }
+        let deadline = deadline as *const AtomicU64;
+        // SAFETY: the mapping is page-aligned, and zeroed, a valid AtomicU64.
+        unsafe { (*deadline).store(u64::MAX, Ordering::SeqCst) };
+        // SAFETY: the forked process (one thread, a copy of this one) makes only async-signal-safe
+        // calls and ends with _exit, never returning into Rust code that could allocate or lock.
+        match unsafe { libc::fork() } {
+            -1 => {
+                // SAFETY: the two descriptors and the mapping just made.
+                unsafe {
+                    libc::close(read);
+                    libc::close(tell);
+                    libc::munmap(deadline as *mut libc::c_void, std::mem::size_of::<AtomicU64>());
+                }
+                None
+            }
+            // SAFETY: see above.
+            0 => unsafe { watch(read, group, grace_ms, &*deadline) },
+            pid => {
+                // SAFETY: pg-fence's copy of the reading end, which only the watchdog needs.
+                unsafe { libc::close(read) };
+                Some(Watchdog { pid, tell, ended: false, deadline })
+            }
+        }
+    }
+}
+
+impl Watchdog {
+    /// The lease is held until `held`'s local deadline now: the watchdog kills by then.
+    fn held_until(watchdog: &Option<Watchdog>, held: &HeldLease) {
+        if let Some(watchdog) = watchdog {
+            let left = held.deadline().saturating_duration_since(std::time::Instant::now());
+            let at = now_ms().saturating_add(left.as_millis().min(u64::MAX as u128) as u64);
+            // SAFETY: the mapping lives as long as the Watchdog.
+            unsafe { (*watchdog.deadline).store(at, Ordering::SeqCst) };
+        }
+    }
+
+    /// Once the command's group has ended (or was sent SIGKILL): the watchdog is told so, and
+    /// reaped, rather than stopping a group that is gone.
+    fn ended(watchdog: Option<Watchdog>) {
+        if let Some(mut watchdog) = watchdog {
+            watchdog.ended = true;
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    /// Closes pg-fence's end of the pipe: without the byte of `ended` the watchdog stops the group.
+    fn drop(&mut self) {
+        // SAFETY: writes to and closes pg-fence's own end of the pipe; waits for its own child,
+        // which ends on reading the byte (ECHILD if it was reaped with the orphans already); unmaps
+        // the deadline's word, used by nothing else in this process.
+        unsafe {
+            if self.ended {
+                libc::write(self.tell, b"x".as_ptr().cast(), 1);
+            }
+            libc::close(self.tell);
+            if self.ended {
+                libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+            }
+            libc::munmap(self.deadline as *mut libc::c_void, std::mem::size_of::<AtomicU64>());
+        }
+    }
+}
+
+/// The watchdog's life, in the forked process: async-signal-safe calls only.
+unsafe fn watch(read: libc::c_int, group: libc::pid_t, grace_ms: u64, deadline: &AtomicU64) -> ! {
+    libc::setsid();
+    for signal in [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGPIPE,
+    ] {
+        libc::signal(signal, libc::SIG_IGN);
+    }
+    // Only the pipe and stderr kept: pg-fence's connections and its stdout would otherwise stay
+    // open after its end (a reader of its output never seeing the end of it).
+    let read = match libc::dup2(read, 3) {
+        3 => 3,
+        _ => read,
+    };
+    libc::close(0);
+    libc::close(1);
+    if read == 3 && libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
+        for fd in 4..65536 {
+            libc::close(fd);
+        }
+    }
+    let mut byte = 0u8;
+    loop {
+        match libc::read(read, (&mut byte as *mut u8).cast(), 1) {
+            -1 if *libc::__errno_location() == libc::EINTR => continue,
+            0 => break,
+            _ => libc::_exit(0),
+        }
+    }
+    let kill_at = now_ms().saturating_add(grace_ms).min(deadline.load(Ordering::SeqCst));
+    // Past the deadline, a stopped group is not continued even for a SIGTERM.
+    if now_ms() < kill_at {
+        let said =
+            b"pg-fence: ended without stopping its command (killed?): sending SIGTERM to the command\n";
+        libc::write(2, said.as_ptr().cast(), said.len());
+        libc::killpg(group, libc::SIGTERM);
+        // A group stopped (Ctrl-Z, SIGSTOP) would not act on it until continued.
+        libc::killpg(group, libc::SIGCONT);
+    }
+    while now_ms() < kill_at {
+        if libc::killpg(group, 0) != 0 {
+            libc::_exit(0);
+        }
+        let pause = libc::timespec { tv_sec: 0, tv_nsec: 50_000_000 };
+        libc::nanosleep(&pause, std::ptr::null_mut());
+    }
+    let said = b"pg-fence: the command still ran after SIGTERM: sending SIGKILL\n";
+    libc::write(2, said.as_ptr().cast(), said.len());
+    libc::killpg(group, libc::SIGKILL);
+    libc::_exit(0)
+}
+
+/// The clock of the lease's local deadline in milliseconds, which counts a suspend of the host
+/// (clock_gettime is async-signal-safe).
+fn now_ms() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: fills a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+    now.tv_sec as u64 * 1000 + now.tv_nsec as u64 / 1_000_000
 }
 
 /// Sends `signal` to the process group `group`.
@@ -129,6 +383,9 @@ fn signal_group(group: libc::pid_t, signal: libc::c_int) {
     // SAFETY: killpg only sends a signal; a group that is gone returns ESRCH, which is harmless.
     unsafe { libc::killpg(group, signal) };
 }
+
+/// How long the keeper is given to say why a lease whose local deadline has passed was lost.
+const LOSS_TOLD: Duration = Duration::from_secs(5);
 
 /// How often a group whose leader has ended is looked at: it cannot be waited for.
 const GROUP_POLL: Duration = Duration::from_millis(50);
@@ -179,26 +436,73 @@ async fn exit_code(child: &mut tokio::process::Child) -> i32 {
 }
 
 impl Child {
-    /// Waits for the command to end, forwarding SIGINT, SIGTERM and SIGHUP to its group. When `lost`
-    /// completes first (with why, for stderr), sends SIGTERM to the group and SIGKILL `kill_after`
-    /// later if it is still running, and returns once it has ended.
-    pub async fn supervise(self, lost: impl Future<Output = String>, kill_after: Duration) -> Ended {
-        let Child { mut child, group, mut forwarded, terminal: _back } = self;
+    /// Waits for the command to end, forwarding SIGINT, SIGTERM and SIGHUP to its group; a SIGTERM
+    /// it outlives by `kill_after` is followed by SIGKILL, as a supervisor that sent it expects.
+    /// When `lost` completes first, sends SIGTERM to the group and SIGKILL the loss's `kill_after`
+    /// later if it is still running, and returns once it has ended. `held` is the lease it runs
+    /// under: a command stopped from the terminal is continued only while it is held.
+    pub async fn supervise(self, held: &HeldLease, lost: impl Future<Output = Loss>) -> Ended {
+        let Child { mut child, group, mut forwarded, terminal, kill_after, watchdog, mut children } = self;
         tokio::pin!(lost);
+        // Each renewal moves the deadline the watchdog kills by.
+        let mut renewals = held.watch();
+        Watchdog::held_until(&watchdog, held);
         // What the command left running in its group (a job it put in the background) is part of
         // it: the lease is kept, and the loss handled, until the group has ended too.
         let mut ended = None;
-        let why = loop {
+        let mut kill_at = None;
+        let loss = loop {
             tokio::select! {
                 code = exit_code(&mut child), if ended.is_none() => ended = Some(code),
                 _ = tokio::time::sleep(REAP_EVERY), if ended.is_none() => reap_orphans(group),
                 _ = tokio::time::sleep(GROUP_POLL), if ended.is_some() => {}
-                signal = forwarded.next() => signal_group(group, signal),
-                why = &mut lost => break why,
+                Ok(()) = renewals.changed() => Watchdog::held_until(&watchdog, held),
+                _ = async { children.as_mut().expect("enabled with it").recv().await }, if children.is_some() && ended.is_none() => {
+                    if stopped(group) {
+                        terminal.suspend();
+                        // Stopped past the lease's local deadline, the command may no longer run:
+                        // the key may be another's already. Judged before anything else, as the
+                        // keeper's task may not have run since pg-fence was continued.
+                        if !held.is_held() {
+                            break None;
+                        }
+                        terminal.resume();
+                    }
+                }
+                signal = forwarded.next() => {
+                    signal_group(group, signal);
+                    if signal == libc::SIGTERM && kill_at.is_none() {
+                        kill_at = Some(tokio::time::Instant::now() + kill_after);
+                    }
+                }
+                _ = tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)), if kill_at.is_some() => {
+                    crate::sayln!("pg-fence: the command still ran {kill_after:?} after SIGTERM: sending SIGKILL");
+                    signal_group(group, libc::SIGKILL);
+                    kill_at = None;
+                }
+                loss = &mut lost => break Some(loss),
             }
             if let Some(code) = ended.filter(|_| group_gone(group)) {
+                Watchdog::ended(watchdog);
                 return Ended::Exited(code);
             }
+        };
+        let Some(Loss { why, kill_after }) = loss else {
+            signal_group(group, libc::SIGKILL);
+            // The keeper says why once it has run.
+            let why = match tokio::time::timeout(LOSS_TOLD, &mut lost).await {
+                Ok(Loss { why, .. }) => why,
+                Err(_) => "the local deadline of its lease passed".into(),
+            };
+            crate::sayln!(
+                "pg-fence: {why}: sending SIGKILL to the command, stopped meanwhile, rather than continuing it"
+            );
+            exit_code(&mut child).await;
+            while !group_gone(group) {
+                tokio::time::sleep(GROUP_POLL).await;
+            }
+            Watchdog::ended(watchdog);
+            return Ended::Stopped;
         };
         crate::sayln!("pg-fence: {why}: sending SIGTERM to the command");
         signal_group(group, libc::SIGTERM);
@@ -215,13 +519,55 @@ impl Child {
                 _ = &mut killed => break,
             }
             if leader_ended && group_gone(group) {
+                Watchdog::ended(watchdog);
                 return Ended::Stopped;
             }
         }
         crate::sayln!("pg-fence: the command still ran {:?} after SIGTERM: sending SIGKILL", kill_after);
         signal_group(group, libc::SIGKILL);
         exit_code(&mut child).await;
+        Watchdog::ended(watchdog);
         Ended::Stopped
+    }
+}
+
+/// The longest time pg-fence itself did not run (stopped by SIGSTOP or from a terminal, a suspended
+/// virtual machine, starved of CPU) while the command ran: a lease it let lapse meanwhile was not
+/// the server's doing, which the loss's message says.
+pub struct Pauses {
+    seen: std::sync::Arc<std::sync::Mutex<(std::time::Instant, Duration)>>,
+    ticker: tokio::task::JoinHandle<()>,
+}
+
+/// How often the pause ticker looks at the clock.
+const TICK: Duration = Duration::from_millis(200);
+
+impl Pauses {
+    pub fn start() -> Pauses {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new((std::time::Instant::now(), Duration::ZERO)));
+        let ticking = seen.clone();
+        let ticker = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(TICK).await;
+                let now = std::time::Instant::now();
+                let mut seen = ticking.lock().unwrap();
+                seen.1 = seen.1.max(now.saturating_duration_since(seen.0).saturating_sub(TICK));
+                seen.0 = now;
+            }
+        });
+        Pauses { seen, ticker }
+    }
+
+    /// The longest pause so far, the present one included (the ticker may not have run since).
+    pub fn longest(&self) -> Duration {
+        let seen = self.seen.lock().unwrap();
+        seen.1.max(seen.0.elapsed().saturating_sub(TICK))
+    }
+}
+
+impl Drop for Pauses {
+    fn drop(&mut self) {
+        self.ticker.abort();
     }
 }
 
@@ -263,5 +609,28 @@ impl Forwarded {
             signal = self.next() => Some(signal),
             _ = std::future::ready(()) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command given up on without being stopped (an unwind, an early return) runs on without a
+    /// lease unless the watchdog stops it.
+    #[tokio::test]
+    async fn a_child_dropped_without_being_stopped_is_stopped_by_the_watchdog() {
+        let command: Vec<String> =
+            ["sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"].map(String::from).into();
+        let child = spawn(&command, &[], Forwarded::new(), Duration::from_millis(200)).unwrap();
+        let group = child.group;
+        drop(child);
+        let start = std::time::Instant::now();
+        while !group_gone(group) && start.elapsed() < Duration::from_secs(60) {
+            tokio::time::sleep(GROUP_POLL).await;
+        }
+        let gone = group_gone(group);
+        signal_group(group, libc::SIGKILL);
+        assert!(gone, "the command's group still ran 60 s after pg-fence gave it up");
     }
 }

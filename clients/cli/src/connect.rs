@@ -2,7 +2,7 @@
 //! libpq's defaults. tokio-postgres reads no environment and no password file, and knows neither
 //! sslmode verify-ca/verify-full, sslrootcert nor service files, so all of these are read here.
 use crate::exit::{Code, Exit};
-use pg_fence_client::{BoxError, Connector, TlsConfig};
+use pg_fence_client::{BoxError, Connector, PgConnection, TlsConfig};
 use postgres_native_tls::MakeTlsConnector;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,8 +13,108 @@ use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
 use tokio_postgres::{CancelToken, Config};
 use tokio_util::sync::CancellationToken;
 
-/// The server pg-fence talks to: the config, and the TLS connector its sslmode asks for.
-pub type Server = TlsConfig<MakeTlsConnector>;
+/// How long pg-fence waits for a server to answer, when PGCONNECT_TIMEOUT and connect_timeout say
+/// nothing: libpq would wait for ever, and a cron line on a frozen server would pile up processes.
+pub const DEFAULT_ANSWER_LIMIT: Duration = Duration::from_secs(10);
+
+/// The server pg-fence talks to: the config, and the TLS connector its sslmode asks for. Each
+/// connection is bounded by the connect timeout (per host, as libpq's), which the driver applies
+/// to the TCP connect only: a server that accepts and never answers (stopped, or behind a proxy
+/// that stopped forwarding) must fail as an unreachable one does.
+#[derive(Clone)]
+pub struct Server {
+    pub config: Config,
+    pub tls: MakeTlsConnector,
+}
+
+impl Server {
+    /// How long a connect to one host, and each statement, may go unanswered; None: for ever (a
+    /// connect_timeout of 0, as in libpq).
+    pub fn answer_limit(&self) -> Option<Duration> {
+        self.config.get_connect_timeout().copied()
+    }
+
+    fn tls_config(&self) -> TlsConfig<MakeTlsConnector> {
+        TlsConfig { config: self.config.clone(), tls: self.tls.clone() }
+    }
+
+    /// `connect`, bounded by the answer limit for each host, its error naming the server as psql
+    /// names it.
+    async fn bounded<F>(&self, connect: F) -> Result<PgConnection, BoxError>
+    where
+        F: std::future::Future<Output = Result<PgConnection, BoxError>>,
+    {
+        let hosts = self.config.get_hosts().len().max(1) as u32;
+        let made = match self.answer_limit() {
+            Some(limit) => match tokio::time::timeout(limit * hosts, connect).await {
+                Ok(made) => made,
+                Err(_) => Err("timeout expired".into()),
+            },
+            None => connect.await,
+        };
+        made.map_err(|source| Box::new(ConnectFailed { server: self.failed(), source }) as BoxError)
+    }
+
+    /// "connection to server at "HOST", port PORT failed", as psql says it.
+    fn failed(&self) -> String {
+        format!("connection to server {} failed", self.named())
+    }
+
+    /// "at "HOST", port PORT" (or "on socket "PATH"") for each host, as psql names a server.
+    pub fn named(&self) -> String {
+        let ports = self.config.get_ports();
+        let servers: Vec<String> = self
+            .config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(n, host)| {
+                let port = ports.get(n).or(ports.first()).copied().unwrap_or(5432);
+                match host {
+                    Host::Tcp(host) => format!("at \"{host}\", port {port}"),
+                    Host::Unix(dir) => format!("on socket \"{}/.s.PGSQL.{port}\"", dir.display()),
+                }
+            })
+            .collect();
+        servers.join(" or ")
+    }
+}
+
+/// A connect that failed, naming the server; its source keeps the driver's error (and the
+/// SQLSTATE of a refused login).
+#[derive(Debug)]
+pub struct ConnectFailed {
+    server: String,
+    source: BoxError,
+}
+
+impl std::fmt::Display for ConnectFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.server)
+    }
+}
+
+impl std::error::Error for ConnectFailed {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.source.as_ref())
+    }
+}
+
+impl Connector for Server {
+    type Conn = PgConnection;
+
+    async fn connect(&self) -> Result<PgConnection, BoxError> {
+        self.bounded(self.tls_config().connect()).await
+    }
+
+    async fn connect_keeper(&self) -> Result<PgConnection, BoxError> {
+        self.bounded(self.tls_config().connect_keeper()).await
+    }
+
+    fn closed(conn: &PgConnection) -> Option<CancellationToken> {
+        TlsConfig::<MakeTlsConnector>::closed(conn)
+    }
+}
 
 /// libpq's sslmodes. tokio-postgres has disable, prefer and require; allow is taken as prefer
 /// (either connects to a server with or without TLS), the verify modes as require with checks
@@ -59,7 +159,13 @@ pub fn server(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result
         None => HashMap::new(),
     };
     // libpq's order: the DSN, then the service, then the environment.
-    let env = |name: &str| service.get(name).cloned().or_else(|| env(name));
+    // The DSN's connect_timeout is read here, as libpq reads it (0: no limit, 1: 2 s), where the
+    // driver would take 0 for no setting at all.
+    let timeout = taken.remove("connect_timeout");
+    let env = |name: &str| match name {
+        "PGCONNECT_TIMEOUT" if timeout.is_some() => timeout.clone(),
+        _ => service.get(name).cloned().or_else(|| env(name)),
+    };
     let mut config = config(dsn.as_deref(), &env)?;
     // A DSN's sslmode that the driver read itself (quoted, or with spaces around `=`): require or
     // disable, as its prefer cannot be told from its default. Else PGSSLMODE would override it,
@@ -83,7 +189,7 @@ pub fn server(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result
         Mode::Require | Mode::VerifyCa | Mode::VerifyFull => SslMode::Require,
     });
     let tls = tls_connector(mode, root.as_deref())?;
-    Ok(TlsConfig { config, tls: MakeTlsConnector::new(tls) })
+    Ok(Server { config, tls: MakeTlsConnector::new(tls) })
 }
 
 /// How long pg-fence, asked to stop while it waits for a key, tries to end that wait on the server.
@@ -113,7 +219,7 @@ impl Tracking {
 }
 
 impl Connector for Tracking {
-    type Conn = <Server as Connector>::Conn;
+    type Conn = PgConnection;
 
     async fn connect(&self) -> Result<Self::Conn, BoxError> {
         let conn = self.server.connect().await?;
@@ -123,6 +229,10 @@ impl Connector for Tracking {
 
     fn closed(conn: &Self::Conn) -> Option<CancellationToken> {
         Server::closed(conn)
+    }
+
+    async fn connect_keeper(&self) -> Result<Self::Conn, BoxError> {
+        self.server.connect_keeper().await
     }
 }
 
@@ -176,7 +286,8 @@ fn take_options(dsn: &str) -> (String, HashMap<&'static str, String>) {
     let mut taken = HashMap::new();
     let mut take = |word: &str| {
         let Some((name, value)) = word.split_once('=') else { return false };
-        let known = ["sslmode", "sslrootcert", "service"].into_iter().find(|known| *known == name);
+        let known =
+            ["sslmode", "sslrootcert", "service", "connect_timeout"].into_iter().find(|known| *known == name);
         match known {
             Some(name) if !value.starts_with('\'') => {
                 taken.insert(name, value.to_owned());
@@ -324,7 +435,12 @@ fn config(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         }
     }
     if config.get_user().is_none() {
-        config.user(env("PGUSER").or_else(|| env("USER")).unwrap_or_else(|| "postgres".into()));
+        // As libpq: the user this process runs as, not $USER, which a systemd unit or a container
+        // may leave unset or set to someone else.
+        let user = env("PGUSER").or_else(os_user).ok_or_else(|| {
+            usage("no user to connect as: the effective uid has no name; set PGUSER or user= in --dsn".into())
+        })?;
+        config.user(user);
     }
     if config.get_dbname().is_none() {
         if let Some(dbname) = env("PGDATABASE") {
@@ -338,8 +454,14 @@ fn config(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         // libpq's reading: 0 (or less) waits indefinitely, where the driver would time out at once,
         // and 1 is taken as 2.
         let secs = env("PGCONNECT_TIMEOUT").and_then(|secs| secs.trim().parse::<i64>().ok());
-        if let Some(secs) = secs.filter(|secs| *secs > 0) {
-            config.connect_timeout(Duration::from_secs(secs.max(2) as u64));
+        match secs {
+            Some(secs) if secs > 0 => {
+                config.connect_timeout(Duration::from_secs(secs.max(2) as u64));
+            }
+            Some(_) => {}
+            None => {
+                config.connect_timeout(DEFAULT_ANSWER_LIMIT);
+            }
         }
     }
     if let Some(attrs) = env("PGTARGETSESSIONATTRS") {
@@ -363,6 +485,19 @@ fn config(dsn: Option<&str>, env: &dyn Fn(&str) -> Option<String>) -> Result<Con
         }
     }
     Ok(config)
+}
+
+/// The name of the effective user, as libpq's default user.
+fn os_user() -> Option<String> {
+    // SAFETY: getpwuid returns NULL or a pointer to a static record, read here at once; pg-fence
+    // reads the connection before it starts any other thread that could call getpw* meanwhile.
+    unsafe {
+        let record = libc::getpwuid(libc::geteuid());
+        if record.is_null() || (*record).pw_name.is_null() {
+            return None;
+        }
+        std::ffi::CStr::from_ptr((*record).pw_name).to_str().ok().map(str::to_owned)
+    }
 }
 
 /// libpq's default: its socket directory when there is one, else localhost.
@@ -442,8 +577,18 @@ mod tests {
             from(None, &[("PGHOST", "/tmp"), ("USER", "me"), ("PGTARGETSESSIONATTRS", "read-write")])
                 .unwrap();
         assert_eq!(sockets.get_hosts(), [Host::Unix("/tmp".into())]);
-        assert_eq!(sockets.get_user(), Some("me"));
+        assert_eq!(sockets.get_user(), os_user().as_deref(), "the OS user, not $USER");
         assert_eq!(sockets.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
+    }
+
+    #[test]
+    fn without_pguser_the_user_is_the_effective_users_name_not_user_nor_postgres() {
+        let id = std::process::Command::new("id").arg("-un").output().unwrap();
+        let me = String::from_utf8(id.stdout).unwrap().trim().to_owned();
+        for vars in [&[][..], &[("USER", "someone-else")]] {
+            assert_eq!(from(None, vars).unwrap().get_user(), Some(me.as_str()), "{vars:?}");
+        }
+        assert_eq!(from(None, &[("PGUSER", "app")]).unwrap().get_user(), Some("app"));
     }
 
     #[test]
@@ -453,6 +598,15 @@ mod tests {
         assert_eq!(timeout("0"), None, "as libpq: wait indefinitely");
         assert_eq!(timeout("1"), Some(Duration::from_secs(2)), "as libpq: at least 2 s");
         assert_eq!(timeout("10"), Some(Duration::from_secs(10)));
+        let unset = from(None, &[]).unwrap().get_connect_timeout().copied();
+        assert_eq!(unset, Some(DEFAULT_ANSWER_LIMIT), "bounded when nothing says otherwise");
+        let dsn = |dsn: &str| {
+            let server = super::server(Some(dsn), &|name| (name == "PGCONNECT_TIMEOUT").then(|| "7".into()));
+            server.ok().and_then(|server| server.answer_limit())
+        };
+        assert_eq!(dsn("host=db connect_timeout=0"), None, "the DSN's 0 over the environment's");
+        assert_eq!(dsn("postgres://db?connect_timeout=1"), Some(Duration::from_secs(2)));
+        assert_eq!(dsn("host=db"), Some(Duration::from_secs(7)));
     }
 
     #[test]
@@ -498,8 +652,9 @@ mod tests {
         let (rest, taken) = take_options(
             "postgresql://app@db/jobs?sslmode=verify-ca&connect_timeout=5&sslrootcert=%2Fca.crt",
         );
-        assert_eq!(rest, "postgresql://app@db/jobs?connect_timeout=5");
+        assert_eq!(rest, "postgresql://app@db/jobs");
         assert_eq!((taken["sslmode"].as_str(), taken["sslrootcert"].as_str()), ("verify-ca", "/ca.crt"));
+        assert_eq!(taken["connect_timeout"], "5");
         assert_eq!(take_options("postgres://db?sslmode=require").0, "postgres://db");
     }
 

@@ -4,16 +4,17 @@ use crate::args::{ConnArgs, ElectArgs};
 use crate::child::{self, Ended};
 use crate::connect::{Server, Tracking, ABANDON_LIMIT};
 use crate::exit::{Code, Exit};
-use crate::run::{default_name, interrupted, keep_options, lost_before_end, why_lost};
-use pg_fence_client::{AcquireOptions, Connector, ElectOptions, Elector};
+use crate::run::{default_name, interrupted, keep_options, loss, lost_before_end, watch_end};
+use pg_fence_client::{AcquireOptions, Connector, ElectOptions, Elector, LeaseState};
 use std::time::Duration;
 
 pub async fn elect(args: ElectArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
     let value = args.value.unwrap_or_else(default_name);
-    let opts = ElectOptions::new(AcquireOptions::new(args.supervise.ttl))
-        .keep(keep_options(conn, args.supervise.ttl));
+    let opts =
+        ElectOptions::new(AcquireOptions::new(args.supervise.ttl).lock_delay(args.supervise.lock_delay))
+            .keep(keep_options(conn, &server, args.supervise.ttl));
     let mut signals = child::Forwarded::new();
-    let tracking = Tracking::new(server);
+    let tracking = Tracking::new(server.clone());
     let elector = Elector::new(tracking.clone(), &args.name, opts);
     let campaigned = tokio::select! {
         leadership = elector.campaign(&value) => Ok(leadership),
@@ -30,17 +31,27 @@ pub async fn elect(args: ElectArgs, conn: &ConnArgs, server: Server) -> Result<i
     let env = [
         ("PG_FENCE_KEY", args.name.clone()),
         ("PG_FENCE_FENCE", leadership.fence().to_string()),
-        ("PG_FENCE_OWNER", value),
+        ("PG_FENCE_OWNER", value.clone()),
     ];
-    let child = match child::spawn(&args.supervise.command, &env, signals) {
+    let child = match child::spawn(&args.supervise.command, &env, signals, args.supervise.kill_after) {
         Ok(child) => child,
         Err(exit) => {
             leadership.resign().await.ok();
             return Err(exit);
         }
     };
-    let lost = async { why_lost(&args.name, leadership.lost().await) };
-    match child.supervise(lost, args.supervise.kill_after).await {
+    let pauses = child::Pauses::start();
+    // The leadership's end is watched for on the server too, as `run` watches an exclusive lease:
+    // a revocation stops the command at once rather than at the next renewal.
+    let lease = leadership.lease();
+    let watched = watch_end(server, args.name.clone(), lease.fence, value, lease.token);
+    let lost = async {
+        tokio::select! {
+            state = leadership.lost() => loss(&args.name, state, &args.supervise, pauses.longest()),
+            reason = watched => loss(&args.name, LeaseState::Lost(reason), &args.supervise, pauses.longest()),
+        }
+    };
+    match child.supervise(leadership.held(), lost).await {
         Ended::Stopped => Ok(Code::Lost.code()),
         Ended::Exited(code) => {
             let resigned = leadership.resign().await;

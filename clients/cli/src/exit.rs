@@ -34,6 +34,9 @@ pub enum Code {
     Unreachable,
     /// The server refused a statement for another reason: no pg_fence, a permission (EX_SOFTWARE).
     Failed,
+    /// The server refused the login or the database: a wrong password, an unknown role, pg_hba,
+    /// a database that does not exist (EX_CONFIG). Not retried: only the configuration can help.
+    Config,
     /// The key is held: `--no-wait`, or `--wait` ran out (EX_TEMPFAIL: try again later).
     Held,
     /// The lease was lost while the command ran (revoked, expired, taken over, or the local
@@ -54,6 +57,7 @@ impl Code {
             Code::Unreachable => 69,
             Code::Failed => 70,
             Code::Held => 75,
+            Code::Config => 78,
             Code::Lost => 76,
             Code::NotHeld => 1,
             Code::Command(code) => code,
@@ -81,11 +85,19 @@ impl fmt::Display for Exit {
     }
 }
 
-/// A client error as an exit: no connection (or no answer) is Unreachable, bad options are Usage,
-/// a refused statement is Failed.
+/// Whether the server refused a statement's input (class 22: an empty or too long key, a TTL
+/// above pg_fence.max_ttl, ...): the command line asked for what cannot be.
+fn bad_input(sqlstate: Option<&str>) -> bool {
+    sqlstate.is_some_and(|code| code.starts_with("22"))
+}
+
+/// A client error as an exit: a refused login is Config, no connection (or no answer) is
+/// Unreachable, bad options or input the server refuses are Usage, another refusal is Failed.
 impl From<Error> for Exit {
     fn from(err: Error) -> Exit {
         let code = match &err {
+            err if err.is_refused_login() => Code::Config,
+            err if bad_input(err.sqlstate()) => Code::Usage,
             Error::Connect(_) | Error::OutcomeUnknown(_) => Code::Unreachable,
             Error::Config(_) => Code::Usage,
             Error::WaitTimedOut { .. } => Code::Held,
@@ -97,7 +109,11 @@ impl From<Error> for Exit {
 
 impl From<tokio_postgres::Error> for Exit {
     fn from(err: tokio_postgres::Error) -> Exit {
-        let code = if err.code().is_some() { Code::Failed } else { Code::Unreachable };
+        let code = match err.code().map(|code| code.code()) {
+            sqlstate if bad_input(sqlstate) => Code::Usage,
+            Some(_) => Code::Failed,
+            None => Code::Unreachable,
+        };
         Exit::new(code, describe(&err))
     }
 }

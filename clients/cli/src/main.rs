@@ -45,14 +45,21 @@ fn dispatch(cli: Cli) -> Result<i32, Exit> {
             clap_complete::generate(shell, &mut Cli::command(), "pg-fence", &mut stdout);
             return Ok(0);
         }
-        Command::Man => {
-            clap_mangen::Man::new(Cli::command())
-                .render(&mut stdout)
-                .map_err(|err| Exit::new(Code::Failed, err.to_string()))?;
+        Command::Man { dir } => {
+            // Without the help subcommand, as generate_to leaves it out: its page is not written,
+            // so the top page must not name it.
+            let command = Cli::command().disable_help_subcommand(true);
+            let written = match dir {
+                Some(dir) => clap_mangen::generate_to(command, &dir)
+                    .map_err(|err| format!("cannot write the man pages to {}: {err}", dir.display())),
+                None => clap_mangen::Man::new(command).render(&mut stdout).map_err(|err| err.to_string()),
+            };
+            written.map_err(|err| Exit::new(Code::Failed, err))?;
             return Ok(0);
         }
         _ => {}
     }
+    args::check(&cli.command).map_err(|message| Exit::new(Code::Usage, message))?;
     let server = connect::server(cli.conn.dsn.as_deref(), &|name| std::env::var(name).ok())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -69,7 +76,7 @@ fn dispatch(cli: Cli) -> Result<i32, Exit> {
             Command::Status(args) => admin::status(args, conn, server).await,
             Command::Revoke(args) => admin::revoke(args, conn, server).await,
             Command::Stats(args) => admin::stats(args, conn, server).await,
-            Command::Completions { .. } | Command::Man => unreachable!("answered above"),
+            Command::Completions { .. } | Command::Man { .. } => unreachable!("answered above"),
         }
     })
 }

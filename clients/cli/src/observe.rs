@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 pub async fn observe(args: ObserveArgs, conn: &ConnArgs, server: Server) -> Result<i32, Exit> {
     let ttl = Duration::from_secs(30);
-    let keep = keep_options(conn, ttl);
+    let keep = keep_options(conn, &server, ttl);
     // The observer's first item is the present, the vacancy included.
     let opts = ElectOptions::new(AcquireOptions::new(ttl)).keep(keep);
     let elector = Elector::new(server, &args.name, opts);

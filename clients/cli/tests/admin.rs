@@ -64,3 +64,19 @@ fn leases_watch_prints_each_change() {
     assert!(common::eventually(common::LIMIT, || live_in("false") > live_in("true")), "{}", watch.stdout());
     assert!(watch.running(), "it watches until interrupted");
 }
+
+#[test]
+fn odd_keys_are_escaped_in_the_table_and_exact_in_json() {
+    let setup = Setup::new("cli_odd_keys", 27943);
+    let key = "job\tone\nline two 日本";
+    let mut holder = setup.hold_until("holder", &[key], "started", "go");
+    let (code, stdout, _) = setup.run("leases", &["leases"]);
+    assert_eq!(code, 0);
+    assert_eq!(stdout.lines().count(), 2, "a header and a row: {stdout}");
+    assert!(stdout.lines().nth(1).unwrap().starts_with("job\\tone\\nline two 日本  "), "{stdout}");
+    let (_, json, _) = setup.run("leases_json", &["leases", "--json"]);
+    let row: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    assert_eq!(row["key"].as_str(), Some(key), "exact in JSON");
+    setup.touch("go");
+    assert_eq!(holder.exit_code(), 0);
+}

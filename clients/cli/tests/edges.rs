@@ -1,4 +1,4 @@
-//! Loss handling at its edges, on ports 27950-27959: a group that outlives its leader, signals that
+//! Loss handling at its edges, on ports 27950-27959, 27918, 27919 and 27939 (one a test): a group that outlives its leader, signals that
 //! reach pg-fence before the command has started.
 mod common;
 use common::{sh, Setup, LIMIT};
@@ -38,7 +38,9 @@ fn interrupt_while_waiting(setup: &Setup, hold: &[&str], wait: &[&str], key: &st
     let mut holder = setup.spawn("holder", &[hold, &["--"], &sh(script)].concat());
     assert!(setup.appears("started"), "{}", holder.stderr());
     let mut waiter = setup.spawn("waiter", &[wait, &["--", "touch", "ran"]].concat());
-    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Extension'";
+    // The waiter's acquire, not the holder's watch of its lease (await_change), which waits too.
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Extension' \
+                   AND query NOT LIKE '%await_change%'";
     assert!(common::eventually(LIMIT, || setup.query_i64(waiting) == 1), "{}", waiter.stderr());
     common::signal(waiter.pid(), "-INT");
     let code = waiter.exit_code();
@@ -198,7 +200,7 @@ fn a_watch_interval_of_zero_is_bad_usage() {
 
 #[test]
 fn orphans_of_the_command_do_not_pile_up_as_zombies_while_it_runs() {
-    let setup = Setup::new("cli_orphans", 27955);
+    let setup = Setup::new("cli_orphans", 27918);
     // Each subshell ends at once, leaving its sleep to its adoptive parent, pg-fence.
     let script = "for i in 1 2 3 4 5 6 7 8; do (sleep 0.01 &); done; touch started; while [ ! -e go ]; do sleep 0.05; done";
     let mut run = setup.spawn("run", &[&["run", "job", "--"][..], &sh(script)].concat());
@@ -228,14 +230,19 @@ fn orphans_of_the_command_do_not_pile_up_as_zombies_while_it_runs() {
 
 #[test]
 fn a_lease_lost_before_the_command_ended_is_said_and_not_taken_for_success() {
-    let setup = Setup::new("cli_lost_unnoticed", 27956);
+    let setup = Setup::new("cli_lost_unnoticed", 27919);
     for at_least in [&[][..], &["--at-least", "1m"]] {
         for file in ["started", "go"] {
             let _ = std::fs::remove_file(setup.path(file));
         }
         // Revoked between two renewals: the command ends before pg-fence would have heard of it.
-        let mut run =
-            setup.hold_until("run", &[at_least, &["--ttl", "30s", "job"]].concat(), "started", "go");
+        // A shared lease, whose end pg-fence hears of at a renewal only (an exclusive one it watches).
+        let mut run = setup.hold_until(
+            "run",
+            &[at_least, &["--shared", "--ttl", "30s", "job"]].concat(),
+            "started",
+            "go",
+        );
         assert_eq!(setup.run("revoke", &["revoke", "job"]).0, 0);
         setup.touch("go");
         let code = run.exit_code();
@@ -247,15 +254,52 @@ fn a_lease_lost_before_the_command_ended_is_said_and_not_taken_for_success() {
 
 #[test]
 fn a_leadership_lost_before_the_command_ended_is_said_and_not_taken_for_success() {
-    let setup = Setup::new("cli_lost_leader", 27957);
+    let setup = Setup::new("cli_lost_leader", 27939);
     let script = "touch started; while [ ! -e go ]; do sleep 0.05; done";
     let mut elect =
         setup.spawn("elect", &[&["elect", "--ttl", "30s", "sched", "--"][..], &sh(script)].concat());
     assert!(setup.appears("started"));
+    // Revoked unseen until the command has ended: `elect` watches its leadership on the server (a
+    // revocation stops the command at once), so the watch's backend is stopped meanwhile.
+    let backend = common::Frozen::backend(setup.watching_backend());
     assert_eq!(setup.run("revoke", &["revoke", "sched"]).0, 0);
     setup.touch("go");
     let code = elect.exit_code();
+    drop(backend);
     let stderr = elect.stderr();
     assert!(stderr.contains("the leadership of sched was lost before the command ended"), "{stderr}");
     assert_eq!(code, 76, "{stderr}");
+}
+
+#[test]
+fn the_man_pages_are_one_per_command_and_name_only_pages_that_exist() {
+    let dir = common::ScratchDir::create("cli_man_pages");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_pg-fence"))
+        .args(["man", "--dir"])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let pages: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    for command in ["run", "elect", "observe", "leases", "status", "revoke", "stats"] {
+        assert!(pages.contains(&format!("pg-fence-{command}.1")), "pg-fence-{command}.1 in {pages:?}");
+    }
+    for page in &pages {
+        let roff = std::fs::read_to_string(dir.path().join(page)).unwrap();
+        for named in roff.split("pg\\-fence\\-").skip(1) {
+            let name = named.split(|c: char| !c.is_ascii_alphanumeric()).next().unwrap();
+            assert!(
+                pages.contains(&format!("pg-fence-{name}.1")),
+                "{page} names pg-fence-{name}(1), not written"
+            );
+        }
+    }
+    let run = std::fs::read_to_string(dir.path().join("pg-fence-run.1")).unwrap();
+    assert!(
+        run.contains("fence_guard") && run.contains("\\-\\-kill\\-after"),
+        "run's page has its options and examples"
+    );
 }

@@ -65,7 +65,7 @@ fn the_next_candidate_leads_when_the_first_command_ends_and_observe_prints_each_
 /// a new connection.
 #[test]
 fn observe_says_when_it_cannot_see() {
-    let setup = Setup::new("cli_observe_blind", 27637);
+    let setup = Setup::new("cli_observe_blind", 27980);
     setup.execute("SELECT fence.lease_acquire('watched', '3 seconds', 'lead')");
     let text = setup.spawn("observer", &["observe", "watched"]);
     assert!(
@@ -73,17 +73,31 @@ fn observe_says_when_it_cannot_see() {
         "{}",
         text.stdout()
     );
-    let asking = "SELECT pid::bigint FROM pg_stat_activity WHERE query LIKE '%await_change%' \
-                  AND pid <> pg_backend_pid() AND backend_type = 'client backend'";
-    let backend = setup.query_i64(asking).to_string();
-    let signal = |sig: &str| std::process::Command::new("kill").args([sig, &backend]).status().unwrap();
-    assert!(signal("-STOP").success());
+    let backend = common::Frozen::backend(setup.watching_backend());
     let blind_then_vacancy = |out: &str| {
         let after: Vec<&str> = out.lines().skip_while(|line| !line.contains("leader lead")).skip(1).collect();
         after.first().is_some_and(|line| line.starts_with("watched: cannot see ("))
             && after.contains(&"watched: no leader")
     };
     let seen = common::eventually(LIMIT, || blind_then_vacancy(&text.stdout()));
-    signal("-CONT");
+    drop(backend);
     assert!(seen, "{}", text.stdout());
+}
+
+/// A revoked leader's command is stopped at once, as `run`'s is: its next renewal, a third of a
+/// 10-minute TTL away, is far past LIMIT.
+#[test]
+fn a_revoked_leaders_command_stops_at_once_not_at_the_next_renewal() {
+    let setup = Setup::new("cli_elect_revoked", 27948);
+    let script = "trap 'exit 3' TERM; touch started; while :; do sleep 0.05; done";
+    let mut leader =
+        setup.spawn("leader", &[&["elect", "scheduler", "--ttl", "10m", "--"][..], &sh(script)].concat());
+    assert!(setup.appears("started"), "{}", leader.stderr());
+    assert_eq!(setup.run("revoke", &["revoke", "scheduler"]).0, 0);
+    assert_eq!(leader.exit_code(), 76, "{}", leader.stderr());
+    assert!(
+        leader.stderr().contains("the lease on scheduler was lost (revoked): sending SIGTERM"),
+        "{}",
+        leader.stderr()
+    );
 }

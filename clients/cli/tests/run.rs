@@ -160,7 +160,12 @@ fn a_stopped_pg_fence_leaves_its_command_running_and_its_writes_are_refused() {
     );
     common::signal(stopped.pid(), "-CONT");
     assert_eq!(stopped.exit_code(), 76);
-    assert!(stopped.stderr().contains("sending SIGTERM"), "{}", stopped.stderr());
+    let stderr = stopped.stderr();
+    assert!(stderr.contains("sending SIGTERM"), "{stderr}");
+    assert!(
+        stderr.contains("pg-fence itself did not run for") && !stderr.contains("unreachable"),
+        "the stop is named, not the server: {stderr}"
+    );
 }
 
 #[test]
@@ -279,4 +284,404 @@ fn the_wait_shows_who_holds_the_key_when_stderr_is_a_terminal() {
     assert!(shown.stdout().contains("ran"), "{}", shown.stdout());
     assert_eq!(hidden.exit_code(), 0);
     assert!(!hidden.stderr().contains("waiting"), "not on a file: {}", hidden.stderr());
+}
+
+#[test]
+fn an_at_least_longer_than_the_servers_max_ttl_is_refused_before_the_command_runs() {
+    let setup = Setup::new("cli_at_least_max", 27921);
+    let (code, _, stderr) = setup.run("long", &["run", "--at-least", "25h", "weekly", "--", "touch", "ran"]);
+    assert_eq!(code, 64, "{stderr}");
+    assert!(!setup.path("ran").exists(), "the command did not run: {stderr}");
+    assert!(
+        stderr.contains("--at-least 1day 1h is longer than the server's pg_fence.max_ttl (1day)")
+            && stderr.contains("HINT: raise pg_fence.max_ttl"),
+        "{stderr}"
+    );
+    assert_eq!(setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'weekly' AND live"), 0);
+    let mut admin = setup.cluster.connect();
+    // The setting is known to a session once it has loaded the library.
+    admin.batch_execute("LOAD 'pg_fence'").unwrap();
+    admin.batch_execute("ALTER SYSTEM SET pg_fence.max_ttl = '8d'").unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    assert!(
+        common::eventually(LIMIT, || setup
+            .run("week", &["run", "--at-least", "7d", "weekly", "--", "touch", "ran"])
+            .0
+            == 0),
+        "a week once max_ttl allows it"
+    );
+    let held_for = setup.query_i64(
+        "SELECT extract(epoch FROM expires_at - acquired_at)::bigint FROM fence.leases WHERE key = 'weekly' AND live",
+    );
+    assert_eq!(held_for, 7 * 24 * 3600, "kept the whole week");
+}
+
+/// Kills what is left of a test's commands (marked by `marker`), and says how many there were.
+fn kill_left(marker: &str) -> usize {
+    let left = common::pids_running(marker);
+    for pid in &left {
+        // SAFETY: only sends a signal to a process of this test's own.
+        unsafe { libc::kill(*pid as libc::pid_t, libc::SIGKILL) };
+    }
+    left.len()
+}
+
+#[test]
+fn pg_fence_killed_takes_the_whole_command_with_it() {
+    let setup = Setup::new("cli_sigkill", 27922);
+    // A shell and a worker it started, both deaf to SIGTERM; the marker is in both command lines.
+    let marker = format!("orphaned-{}", std::process::id());
+    let script = format!(
+        "trap '' TERM; : {marker}; (while :; do sleep 0.05; done) & touch started; while :; do sleep 0.05; done"
+    );
+    let mut run =
+        setup.spawn("run", &[&["run", "--kill-after", "1s", "job", "--"][..], &sh(&script)].concat());
+    assert!(setup.appears("started"), "{}", run.stderr());
+    // pg-fence's own command line holds the script too.
+    assert!(common::pids_running(&marker).len() >= 3, "pg-fence, the shell and its worker");
+    common::signal(run.pid(), "-KILL");
+    run.exit_code();
+    let gone = common::eventually(LIMIT, || common::pids_running(&marker).is_empty());
+    let left = kill_left(&marker);
+    assert!(gone, "{left} of the command's processes still ran after pg-fence was killed");
+    assert!(run.stderr().contains("after SIGTERM: sending SIGKILL"), "{}", run.stderr());
+}
+
+#[test]
+fn a_sigterm_the_command_ignores_is_followed_by_sigkill() {
+    let setup = Setup::new("cli_term_escalates", 27923);
+    let marker = format!("deaf-{}", std::process::id());
+    let script = format!("trap '' TERM; : {marker}; touch started; while :; do sleep 0.05; done");
+    let mut run =
+        setup.spawn("run", &[&["run", "--kill-after", "1s", "job", "--"][..], &sh(&script)].concat());
+    assert!(setup.appears("started"), "{}", run.stderr());
+    common::signal(run.pid(), "-TERM");
+    let start = std::time::Instant::now();
+    let ended = loop {
+        if !run.running() || start.elapsed() > LIMIT {
+            break !run.running();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let left = kill_left(&marker);
+    assert!(ended, "pg-fence still ran {LIMIT:?} after SIGTERM ({left} processes of its command left)");
+    assert_eq!(run.exit_code(), 137, "the command's status: killed: {}", run.stderr());
+    assert!(
+        run.stderr().contains("the command still ran 1s after SIGTERM: sending SIGKILL"),
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(
+        setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live"),
+        0,
+        "released"
+    );
+}
+
+#[test]
+fn with_the_server_unreachable_the_command_is_killed_before_the_lease_expires_whatever_kill_after() {
+    let setup = Setup::new("cli_kill_before_expiry", 27924);
+    // Deaf to SIGTERM, it stamps the time every 50 ms until it is killed.
+    let script = "trap '' TERM; touch started; while :; do echo $EPOCHREALTIME >> ticks; sleep 0.05; done";
+    let mut run =
+        setup.spawn("run", &["run", "--ttl", "20s", "--kill-after", "1h", "job", "--", "bash", "-c", script]);
+    assert!(setup.appears("started"));
+    setup.cluster.crash();
+    let start = std::time::Instant::now();
+    while run.running() && start.elapsed() < 2 * LIMIT {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopped = !run.running();
+    if !stopped {
+        kill_left("EPOCHREALTIME >> ticks");
+    }
+    assert!(stopped, "the command still ran {:?} after the crash: {}", 2 * LIMIT, run.stderr());
+    assert_eq!(run.exit_code(), 76, "{}", run.stderr());
+    setup.cluster.restart();
+    let expires_at = setup.query_i64(
+        "SELECT (extract(epoch FROM expires_at) * 1e6)::bigint FROM fence.leases WHERE key = 'job'",
+    );
+    let last = setup.read("ticks").lines().last().unwrap().replace('.', "").parse::<i64>().unwrap();
+    assert!(last < expires_at, "the last tick {} ms after the server's expiry", (last - expires_at) / 1000);
+    assert!(run.stderr().contains("after SIGTERM: sending SIGKILL"), "{}", run.stderr());
+}
+
+#[test]
+fn lock_delay_keeps_the_key_from_others_after_a_revocation() {
+    let setup = Setup::new("cli_lock_delay", 27925);
+    let mut holder = setup.hold_until("holder", &["--lock-delay", "1h", "job"], "started", "go");
+    assert_eq!(setup.run("revoke", &["revoke", "job"]).0, 0);
+    assert_eq!(holder.exit_code(), 76, "{}", holder.stderr());
+    let (code, _, stderr) = setup.run("next", &["run", "--no-wait", "job", "--", "true"]);
+    assert_eq!(code, 75, "held back by the lock-delay: {stderr}");
+    // A second revocation lifts the lock-delay.
+    setup.run("lift", &["revoke", "job"]);
+    assert_eq!(setup.run("after", &["run", "--no-wait", "job", "--", "true"]).0, 0);
+}
+
+/// The lines of `text` from the one that starts with `start`, up to the next empty line or fence.
+fn example(text: &str, start: &str) -> String {
+    let lines: Vec<_> = text.lines().collect();
+    let first = lines.iter().position(|line| line.trim_start().starts_with(start)).expect(start);
+    let rest = lines[first..].iter().take_while(|line| !line.trim().is_empty() && !line.starts_with("```"));
+    rest.map(|line| line.trim()).collect::<Vec<_>>().join("\n")
+}
+
+#[test]
+fn the_fenced_write_of_run_help_is_the_readmes_and_works() {
+    let setup = Setup::new("cli_help_example", 27926);
+    setup.execute("CREATE TABLE jobs (id int, state int); INSERT INTO jobs VALUES (42, 1)");
+    let help = setup.pg_fence(&["run", "--help"]).output().unwrap();
+    let help = example(&String::from_utf8(help.stdout).unwrap(), "pg-fence run job:42");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    assert_eq!(help, example(&readme, "pg-fence run job:42"), "the help's example is the README's");
+    // Run as a shell runs it, with the pg-fence just built first on the PATH.
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_pg-fence")).parent().unwrap().to_owned();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let env = setup.pg_fence(&[]);
+    let shell = std::process::Command::new("sh")
+        .args(["-c", &help])
+        .envs(env.get_envs().filter_map(|(name, value)| Some((name.to_owned(), value?.to_owned()))))
+        .env("PATH", path)
+        .current_dir(setup.dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&shell.stderr);
+    assert_eq!(shell.status.code(), Some(0), "{help}\n{stderr}");
+    assert_eq!(setup.query_i64("SELECT state::bigint FROM jobs WHERE id = 42"), 2, "{stderr}");
+}
+
+#[test]
+fn quiet_says_nothing_when_the_key_is_held() {
+    let setup = Setup::new("cli_quiet", 27927);
+    let mut holder = setup.hold_until("holder", &["job"], "started", "go");
+    let (code, _, stderr) = setup.run("loser", &["run", "--no-wait", "--quiet", "job", "--", "true"]);
+    assert_eq!((code, stderr.as_str()), (75, ""), "held, said nothing");
+    let (code, _, stderr) = setup.run("loud", &["run", "--no-wait", "job", "--", "true"]);
+    assert!(code == 75 && stderr.contains("job is held by"), "without --quiet: {stderr}");
+    setup.touch("go");
+    assert_eq!(holder.exit_code(), 0);
+}
+
+/// State, parent, process group and its terminal's foreground group of `pid` from /proc (None
+/// once it is gone).
+fn stat_of(pid: u32) -> Option<(char, u32, i32, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    Some((state, fields.get(1)?.parse().ok()?, fields.get(2)?.parse().ok()?, fields.get(5)?.parse().ok()?))
+}
+
+/// Among the processes that name `marker`: pg-fence (the one of its binary whose parent is not:
+/// that one is its watchdog), the command's shell (pg-fence's child), and the shell's process group.
+fn pg_fence_and_command(marker: &str) -> (u32, u32, i32) {
+    let pids = common::pids_running(marker);
+    let binary = env!("CARGO_BIN_EXE_pg-fence");
+    let cmdline = |pid: &u32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let ours: Vec<u32> =
+        pids.iter().copied().filter(|pid| cmdline(pid).starts_with(binary.as_bytes())).collect();
+    let pg_fence = *ours.iter().find(|pid| !ours.contains(&stat_of(**pid).unwrap().1)).unwrap();
+    let shell =
+        *pids.iter().find(|pid| !ours.contains(pid) && stat_of(**pid).unwrap().1 == pg_fence).unwrap();
+    (pg_fence, shell, stat_of(shell).unwrap().2)
+}
+
+/// The command of the Ctrl-Z tests: bash, which forks its commands. dash starts them with vfork,
+/// and a SIGTSTP that reaches the child between the vfork and its exec (each failed exec of a
+/// PATH search is such a moment) stops the child while dash, waiting for that exec, cannot stop:
+/// the group never stops as a whole, with pg-fence as under any shell.
+fn bash(script: &str) -> [&str; 3] {
+    ["bash", "-c", script]
+}
+
+#[test]
+fn ctrl_z_stops_pg_fence_with_its_command_and_fg_continues_both() {
+    let setup = Setup::new("cli_ctrl_z", 27928);
+    let marker = format!("suspended-{}", std::process::id());
+    let script = format!(": {marker}; touch started; while [ ! -e go ]; do sleep 0.05; done; echo done");
+    let mut run = setup.spawn_on_terminal("run", &[&["run", "job", "--"][..], &bash(&script)].concat());
+    assert!(setup.appears("started"), "{}", run.stdout());
+    let (pg_fence, shell, group) = pg_fence_and_command(&marker);
+    // What the terminal does on Ctrl-Z: SIGTSTP to the group in front, the command's.
+    std::process::Command::new("kill").args(["-TSTP", "--", &format!("-{group}")]).status().unwrap();
+    // script(1), pg-fence's parent here, stops itself once it has seen pg-fence stop, as a shell
+    // sees its job stop: continued before that, it would stop after.
+    let stopped = |pid: u32| stat_of(pid).is_some_and(|(state, ..)| state == 'T');
+    assert!(
+        common::eventually(LIMIT, || stopped(pg_fence) && stopped(run.pid())),
+        "pg-fence stopped with its command, for the shell to take the terminal back: {}",
+        run.stdout()
+    );
+    let (_, _, own, front) = stat_of(pg_fence).unwrap();
+    assert_eq!(front, own, "the terminal is back with pg-fence's group, the shell's job");
+    assert_eq!(setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live"), 1);
+    // What the shell does on fg: script(1) continued, which continues pg-fence.
+    common::signal(run.pid(), "-CONT");
+    assert!(
+        common::eventually(LIMIT, || stat_of(shell)
+            .is_some_and(|(state, _, _, front)| state != 'T' && front == group)),
+        "the command continued, in front again"
+    );
+    setup.touch("go");
+    assert_eq!(run.exit_code(), 0, "{}", run.stdout());
+    assert!(run.stdout().contains("done"), "{}", run.stdout());
+}
+
+#[test]
+fn a_revocation_stops_the_command_at_once_not_at_the_next_renewal() {
+    let setup = Setup::new("cli_revoke_watched", 27929);
+    // The next renewal of a 10-minute lease is 200 s away, well past LIMIT.
+    let script = "trap 'exit 3' TERM; touch started; while :; do sleep 0.05; done";
+    let mut run = setup.spawn("run", &[&["run", "--ttl", "10m", "job", "--"][..], &sh(script)].concat());
+    assert!(setup.appears("started"), "{}", run.stderr());
+    assert_eq!(setup.run("revoke", &["revoke", "job"]).0, 0);
+    assert_eq!(run.exit_code(), 76, "{}", run.stderr());
+    assert!(
+        run.stderr().contains("the lease on job was lost (revoked): sending SIGTERM"),
+        "{}",
+        run.stderr()
+    );
+}
+
+#[test]
+fn ctrl_z_past_the_ttl_then_fg_never_continues_the_command() {
+    let setup = Setup::new("cli_ctrl_z_lost", 27944);
+    let marker = format!("stopped-past-{}", std::process::id());
+    // Deaf to SIGTERM, it stamps the file every 20 ms for as long as it runs.
+    let script =
+        format!("trap '' TERM; : {marker}; touch started; while :; do echo tick >> ticks; sleep 0.02; done");
+    let run =
+        setup.spawn_on_terminal("run", &[&["run", "--ttl", "6s", "job", "--"][..], &bash(&script)].concat());
+    assert!(setup.appears("started"), "{}", run.stdout());
+    let (pg_fence, shell, group) = pg_fence_and_command(&marker);
+    std::process::Command::new("kill").args(["-TSTP", "--", &format!("-{group}")]).status().unwrap();
+    let stopped = |pid: u32| stat_of(pid).is_some_and(|(state, ..)| state == 'T');
+    assert!(
+        common::eventually(LIMIT, || stopped(pg_fence) && stopped(shell) && stopped(run.pid())),
+        "pg-fence stopped with its command, and script(1) with it: {}",
+        run.stdout()
+    );
+    // Another host takes the key once the lease, renewed no more, has expired.
+    let (code, _, stderr) = setup.run("next", &["run", "--wait", "1m", "job", "--", "true"]);
+    assert_eq!(code, 0, "the next holder ran: {stderr}");
+    let ticks = setup.read("ticks").len();
+    // fg, as the shell does it: script(1), pg-fence's parent here, stopped itself when pg-fence
+    // stopped, and continues pg-fence when it is continued. Its reaping of a pg-fence that ends at
+    // once races its own resumption (it may never reap it), so pg-fence's end is read from /proc
+    // and from what it said, not from script's status.
+    common::signal(run.pid(), "-CONT");
+    let ended = |pid: u32| stat_of(pid).is_none_or(|(state, ..)| state == 'Z');
+    if !common::eventually(Duration::from_secs(5), || ended(pg_fence)) {
+        let _ = std::process::Command::new("kill").args(["-CONT", &pg_fence.to_string()]).status();
+    }
+    assert!(common::eventually(LIMIT, || ended(pg_fence)), "pg-fence ended: {}", run.stdout());
+    // script(1)'s command line names the marker too.
+    let command = || common::pids_running(&marker).into_iter().filter(|pid| *pid != run.pid()).count();
+    let gone = common::eventually(LIMIT, || command() == 0);
+    assert!(gone, "{} of the command's processes still ran after pg-fence ended", command());
+    let after = setup.read("ticks")[ticks..].lines().count();
+    assert_eq!(after, 0, "the command ran again after fg, beside the next holder: {}", run.stdout());
+    // Killed, not continued: "stopped meanwhile", or on a loaded machine a loss its keeper told first.
+    // What pg-fence said reaches the file through script(1), which may not have relayed it yet.
+    assert!(common::eventually(LIMIT, || run.stdout().contains("SIGKILL")), "{}", run.stdout());
+}
+
+#[test]
+fn pg_fence_killed_with_its_whole_process_group_takes_the_command_with_it() {
+    use std::os::unix::process::CommandExt;
+    let setup = Setup::new("cli_sigkill_group", 27945);
+    let marker = format!("group-killed-{}", std::process::id());
+    let script = format!(
+        "trap '' TERM; : {marker}; (while :; do sleep 0.05; done) & touch started; while :; do sleep 0.05; done"
+    );
+    // In a group of its own, as under timeout(1) or a supervisor that kills groups.
+    let mut cmd = setup.pg_fence(&[&["run", "--kill-after", "1s", "job", "--"][..], &sh(&script)].concat());
+    cmd.process_group(0);
+    let mut run = setup.start("run", cmd);
+    assert!(setup.appears("started"), "{}", run.stderr());
+    assert!(common::pids_running(&marker).len() >= 3, "pg-fence, the shell and its worker");
+    // SAFETY: only sends a signal to the group of the pg-fence this test started.
+    unsafe { libc::killpg(run.pid() as libc::pid_t, libc::SIGKILL) };
+    run.exit_code();
+    let gone = common::eventually(LIMIT, || common::pids_running(&marker).is_empty());
+    let left = kill_left(&marker);
+    assert!(gone, "{left} of the command's processes still ran after pg-fence's group was killed");
+}
+
+#[test]
+fn after_ctrl_z_and_bg_pg_fence_leaves_the_terminal_to_the_shell() {
+    let setup = Setup::new("cli_ctrl_z_bg", 27946);
+    let marker = format!("backgrounded-{}", std::process::id());
+    // A shell with job control on the terminal of script(1): pg-fence in front, then, stopped, put
+    // in the background; once it has ended the shell writes which group has the terminal, and its own
+    // (job control off by then: a shell with it takes the terminal back after each foreground job).
+    let job = format!(
+        "set -m\n\
+         '{binary}' run job -- bash -c ': {marker}; touch started; while [ ! -e go ]; do sleep 0.05; done'\n\
+         echo $? > stopped\n\
+         bg %1\n\
+         set +m\n\
+         wait\n\
+         echo $(ps -o tpgid= -p $$) $(ps -o pgid= -p $$) > front\n",
+        binary = env!("CARGO_BIN_EXE_pg-fence")
+    );
+    std::fs::write(setup.path("job.sh"), job).unwrap();
+    let mut script = std::process::Command::new("script");
+    script.args(["--quiet", "--return", "--command", "bash job.sh", "/dev/null"]);
+    for (name, value) in setup.pg_fence(&[]).get_envs() {
+        match value {
+            Some(value) => script.env(name, value),
+            None => script.env_remove(name),
+        };
+    }
+    script.current_dir(setup.dir.path()).stdin(std::process::Stdio::null());
+    let mut shell = setup.start("shell", script);
+    assert!(setup.appears("started"), "{}", shell.stdout());
+    let (_, command, group) = pg_fence_and_command(&marker);
+    // The processes of the test's terminal, for a failure's message.
+    let ps = || {
+        let all = std::process::Command::new("ps").args(["-eo", "pid,ppid,pgid,tpgid,sid,stat,cmd"]).output();
+        let all = String::from_utf8_lossy(&all.unwrap().stdout).into_owned();
+        all.lines()
+            .filter(|line| line.contains(&marker) || line.contains("job.sh"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(
+        common::eventually(LIMIT, || stat_of(command).is_some_and(|(.., front)| front == group)),
+        "the command in front: {}",
+        ps()
+    );
+    std::process::Command::new("kill").args(["-TSTP", "--", &format!("-{group}")]).status().unwrap();
+    assert!(setup.appears("stopped"), "the shell saw its job stop: {} {}", shell.stdout(), ps());
+    setup.touch("go");
+    assert!(setup.appears("front"), "the job ended: {}", shell.stdout());
+    assert_eq!(shell.exit_code(), 0, "{}", shell.stdout());
+    let front = setup.read("front");
+    let groups: Vec<&str> = front.split_whitespace().collect();
+    assert_eq!(groups.len(), 2, "{front}");
+    assert_eq!(groups[0], groups[1], "the terminal's group, then the shell's: {}", shell.stdout());
+}
+
+#[test]
+fn pg_fence_killed_its_command_is_killed_by_the_leases_deadline_whatever_kill_after() {
+    let setup = Setup::new("cli_sigkill_deadline", 27947);
+    let marker = format!("past-deadline-{}", std::process::id());
+    // Deaf to SIGTERM, it stamps the time every 50 ms until it is killed.
+    let script = format!(
+        "trap '' TERM; : {marker}; touch started; while :; do echo $EPOCHREALTIME >> ticks; sleep 0.05; done"
+    );
+    let mut run =
+        setup.spawn("run", &["run", "--ttl", "6s", "--kill-after", "1h", "job", "--", "bash", "-c", &script]);
+    assert!(setup.appears("started"), "{}", run.stderr());
+    common::signal(run.pid(), "-KILL");
+    run.exit_code();
+    let gone = common::eventually(LIMIT, || common::pids_running(&marker).is_empty());
+    let left = kill_left(&marker);
+    assert!(gone, "{left} of the command's processes still ran {LIMIT:?} after pg-fence was killed");
+    let expires_at = setup.query_i64(
+        "SELECT (extract(epoch FROM expires_at) * 1e6)::bigint FROM fence.leases WHERE key = 'job'",
+    );
+    let last = setup.read("ticks").lines().last().unwrap().replace('.', "").parse::<i64>().unwrap();
+    assert!(last < expires_at, "the last tick {} ms after the server's expiry", (last - expires_at) / 1000);
 }

@@ -28,6 +28,7 @@ export async function run(pool: pg.Pool, say: Say): Promise<void> {
   })();
 
   const elected: fence.Leadership[] = [];
+  const leading: Promise<void>[] = [];
   let wake: () => void = () => undefined;
   const candidates = ["node-a", "node-b", "node-c"].map(async (name) => {
     const elector = new fence.Elector(client, {
@@ -38,7 +39,7 @@ export async function run(pool: pg.Pool, say: Say): Promise<void> {
         say(`${name}: leading with fence ${l.fence}`);
         elected.push(l);
         wake();
-        void lead(pool, say, name, l);
+        leading.push(lead(pool, say, name, l, stop.signal));
       },
       onStoppedLeading: (_l, reason) => say(`${name}: stopped leading: ${reason}`),
     });
@@ -73,6 +74,8 @@ export async function run(pool: pg.Pool, say: Say): Promise<void> {
   }
   stop.abort();
   await Promise.all(candidates);
+  // A leader's write in flight when the example stops ends before the runs are counted.
+  await Promise.all(leading);
   await observing;
   const { rows } = await pool.query<{ runs: string; leaders: string }>(
     "SELECT count(*) AS runs, count(DISTINCT fence) AS leaders FROM runs",
@@ -82,14 +85,22 @@ export async function run(pool: pg.Pool, say: Say): Promise<void> {
 }
 
 /** Writes a run every 100 ms, guarded by the leader's fence, until the leadership ends. */
-async function lead(pool: pg.Pool, say: Say, name: string, l: fence.Leadership): Promise<void> {
+async function lead(
+  pool: pg.Pool,
+  say: Say,
+  name: string,
+  l: fence.Leadership,
+  stopping: AbortSignal,
+): Promise<void> {
   while (!l.signal.aborted) {
     try {
       await l.guard((tx) =>
         tx.query("INSERT INTO runs (leader, fence) VALUES ($1, $2)", [name, l.fence.toString()]),
       );
     } catch (err) {
-      if (err instanceof fence.StaleFenceError) say(`${name}: a run refused, deposed: ${err.message}`);
+      // Refused after the example stopped, the leadership was released, not deposed.
+      if (err instanceof fence.StaleFenceError && !stopping.aborted)
+        say(`${name}: a run refused, deposed: ${err.message}`);
       return;
     }
     await sleep(100);

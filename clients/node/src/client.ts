@@ -16,7 +16,12 @@ export interface Backoff {
   capMs?: number;
   /** Attempts in all, unbounded (but for maxElapsedMs) by default. */
   maxAttempts?: number;
-  /** No retry starts after this long, 30 s by default (plus an acquire's wait). */
+  /**
+   * No retry starts after this long since the call's first failure, 30 s by default (plus an
+   * acquire's wait, which a retry waits again). Counted from the failure, not from the call: an
+   * acquire that waited on the server longer than this still gets its retries when its connection
+   * then breaks.
+   */
   maxElapsedMs?: number;
 }
 
@@ -81,7 +86,7 @@ export class FenceClient {
       onGiveUp?: (pid: number | undefined) => void;
     } = {},
   ): Promise<T> {
-    const start = performance.now();
+    let failedAt: number | undefined;
     const stop = new AbortController();
     const follow = () => stop.abort(opts.signal!.reason);
     if (opts.signal?.aborted) follow();
@@ -142,7 +147,8 @@ export class FenceClient {
           throw err;
         }
         if (mayHaveTakenEffect(err, sent)) uncertain = err;
-        const elapsed = performance.now() - start;
+        failedAt ??= performance.now();
+        const elapsed = performance.now() - failedAt;
         if (
           attempt + 1 >= this.backoff.maxAttempts ||
           elapsed >= this.backoff.maxElapsedMs + (opts.extraMs ?? 0)
@@ -261,8 +267,11 @@ export class FenceClient {
     return this.retrying((q) => calls.handoff(q, lease, toOwner));
   }
 
-  /** A lease kept renewed on a connection of its own (see KeptLease), or null when refused. */
+  /**
+   * A lease kept renewed (see KeptLease), or null when refused. Its acquire is retried as
+   * acquire() is, with its token (but a session-bound one's, on a connection of its own).
+   */
   hold(key: string, opts: HoldOptions): Promise<KeptLease | null> {
-    return hold(this.pool, key, opts);
+    return hold(this.pool, key, opts, (o) => this.acquire(key, o));
   }
 }

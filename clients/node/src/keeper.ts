@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import pg from "pg";
-import { cut, pidOf, raced } from "./util.js";
+import { cut, pidOf, raced, renewedIfWaited } from "./util.js";
 import * as calls from "./calls.js";
 import type { AcquireOptions, Duration, Lease, Queryable } from "./calls.js";
 import { FenceError, LeaseLostError, StaleFenceError, sqlstate, type LossReason } from "./errors.js";
@@ -72,7 +72,7 @@ export class KeptLease implements AsyncDisposable {
     this.deadline = sentAt + this.ttlMs;
     if (conn) this.adopt(conn);
     this.armDeadline();
-    this.scheduleRenewal(this.everyMs);
+    this.scheduleRenewal(sentAt + this.everyMs - performance.now());
     opts.signal?.addEventListener("abort", () => void this.release().catch(() => undefined), { once: true });
   }
 
@@ -137,7 +137,7 @@ export class KeptLease implements AsyncDisposable {
     this.current = { ...this.current, expiresAt: expires };
     this.deadline = sent + this.ttlMs;
     this.armDeadline();
-    this.scheduleRenewal(this.everyMs);
+    this.scheduleRenewal(sent + this.everyMs - performance.now());
   }
 
   /** @internal the keeper's renewal found the lease lost: why. */
@@ -159,6 +159,11 @@ export class KeptLease implements AsyncDisposable {
     return this.opts.ttl;
   }
 
+  /**
+   * The next renewal `ms` from now: callers count it from the last renewal's send, as the deadline
+   * is, so that a slow answer does not put the next renewal later and leave it less time before
+   * the deadline (at or below 0: at once).
+   */
   private scheduleRenewal(ms: number): void {
     if (this.keeper) return this.keeper.schedule(this, performance.now() + ms);
     clearTimeout(this.renewTimer);
@@ -222,7 +227,7 @@ export class KeptLease implements AsyncDisposable {
         this.current = { ...this.current, expiresAt: expires };
         this.deadline = sent + this.ttlMs;
         this.armDeadline();
-        this.scheduleRenewal(this.everyMs);
+        this.scheduleRenewal(sent + this.everyMs - performance.now());
         return;
       } catch (err) {
         if (err instanceof LeaseLostError) return this.tell("lost", this.explained(err.reason));
@@ -342,29 +347,45 @@ export function keeperOf(pool: pg.Pool, connections = 2): Keeper {
  * Acquires the key and keeps it renewed: the kept lease, or null when refused. A session-bound
  * lease is acquired and renewed on a connection of its own (its session is the lease); any other is
  * acquired on the pool and renewed by the pool's keeper, with every other kept lease of the pool,
- * over its few connections (fence.lease_renew_many).
+ * over its few connections (fence.lease_renew_many). With `retried` (FenceClient.hold's: its
+ * acquire, retried with the token), the acquire of a lease that is not session-bound goes through
+ * it; it is tried once otherwise.
  */
 export async function hold(
   pool: pg.Pool,
   key: string,
   opts: HoldOptions & { keeperConnections?: number },
+  retried?: (opts: HoldOptions & { token: string }) => Promise<Lease | null>,
 ): Promise<KeptLease | null> {
   const config = (pool as unknown as { options: pg.ClientConfig }).options;
   const keeper = keeperOf(pool, opts.keeperConnections);
   const o = { ...opts, token: opts.token ?? randomUUID() };
   if (!opts.sessionBound) {
     await keeper.start();
-    const sent = performance.now();
-    const conn = await pool.connect();
+    // Before the first try: any of the tries, all with the same token, may be the one granted.
+    let sent = performance.now();
     let lease: Lease | null;
-    try {
-      lease = await acquireGivingUp(conn, key, o, keeper, opts.signal);
-      conn.release();
-    } catch (err) {
-      conn.release(opts.signal?.aborted ? true : err instanceof Error ? err : undefined);
-      throw err;
+    if (retried) lease = await retried(o);
+    else {
+      const conn = await pool.connect();
+      // Not before: a wait in the pool's queue would be counted against the lease's TTL.
+      sent = performance.now();
+      try {
+        lease = await acquireGivingUp(conn, key, o, keeper, opts.signal);
+        conn.release();
+      } catch (err) {
+        conn.release(opts.signal?.aborted ? true : err instanceof Error ? err : undefined);
+        throw err;
+      }
     }
-    return lease && kept(new KeptLease(pool, config, lease, undefined, sent, opts, keeper), opts.signal);
+    if (!lease) return null;
+    const granted = lease;
+    const renewed = await renewedIfWaited(opts, sent, {
+      renew: () => keeper.call((q) => calls.renew(q, granted, opts.ttl)),
+      giveBack: () => keeper.call((q) => calls.release(q, granted)),
+    });
+    const current = renewed.expiresAt ? { ...lease, expiresAt: renewed.expiresAt } : lease;
+    return kept(new KeptLease(pool, config, current, undefined, renewed.sent, opts, keeper), opts.signal);
   }
   const conn = new pg.Client(config);
   conn.on("error", () => undefined);
@@ -381,9 +402,15 @@ export async function hold(
     await conn.end().catch(() => undefined);
     return null;
   }
+  const granted = lease;
+  const renewed = await renewedIfWaited(opts, sent, {
+    renew: () => calls.renew(conn, granted, opts.ttl),
+    giveBack: () => conn.end(), // the session is the lease
+  });
+  const current = renewed.expiresAt ? { ...lease, expiresAt: renewed.expiresAt } : lease;
   // Renewals go on in the background: they keep no finished process alive.
   unref(conn);
-  return kept(new KeptLease(pool, config, lease, conn, sent, opts), opts.signal);
+  return kept(new KeptLease(pool, config, current, conn, renewed.sent, opts), opts.signal);
 }
 
 /** The kept lease, unless the caller gave up as it was granted: then released, and the give-up thrown. */
@@ -449,16 +476,24 @@ export async function giveUp(
 /** Up to this many renewals go in one fence.lease_renew_many. */
 const BATCH = 64;
 
+/** A keeper's try that failed for its connection's sake (cut since): another try may succeed. */
+class ConnectionFailed {
+  constructor(readonly cause: unknown) {}
+}
+
 /**
  * Renews many kept leases over a few connections of its own, opened when it starts and made again
  * only when one breaks: the renewals that are due go together, up to 64 a call.
  */
 export class Keeper {
   private readonly conns: (pg.Client | undefined)[];
+  /** Per connection, the end of the last call given it: one call at a time on a connection. */
+  private readonly turns: Promise<void>[];
+  /** Per connection, the calls given it that have not ended. */
+  private readonly waiting: number[];
   private readonly due = new Map<KeptLease, number>();
   private timer: NodeJS.Timeout | undefined;
   private timerAt = Infinity;
-  private next = 0;
   private started: Promise<void> | undefined;
   private opened = false;
   private readonly failures = new Map<KeptLease, number>();
@@ -474,6 +509,34 @@ export class Keeper {
     readonly connections = 2,
   ) {
     this.conns = new Array<pg.Client | undefined>(connections).fill(undefined);
+    this.turns = new Array<Promise<void>>(connections).fill(Promise.resolve());
+    this.waiting = new Array<number>(connections).fill(0);
+  }
+
+  /** The connection with the fewest calls given it, the first of them on a tie. */
+  private leastBusy(): number {
+    let best = 0;
+    for (let i = 1; i < this.connections; i++) if (this.waiting[i]! < this.waiting[best]!) best = i;
+    return best;
+  }
+
+  /**
+   * Runs `fn` when the calls given connection `i` before it have ended: node-postgres would queue
+   * a query sent on a busy client (deprecated, and gone in pg 9), and a call's time bound starts
+   * only when its turn comes, not behind another's.
+   */
+  private async inTurn<T>(i: number, fn: () => Promise<T>): Promise<T> {
+    const before = this.turns[i]!;
+    let done!: () => void;
+    this.turns[i] = new Promise<void>((resolve) => (done = resolve));
+    this.waiting[i]!++;
+    try {
+      await before;
+      return await fn();
+    } finally {
+      this.waiting[i]!--;
+      done();
+    }
   }
 
   /** The application_name of the keeper's sessions. */
@@ -548,12 +611,19 @@ export class Keeper {
     }
     for (const lease of batch) this.due.delete(lease);
     for (let i = 0; i < batch.length; i += BATCH) {
-      void this.send(batch.slice(i, i + BATCH), this.next++ % this.connections);
+      void this.send(batch.slice(i, i + BATCH), this.leastBusy());
     }
     if (earliest < Infinity) this.arm(earliest);
   }
 
   private async send(batch: KeptLease[], i: number): Promise<void> {
+    if (batch.length === 0) return;
+    return this.inTurn(i, () => this.sendInTurn(batch, i));
+  }
+
+  private async sendInTurn(waited: KeptLease[], i: number): Promise<void> {
+    // Released or lost while it waited for its turn: nothing to renew.
+    const batch = waited.filter((lease) => lease.state === "held");
     if (batch.length === 0) return;
     const timeoutMs = Math.min(...batch.map((l) => l.attemptTimeoutMs));
     const sent = performance.now();
@@ -612,27 +682,37 @@ export class Keeper {
   async call<T>(fn: (q: pg.Client) => Promise<T>, timeoutMs = 2000, attempts = 5): Promise<T> {
     // A connection that hung is cut and made again in its place: the next try goes there, not to
     // another of the keeper's that may hang too.
-    const i = this.next++ % this.connections;
+    const i = this.leastBusy();
     for (let attempt = 1; ; attempt++) {
-      let timer: NodeJS.Timeout | undefined;
       try {
-        const conn = await this.connection(i, timeoutMs);
-        return await Promise.race([
-          fn(conn),
-          new Promise<never>((_, reject) => {
-            timer = unrefTimer(() => reject(new Error("pg_fence: the keeper's call timed out")), timeoutMs);
-          }),
-        ]);
+        return await this.inTurn(i, () => this.attempt(i, fn, timeoutMs));
       } catch (err) {
-        // The server's answer (a lost lease among them) is no connection's fault.
-        if (err instanceof FenceError || (sqlstate(err) !== undefined && !sqlstate(err)!.startsWith("08")))
-          throw err;
-        this.drop(i);
-        if (attempt >= attempts) throw err;
+        if (!(err instanceof ConnectionFailed)) throw err;
+        if (attempt >= attempts) throw err.cause;
         await pause(Math.random() * Math.min(1000, 50 * 2 ** attempt));
-      } finally {
-        clearTimeout(timer);
       }
+    }
+  }
+
+  /** One try of `call`'s, in its turn on connection `i`: cut when it fails for the connection's sake. */
+  private async attempt<T>(i: number, fn: (q: pg.Client) => Promise<T>, timeoutMs: number): Promise<T> {
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      const conn = await this.connection(i, timeoutMs);
+      return await Promise.race([
+        fn(conn),
+        new Promise<never>((_, reject) => {
+          timer = unrefTimer(() => reject(new Error("pg_fence: the keeper's call timed out")), timeoutMs);
+        }),
+      ]);
+    } catch (err) {
+      // The server's answer (a lost lease among them) is no connection's fault.
+      if (err instanceof FenceError || (sqlstate(err) !== undefined && !sqlstate(err)!.startsWith("08")))
+        throw err;
+      this.drop(i);
+      throw new ConnectionFailed(err);
+    } finally {
+      clearTimeout(timer);
     }
   }
 

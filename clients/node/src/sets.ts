@@ -3,7 +3,7 @@ import * as calls from "./calls.js";
 import type { AcquireOptions, Duration, Lease, LeaseSet } from "./calls.js";
 import { LeaseLostError, StaleFenceError, type LossReason } from "./errors.js";
 import { keeperOf, type KeptState, type Keeper } from "./keeper.js";
-import { unrefTimeout } from "./util.js";
+import { renewedIfWaited, unrefTimeout } from "./util.js";
 
 export interface HoldSetOptions extends Omit<AcquireOptions, "shared" | "permits" | "lockDelay" | "token"> {
   /** How often to renew, ttl/3 by default. */
@@ -44,7 +44,8 @@ export class KeptLeaseSet implements AsyncDisposable {
     this.everyMs = opts.renewEvery === undefined ? this.ttlMs / 3 : calls.millis(opts.renewEvery);
     this.deadline = sentAt + this.ttlMs;
     this.armDeadline();
-    this.schedule(this.everyMs);
+    // From the send, as the deadline: a slow answer does not put the next renewal later.
+    this.schedule(sentAt + this.everyMs - performance.now());
     opts.signal?.addEventListener("abort", () => void this.release().catch(() => undefined), { once: true });
   }
 
@@ -92,7 +93,7 @@ export class KeptLeaseSet implements AsyncDisposable {
         if (this.stateNow !== "held") return;
         this.deadline = sent + this.ttlMs;
         this.armDeadline();
-        return this.schedule(this.everyMs);
+        return this.schedule(sent + this.everyMs - performance.now());
       } catch (err) {
         if (err instanceof LeaseLostError) return this.tell("lost", err.reason);
         await new Promise((r) => unrefTimeout(() => r(undefined), Math.random() * 200));
@@ -179,7 +180,11 @@ export async function holdAll(
   const sent = performance.now();
   const set = await calls.acquireAll(pool, keys, opts);
   if (!set) return null;
-  const kept = new KeptLeaseSet(pool, keeper, set, sent, opts);
+  const renewed = await renewedIfWaited(opts, sent, {
+    renew: () => keeper.call((q) => calls.renewAll(q, set, opts.ttl)),
+    giveBack: () => keeper.call((q) => calls.releaseAll(q, set)),
+  });
+  const kept = new KeptLeaseSet(pool, keeper, set, renewed.sent, opts);
   if (opts.signal?.aborted) {
     await kept.release().catch(() => undefined);
     throw opts.signal.reason;

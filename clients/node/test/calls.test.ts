@@ -1,9 +1,10 @@
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { after, before, describe, it } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
 import * as fence from "../src/index.js";
-import { Cluster, Proxy } from "./harness.js";
+import { Cluster, Proxy, eventually } from "./harness.js";
 
 const TWO_53 = 2n ** 53n;
 
@@ -241,6 +242,36 @@ describe("client", () => {
       );
       assert.ok((await client.renew(lease, 30_000)) > lease.expiresAt);
       assert.equal(await client.currentFence("client:term"), lease.fence);
+    } finally {
+      await pool.end();
+    }
+  });
+
+  it("counts maxElapsedMs from the first failure, not from the call's start", async () => {
+    const pool = cluster.pool("node_client_late");
+    const client = new fence.FenceClient(pool, { backoff: { baseMs: 10, maxElapsedMs: 500 } });
+    try {
+      let tries = 0;
+      // The first try outlasts maxElapsedMs on the server before its session is ended; the retry answers.
+      const call = client.retrying(async (q) => {
+        tries++;
+        await q.query(tries === 1 ? "SELECT pg_sleep(60)" : "SELECT 1");
+        return tries;
+      });
+      call.catch(() => undefined);
+      await eventually(
+        async () =>
+          Number(
+            await cluster.value(
+              "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'node_client_late' AND query LIKE '%pg_sleep%'",
+            ),
+          ) === 1,
+        10_000,
+        "the first try on the server",
+      );
+      await sleep(1000);
+      await cluster.terminate("node_client_late");
+      assert.equal(await call, 2);
     } finally {
       await pool.end();
     }

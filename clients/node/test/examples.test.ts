@@ -54,6 +54,7 @@ describe("examples", () => {
     assert.equal(count(lines, "stopped leading: revoked"), 2);
     assert.equal(count(lines, ": leading with fence"), 3);
     assert.ok(count(lines, "observer: the leader is") >= 1);
+    assert.ok(count(lines, "deposed") <= 2, "only a revoked leader is told it was deposed");
     assert.match(lines.at(-1)!, /written by 3 leaders/);
   });
 });

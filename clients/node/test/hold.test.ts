@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { after, before, describe, it } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
 import pg from "pg";
 import * as fence from "../src/index.js";
@@ -32,6 +33,68 @@ describe("hold", () => {
     assert.ok(told instanceof fence.LeaseLostError);
     assert.equal(told.reason, "revoked");
     assert.throws(() => kept.throwIfLost(), fence.LeaseLostError);
+  });
+
+  it("a grant after a wait longer than its TTL is held, and kept", async () => {
+    // The server starts the TTL of a waited grant when it grants: the local deadline must not
+    // count from the acquire's send, 3 s before.
+    for (const sessionBound of [false, true]) {
+      const key = `hold:waited-${sessionBound}`;
+      const first = (await client.hold(key, { ttl: 30_000 }))!;
+      const released = sleep(3000).then(() => first.release());
+      const waited = (await client.hold(key, { ttl: 1500, wait: 20_000, sessionBound }))!;
+      await released;
+      await sleep(2000);
+      assert.equal(waited.state, "held", `session-bound ${sessionBound}: told ${waited.reason}`);
+      assert.equal((await client.status(key, waited.token)).state, "live");
+      await waited.release();
+    }
+  });
+
+  it("a wait in the pool's queue is not a wait for the key: no renewal of its own before hand-over", async () => {
+    const one = cluster.pool("node_hold_queue_one", cluster.port, 1);
+    one.on("error", () => undefined);
+    const keeper = fence.keeperOf(one);
+    const call = keeper.call.bind(keeper);
+    let calls = 0;
+    keeper.call = ((...args: Parameters<typeof call>) => {
+      calls++;
+      return call(...args);
+    }) as typeof keeper.call;
+    try {
+      const hog = await one.connect();
+      const freed = sleep(600).then(() => hog.release());
+      // Queued 600 ms for the pool's one connection: longer than a renewal period (333 ms).
+      const kept = (await fence.hold(one, "hold:queue-one", { ttl: 1000 }))!;
+      await freed;
+      assert.equal(calls, 0, "a renewal was sent before the grant was handed over");
+      await sleep(1500);
+      assert.equal(kept.state, "held", `told ${kept.reason}`);
+      await kept.release();
+    } finally {
+      await keeper.close();
+      await one.end();
+    }
+  });
+
+  it("holds queued for the pool's few connections are each kept, their renewals batched", async () => {
+    // 300 holds over a pool of 2: most wait in the pool's queue longer than a renewal period
+    // (333 ms), a wait on the client that must not count as the server's (a renewal each before
+    // hand-over, queued on the keeper's two connections, came past the TTL under load).
+    const small = cluster.pool("node_hold_queued", cluster.port, 2);
+    small.on("error", () => undefined);
+    try {
+      const kept = await Promise.all(
+        Array.from({ length: 300 }, (_, n) => fence.hold(small, `hold:queued-${n}`, { ttl: 1000 })),
+      );
+      await sleep(2500);
+      const told = kept.filter((k) => k!.state !== "held").map((k) => `${k!.key}: ${k!.reason}`);
+      assert.deepEqual(told, []);
+      await Promise.all(kept.map((k) => k!.release()));
+    } finally {
+      await fence.keeperOf(small).close();
+      await small.end();
+    }
   });
 
   it("refuses a held key with null, and fenced updates under a kept lease", async () => {

@@ -37,6 +37,9 @@ const runs = new Set([
   "observe",
   "observed",
   "blind",
+  "pause",
+  "terminate",
+  "granted",
 ]);
 
 /** How a waiting acquire is made: a kept acquire (hold), or FenceClient.acquire (a plain lease). */
@@ -82,6 +85,7 @@ describe("keeping.json", () => {
         const extra: pg.Pool[] = [];
         const proxied = new Set<string>();
         const waiting = new Map<string, { controller: AbortController; call: Promise<unknown> }>();
+        const plain: { pool: pg.Pool; lease: fence.Lease }[] = [];
         const observers = new Map<string, Observer>();
         const leaders = new Map<string, fence.Leadership>();
         let proxy: Proxy | undefined;
@@ -203,10 +207,18 @@ describe("keeping.json", () => {
                 const pool = await viaProxy(name);
                 const controller = new AbortController();
                 const opts = { ttl: (step.ttl as number) * 1000, wait: (step.wait as number) * 1000 };
+                // The retries' longest time when the step gives it; the client's default otherwise.
+                const retryFor = step.retry_for as number | undefined;
+                const client = new fence.FenceClient(
+                  pool,
+                  retryFor === undefined ? {} : { backoff: { maxElapsedMs: retryFor * 1000 } },
+                );
                 const call =
-                  by === "hold"
-                    ? fence.hold(pool, key, { ...opts, signal: controller.signal })
-                    : new fence.FenceClient(pool).acquire(key, { ...opts, signal: controller.signal });
+                  by === "FenceClient.acquire"
+                    ? client.acquire(key, { ...opts, signal: controller.signal })
+                    : retryFor === undefined
+                      ? fence.hold(pool, key, { ...opts, signal: controller.signal })
+                      : client.hold(key, { ...opts, signal: controller.signal });
                 call.catch(() => undefined);
                 waiting.set(name, { controller, call });
                 break;
@@ -258,6 +270,48 @@ describe("keeping.json", () => {
                 console.log(
                   `[behaviour] ${title}: the given-up grant released ${Math.round(performance.now() - previous.at)} ms after ${previous.name}`,
                 );
+                break;
+              }
+              case "pause":
+                await sleep((step.pause as number) * 1000);
+                break;
+              case "terminate": {
+                const ended = await cluster.value(
+                  "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE $1 || '%'",
+                  [`beh_${String(step.terminate)}`],
+                );
+                assert.ok(Number(ended) > 0, "no session of the client to end");
+                break;
+              }
+              case "granted": {
+                const name = step.granted as string;
+                const w = waiting.get(name);
+                assert.ok(w, "no acquire running");
+                waiting.delete(name);
+                const within = (step.within as number) * 1000;
+                let timer: NodeJS.Timeout | undefined;
+                const late = new Promise<never>((_, reject) => {
+                  timer = setTimeout(() => reject(new Error(`no answer within ${within} ms`)), within);
+                });
+                let got: unknown;
+                try {
+                  got = await Promise.race([w.call, late]);
+                } catch (err) {
+                  waiting.set(name, w);
+                  throw new Error(`the acquire failed: ${String(err)}`, { cause: err });
+                } finally {
+                  clearTimeout(timer);
+                }
+                if (got instanceof fence.KeptLease) {
+                  kept.set(name, [got]);
+                  assert.equal(got.state, "held", `told ${got.reason}`);
+                } else {
+                  const lease = got as fence.Lease | null;
+                  assert.ok(lease, "refused");
+                  plain.push({ pool: poolOf(name), lease });
+                  const status = await fence.status(poolOf(name), key, lease.token);
+                  assert.equal(status.state, "live");
+                }
                 break;
               }
               case "lead": {
@@ -320,6 +374,7 @@ describe("keeping.json", () => {
           for (const l of leaders.values()) await l[Symbol.asyncDispose]();
           for (const hog of hogs) hog.release();
           for (const leases of kept.values()) for (const l of leases) await l[Symbol.asyncDispose]();
+          for (const { pool, lease } of plain) await fence.release(pool, lease).catch(() => undefined);
           for (const pool of [...pools.values(), ...extra]) {
             await fence.keeperOf(pool).close();
             await pool.end().catch(() => undefined);

@@ -36,6 +36,16 @@ describe("lease sets", () => {
     await assert.rejects(fence.acquireAll(pool, ["x", "x"], { ttl: 1000 }), { code: "22023" });
   });
 
+  it("a kept set granted after a wait longer than its TTL is held, and kept", async () => {
+    const first = (await client.holdAll(["waited:1", "waited:2"], { ttl: 30_000 }))!;
+    const released = sleep(3000).then(() => first.release());
+    const waited = (await client.holdAll(["waited:2", "waited:3"], { ttl: 1500, wait: 20_000 }))!;
+    await released;
+    await sleep(2000);
+    assert.equal(waited.state, "held", `told ${waited.reason}`);
+    await waited.release();
+  });
+
   it("a kept set stays held past its ttl, guards its writes, and is released whole", async () => {
     const kept = await client.holdAll(["kept:1", "kept:2"], { ttl: 900 });
     assert.ok(kept);

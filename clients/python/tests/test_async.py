@@ -11,6 +11,7 @@ import pytest
 
 from pg_fence import LeaseLost, StaleFence, WaitTimedOut
 from pg_fence.aio import AsyncClient, fenced_update
+from pg_fence.aio_connections import AsyncLanes
 from pg_fence.holding import clock
 
 
@@ -71,3 +72,16 @@ async def test_async_release_whose_connection_broke_is_retried_on_a_new_one(clus
         assert await lease.release() is True, "the release was not tried again on a new connection"
         assert lease.state == "released"
         assert cluster.sql("SELECT count(*) FROM fence.leases WHERE key = %s AND live", (key,)) == (0,)
+
+
+async def test_a_closed_async_keeper_leaves_a_connection_in_use_to_the_call_using_it(cluster):
+    # As test_keeper's: closed under a call still waiting on it, libpq's connection is used after free.
+    lanes = AsyncLanes(cluster.conninfo, 2)
+    busy, idle = await lanes.checkout(), await lanes.checkout()
+    await lanes.checkin(idle, None)
+    await lanes.shut()
+    assert idle.closed, "an idle connection outlived the keeper"
+    assert not busy.closed, "the keeper closed a connection a call was using"
+    assert await (await busy.execute("SELECT 1")).fetchone() == (1,)
+    await lanes.checkin(busy, None)
+    assert busy.closed, "a connection handed back to a closed keeper was kept"

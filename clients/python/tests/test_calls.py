@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -13,6 +14,7 @@ from conftest import eventually
 
 import pg_fence
 from pg_fence import Client, LeaseLost, Retry, StaleFence, WaitCancelled, WaitTimedOut
+from pg_fence.retry import Tries
 
 
 def test_acquire_returns_the_lease_and_none_when_held(cluster, key):
@@ -125,3 +127,11 @@ def test_the_default_retry_is_bounded_by_its_total_time_not_a_count():
     # Tries at once take no time: only the 15 s total would end them.
     assert len(list(itertools.islice(Retry().pauses(), 100))) == 100
     assert list(Retry(total=0.0).pauses()) == []
+
+
+def test_the_total_counts_from_the_first_failure_not_from_the_call():
+    # A call that ran longer than the total before it failed (an acquire waiting on the server)
+    # still gets its retries.
+    tries = Tries(Retry(total=0.5))
+    time.sleep(0.6)
+    assert 0 <= tries.pause_or_raise(OSError("connection broken")) <= Retry().base

@@ -13,6 +13,7 @@ from conftest import eventually
 
 import pg_fence
 from pg_fence import Client, LeaseLost, StaleFence
+from pg_fence.connections import Lanes
 from pg_fence.holding import clock
 
 
@@ -83,6 +84,20 @@ def test_a_stopped_server_is_declared_unknown_before_the_lease_expires(own_clust
     lease.release()  # an unknown lease may be live: released, or renewed late and then released
     assert eventually(lambda: live_fence(own_cluster, key) is None)
     client.close()
+
+
+def test_a_closed_keeper_leaves_a_connection_in_use_to_the_call_using_it(cluster):
+    # Freed from another thread, libpq's connection is used after free by the call still waiting
+    # on it (a segfault, once the next connection reused its memory and socket).
+    lanes = Lanes(cluster.conninfo, 2)
+    busy, idle = lanes.checkout(), lanes.checkout()
+    lanes.checkin(idle)
+    lanes.shut()
+    assert idle.closed, "an idle connection outlived the keeper"
+    assert not busy.closed, "the keeper closed a connection a call was using"
+    assert busy.execute("SELECT 1").fetchone() == (1,)
+    lanes.checkin(busy)
+    assert busy.closed, "a connection handed back to a closed keeper was kept"
 
 
 @pytest.mark.port(27511)

@@ -235,10 +235,15 @@ class Run:
 
     def step_acquire_waiting(self, step: dict) -> None:
         name = step["acquire_waiting"]
+        # The retries' longest time when the step gives it; the client's default otherwise.
+        retry = {"retry": Retry(total=step["retry_for"])} if "retry_for" in step else {}
         if self.loop is None:
-            # A sync call cannot be cancelled from outside: its caller gives up by a timeout, with
-            # no retry (a retry by its token would get the lease back).
-            party = self.party(name, proxy=True, call_timeout=1, retry=Retry(attempts=0))
+            if retry:
+                party = self.party(name, proxy=True, call_timeout=10, **retry)
+            else:
+                # A sync call cannot be cancelled from outside: its caller gives up by a timeout,
+                # with no retry (a retry by its token would get the lease back).
+                party = self.party(name, proxy=True, call_timeout=1, retry=Retry(attempts=0))
             pending: Any = concurrent.futures.Future()
 
             def acquire() -> None:
@@ -249,11 +254,37 @@ class Run:
 
             threading.Thread(target=acquire, daemon=True).start()
         else:
-            party = self.party(name, proxy=True)
+            party = self.party(name, proxy=True, **retry)
             pending = asyncio.run_coroutine_threadsafe(
                 party.client.lease(self.key, step["ttl"], wait=step["wait"]), self.loop.loop
             )
         party.pending = pending
+
+    def step_pause(self, step: dict) -> None:
+        time.sleep(step["pause"])
+
+    def step_terminate(self, step: dict) -> None:
+        app = self.parties[step["terminate"]].app
+        ended = self.admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE %s || '%%'",
+            (app,),
+        ).fetchone()[0]
+        assert ended > 0, "no session of the client to end"
+
+    def step_granted(self, step: dict) -> None:
+        party = self.parties[step["granted"]]
+        pending, party.pending = party.pending, None
+        assert pending is not None, "no acquire running"
+        try:
+            lease = pending.result(step["within"])
+        except concurrent.futures.TimeoutError:
+            party.pending = pending
+            raise AssertionError(f"no answer within {step['within']} s") from None
+        except Exception as err:
+            raise AssertionError(f"the acquire failed: {err!r}") from err
+        assert lease is not None, "the acquire returned no lease"
+        party.leases.append(lease)
+        assert self.read(lease, "state") == "held", f"not held: {self.read(lease, 'state')}"
 
     def step_waiters(self, step: dict) -> None:
         assert eventually(

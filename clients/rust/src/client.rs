@@ -124,7 +124,9 @@ impl<C: Connector> FenceClient<C> {
         F: Fn(Arc<C::Conn>) -> Fut,
         Fut: Future<Output = Result<T, Error>>,
     {
-        let started = Instant::now();
+        // The retries' time counts from the first failure, not from the call: an acquire that
+        // waited its `wait` before the connection broke still has all of `max_elapsed` to retry.
+        let mut failed_at = None;
         let mut tries = 0;
         // Once one try may have taken effect, running out of retries leaves the outcome unknown,
         // even if the later tries only failed to connect.
@@ -142,8 +144,13 @@ impl<C: Connector> FenceClient<C> {
                         Error::OutcomeUnknown(Box::new(elapsed))
                     }
                 },
+                // A refused login ends the retries, but not the doubt an earlier try left.
+                Err(err) if !err.is_retryable() => {
+                    return Err(if maybe_done { Error::OutcomeUnknown(Box::new(err)) } else { err })
+                }
                 Err(err) => err,
             };
+            let started = *failed_at.get_or_insert_with(Instant::now);
             maybe_done |= error.may_have_taken_effect();
             tries += 1;
             let next = if maybe_done && !resend { None } else { self.backoff.next(tries, started) };

@@ -52,15 +52,27 @@ impl Error {
             Error::LeaseLost { .. } => Some("PF001"),
             Error::StaleFence { .. } => Some("PF002"),
             Error::WaitCancelled(err) | Error::Db(err) => code(err),
+            Error::Connect(err) => refusal(err.as_ref()),
             _ => None,
         }
+    }
+
+    /// Whether the server refused the session for what only its configuration can change: the
+    /// login (class 28: a wrong password, an unknown role, pg_hba), a database that does not
+    /// exist (3D000) or may not be connected to (42501). Trying again only repeats the refusal.
+    pub fn is_refused_login(&self) -> bool {
+        matches!(self, Error::Connect(_))
+            && self
+                .sqlstate()
+                .is_some_and(|code| code.starts_with("28") || code == "3D000" || code == "42501")
     }
 
     /// Whether trying again, on a new connection if need be, can help. Class 08 and the 57P0x
     /// codes are the server ending or refusing the session, not the statement being wrong.
     pub(crate) fn is_retryable(&self) -> bool {
         match self {
-            Error::OutcomeUnknown(_) | Error::Connect(_) => true,
+            Error::OutcomeUnknown(_) => true,
+            Error::Connect(_) => !self.is_refused_login(),
             Error::Db(_) => {
                 let code = self.sqlstate().unwrap_or("");
                 code.starts_with("08") || code.starts_with("57P0") || code == "53300"
@@ -99,4 +111,17 @@ fn reason_of(reason: &Option<LossReason>) -> String {
 /// The SQLSTATE of a server error, to match pg_fence's own codes on.
 pub(crate) fn code(err: &tokio_postgres::Error) -> Option<&str> {
     err.code().map(|code| code.code())
+}
+
+/// The SQLSTATE a failed connect carries somewhere in its sources (a connector may wrap the
+/// driver's error): the server's refusal of the session.
+fn refusal<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a str> {
+    let mut next = Some(err);
+    while let Some(err) = next {
+        if let Some(code) = err.downcast_ref::<tokio_postgres::Error>().and_then(code) {
+            return Some(code);
+        }
+        next = err.source();
+    }
+    None
 }

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 /// Exponential backoff with full jitter: before retry `n` (from 0) sleep a uniformly random time in
 /// `[0, min(cap, base * 2^n)]`. Full jitter spreads clients that failed together (a server restart)
 /// so their retries do not arrive together. Retries end after `max_attempts` tries or once
-/// `max_elapsed` has passed since the first, whichever comes first (None: no such bound).
+/// `max_elapsed` has passed since the first failed try, whichever comes first (None: no such bound).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     pub base: Duration,

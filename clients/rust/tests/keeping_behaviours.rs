@@ -6,8 +6,8 @@ use common::proxy::Proxy;
 use common::scenarios::{ensure, kind, load, run_every, seconds};
 use common::{config, eventually, plain, recording_losses, Told};
 use pg_fence_client::{
-    lease, AcquireOptions, ElectOptions, Elector, Error, FenceClient, HeldLease, KeepOptions, Leader,
-    Leadership,
+    lease, AcquireOptions, Backoff, ElectOptions, Elector, Error, FenceClient, HeldLease, KeepOptions,
+    Leader, Leadership,
 };
 use pg_fence_integration::Cluster;
 use serde_json::Value;
@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::{Client, Config};
 
 /// The steps the behaviours file may use (its "steps" documents them).
-const KINDS: [&str; 20] = [
+const KINDS: [&str; 23] = [
     "hold_many",
     "all_held",
     "connections",
@@ -40,6 +40,9 @@ const KINDS: [&str; 20] = [
     "observe",
     "observed",
     "blind",
+    "pause",
+    "terminate",
+    "granted",
 ];
 
 /// A client of its own: its sessions are named `app`, its keeper's `app`_keeper.
@@ -81,8 +84,15 @@ impl Run<'_> {
         self.scenario["name"].as_str().unwrap()
     }
 
-    /// Party `name`, made at its first step: through a proxy the test controls when `proxied`.
-    async fn party(&mut self, name: &str, proxied: bool, keeper_connections: usize) -> &mut Party {
+    /// Party `name`, made at its first step: through a proxy the test controls when `proxied`, its
+    /// retries taking `retry_for` at most (the default backoff's when None).
+    async fn party(
+        &mut self,
+        name: &str,
+        proxied: bool,
+        keeper_connections: usize,
+        retry_for: Option<Duration>,
+    ) -> &mut Party {
         if !self.parties.contains_key(name) {
             let proxy = match proxied {
                 true => Some(Proxy::start(self.cluster.port()).await),
@@ -90,7 +100,9 @@ impl Run<'_> {
             };
             let port = proxy.as_ref().map_or(self.cluster.port(), |proxy| proxy.port);
             let app = format!("beh_{name}_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-            let client = FenceClient::new(config(port, &app))
+            let backoff =
+                Backoff { max_elapsed: retry_for.or(Backoff::default().max_elapsed), ..Backoff::default() };
+            let client = FenceClient::with_backoff(config(port, &app), backoff)
                 .call_timeout(Duration::from_secs(10))
                 .keeper_connections(keeper_connections);
             let party = Party {
@@ -121,7 +133,7 @@ impl Run<'_> {
             "hold_many" => {
                 let name = name(step, kind);
                 let connections = step["keeper_connections"].as_u64().unwrap() as usize;
-                let party = self.party(name, false, connections).await;
+                let party = self.party(name, false, connections, None).await;
                 let opts = opts(step, name);
                 for index in 0..step["count"].as_u64().unwrap() {
                     let (keep, told) = recording_losses(KeepOptions::default());
@@ -162,7 +174,7 @@ impl Run<'_> {
             "hold" => {
                 let name = name(step, kind);
                 let opts = opts(step, name);
-                let party = self.party(name, false, 2).await;
+                let party = self.party(name, false, 2, None).await;
                 let (keep, told) = recording_losses(KeepOptions::default());
                 let held = party.client.hold(&key, &opts, keep).await.map_err(text)?;
                 ensure(held.is_held(), || format!("not held at once: {:?}", held.state()))?;
@@ -209,7 +221,8 @@ impl Run<'_> {
             "acquire_waiting" => {
                 let name = name(step, kind);
                 let opts = opts(step, name).wait(seconds(&step["wait"]));
-                let party = self.party(name, true, 2).await;
+                let retry_for = step.get("retry_for").map(seconds);
+                let party = self.party(name, true, 2, retry_for).await;
                 let client = party.client.clone();
                 party.waiting =
                     Some(tokio::spawn(async move { client.hold(&key, &opts, KeepOptions::default()).await }));
@@ -261,6 +274,24 @@ impl Run<'_> {
                     since.elapsed().as_secs_f64() * 1000.0
                 );
             }
+            "pause" => tokio::time::sleep(seconds(&step["pause"])).await,
+            "terminate" => {
+                let app = self.known(step, kind)?.app.clone();
+                let end = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                           WHERE application_name LIKE $1 || '%'";
+                let ended: i64 = self.admin.query_one(end, &[&app]).await.map_err(text)?.get(0);
+                ensure(ended > 0, || "no session of the client to end".into())?;
+            }
+            "granted" => {
+                let within = seconds(&step["within"]);
+                let party = self.known(step, kind)?;
+                let waiting = party.waiting.take().ok_or("no acquire running")?;
+                let ended = tokio::time::timeout(within, waiting).await;
+                let held = ended.map_err(|_| format!("no answer within {within:?}"))?.map_err(text)?;
+                let held = held.map_err(|err| format!("the acquire failed: {err:?}"))?;
+                ensure(held.is_held(), || format!("not held: {:?}", held.state()))?;
+                party.kept.push((held, Told::default()));
+            }
             "release" => {
                 let party = self.known(step, kind)?;
                 let (held, _) = party.kept.pop().ok_or("nothing kept")?;
@@ -273,7 +304,7 @@ impl Run<'_> {
                 let opts = opts(step, name);
                 let keys: Vec<String> =
                     (0..step["count"].as_u64().unwrap()).map(|index| format!("{key}-{index}")).collect();
-                let party = self.party(name, false, 2).await;
+                let party = self.party(name, false, 2, None).await;
                 let (keep, told) = recording_losses(KeepOptions::default());
                 let held = party.client.hold_first_free(&keys, &opts, keep).await.map_err(text)?;
                 let got =
@@ -294,14 +325,14 @@ impl Run<'_> {
                 let name = name(step, kind);
                 let opts = ElectOptions::new(AcquireOptions::new(seconds(&step["ttl"])));
                 let port = self.cluster.port();
-                let party = self.party(name, false, 2).await;
+                let party = self.party(name, false, 2, None).await;
                 let elector = Elector::new(config(port, &party.app), &key, opts);
                 party.leadership = Some(elector.campaign(name).await.map_err(text)?);
             }
             "observe" => {
                 let name = name(step, kind);
                 let opts = ElectOptions::new(AcquireOptions::new(seconds(&step["ttl"])));
-                let party = self.party(name, true, 2).await;
+                let party = self.party(name, true, 2, None).await;
                 let port = party.proxy.as_ref().unwrap().port;
                 let elector = Elector::new(config(port, &party.app), &key, opts);
                 let (sender, receiver) = mpsc::unbounded_channel();

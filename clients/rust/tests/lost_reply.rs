@@ -123,3 +123,86 @@ fn a_session_ended_by_the_server_mid_call_leaves_the_outcome_unknown() {
         assert_eq!(ended, Some("57P01"), "{err:?}");
     });
 }
+
+#[test]
+fn a_waiting_acquire_broken_by_a_restart_retries_for_max_elapsed_from_the_failure() {
+    let cluster = cluster("rc_wait_restart", 27911);
+    run(async {
+        let holder = FenceClient::new(config(cluster.port(), "rc_holder"));
+        let held =
+            holder.acquire("job", &AcquireOptions::new(Duration::from_secs(60))).await.unwrap().unwrap();
+        let retry = Backoff { max_elapsed: Some(Duration::from_secs(8)), ..Backoff::default() };
+        let waiter = FenceClient::with_backoff(config(cluster.port(), "rc_waiter"), retry);
+        let opts = AcquireOptions::new(Duration::from_secs(60)).wait(Duration::from_secs(600));
+        let waiting = tokio::spawn(async move { waiter.acquire("job", &opts).await });
+        let admin = plain(cluster.port()).await;
+        let sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'rc_waiter' AND wait_event_type = 'Extension'";
+        let waits = || async { admin.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) == 1 };
+        assert!(eventually(Duration::from_secs(60), waits).await, "the waiter waits on the server");
+        // Waited longer than max_elapsed when the restart breaks the wait: the retries' time must
+        // count from that failure.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        tokio::task::block_in_place(|| {
+            stop(&cluster);
+            cluster.restart();
+        });
+        assert!(holder.release(&held).await.unwrap());
+        let granted = waiting.await.unwrap();
+        assert!(matches!(granted, Ok(Some(_))), "the waiter gave up on the restart: {granted:?}");
+    });
+}
+
+#[test]
+fn a_refused_login_is_tried_once() {
+    let cluster = cluster("rc_refused_login", 27912);
+    run(async {
+        let admin = plain(cluster.port()).await;
+        admin.batch_execute("CREATE ROLE rc_pw LOGIN PASSWORD 'right'").await.unwrap();
+        let hba = cluster.log_path().with_file_name("pg_hba.conf");
+        let rules = std::fs::read_to_string(&hba).unwrap();
+        std::fs::write(&hba, format!("host all rc_pw 127.0.0.1/32 scram-sha-256\n{rules}")).unwrap();
+        admin.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+        let mut wrong = config(cluster.port(), "rc_wrong");
+        wrong.user("rc_pw").password("wrong");
+        let client = FenceClient::new(wrong);
+        let err = client.acquire("job", &AcquireOptions::new(Duration::from_secs(60))).await.unwrap_err();
+        assert_eq!(err.sqlstate(), Some("28P01"), "{err:?}");
+        assert!(err.is_refused_login(), "{err:?}");
+        let log = std::fs::read_to_string(cluster.log_path()).unwrap();
+        let logins = log.matches(r#"password authentication failed for user "rc_pw""#).count();
+        assert_eq!(logins, 1, "retrying only repeats the refusal");
+    });
+}
+
+#[test]
+fn a_login_refused_after_a_lost_reply_leaves_the_outcome_unknown() {
+    let cluster = cluster("rc_lost_then_refused", 27559);
+    run(async {
+        let admin = plain(cluster.port()).await;
+        admin
+            .batch_execute("CREATE ROLE rc_rotated LOGIN PASSWORD 'before' IN ROLE fence_user")
+            .await
+            .unwrap();
+        let hba = cluster.log_path().with_file_name("pg_hba.conf");
+        let rules = std::fs::read_to_string(&hba).unwrap();
+        std::fs::write(&hba, format!("host all rc_rotated 127.0.0.1/32 scram-sha-256\n{rules}")).unwrap();
+        admin.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+        let proxy = Proxy::start(cluster.port()).await;
+        let mut rotated = config(proxy.port, "rc_rotated");
+        rotated.user("rc_rotated").password("before");
+        let once = Backoff { max_attempts: Some(3), ..Backoff::default() };
+        let client = FenceClient::with_backoff(rotated, once);
+        assert_eq!(client.current_fence("report").await.unwrap(), None, "connected through the proxy");
+        // The password rotated under a connected client: its next connection is refused.
+        admin.batch_execute("ALTER ROLE rc_rotated PASSWORD 'after'").await.unwrap();
+        proxy.drop_reply_to("lease_acquire", Cut::Both);
+        let err =
+            client.acquire("report", &AcquireOptions::new(Duration::from_secs(3600))).await.unwrap_err();
+        assert!(proxy.dropped_bytes() > 0, "no reply was dropped");
+        // The first try's grant may stand: a refused reconnect must not say that nothing was granted.
+        let Error::OutcomeUnknown(source) = &err else { panic!("not an unknown outcome: {err:?}") };
+        let refused = source.downcast_ref::<Error>().and_then(Error::sqlstate);
+        assert_eq!(refused, Some("28P01"), "{err:?}");
+        assert!(lease::current_fence(&admin, "report").await.unwrap().is_some(), "the lost reply's grant");
+    });
+}

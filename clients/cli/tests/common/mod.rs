@@ -1,7 +1,7 @@
 //! Shared by the command's tests: scratch clusters from the repository's harness (tests/src), the
 //! pg-fence binary that cargo built, run as a real process with the PG* environment of a cluster.
 #![allow(dead_code, unused_imports)]
-pub use pg_fence_integration::{eventually, signal, Cluster, ScratchDir};
+pub use pg_fence_integration::{eventually, signal, Cluster, Frozen, ScratchDir};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -76,7 +76,9 @@ impl Setup {
         self.start(name, script)
     }
 
-    fn start(&self, name: &str, mut cmd: Command) -> Process {
+    /// Starts `cmd` (made by `pg_fence`, changed as a test needs), its outputs to `NAME.out` and
+    /// `NAME.err`.
+    pub fn start(&self, name: &str, mut cmd: Command) -> Process {
         let out = std::fs::File::create(self.path(&format!("{name}.out"))).unwrap();
         let err = std::fs::File::create(self.path(&format!("{name}.err"))).unwrap();
         let child = cmd.stdout(out).stderr(err).spawn().unwrap();
@@ -110,6 +112,16 @@ impl Setup {
 
     pub fn execute(&self, sql: &str) {
         self.cluster.connect().batch_execute(sql).unwrap();
+    }
+
+    /// The pid of the one backend waiting in fence.await_change (an `observe`, or the watch of a
+    /// `run` or `elect`), once there is exactly one.
+    pub fn watching_backend(&self) -> u32 {
+        let watching = "SELECT pid::bigint FROM pg_stat_activity WHERE query LIKE '%await_change%' \
+                        AND pid <> pg_backend_pid() AND backend_type = 'client backend'";
+        let counted = format!("SELECT count(*) FROM ({watching}) AS w");
+        assert!(eventually(LIMIT, || self.query_i64(&counted) == 1), "no one backend in fence.await_change");
+        self.query_i64(watching) as u32
     }
 }
 

@@ -269,6 +269,12 @@ func (c *Cluster) Terminate(t testing.TB, app string) string {
 	return c.SQL(t, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app)
 }
 
+// TerminateClient ends every session of a client named app (pg_terminate_backend), its keeper's
+// (app_keeper) included: how many.
+func (c *Cluster) TerminateClient(t testing.TB, app string) string {
+	return c.SQL(t, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name IN ($1, $1 || '_keeper')", app)
+}
+
 // Example runs an example against a cluster of its own and returns what it printed.
 func Example(t *testing.T, name string, port int, run common.Run) string {
 	t.Helper()

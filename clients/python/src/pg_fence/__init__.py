@@ -19,6 +19,7 @@ from .election import Blind, Leader
 from .errors import ConnectFailed, LeaseLost, OutcomeUnknown, PgFenceError, StaleFence, WaitCancelled, WaitTimedOut
 from .keeper import KeptLease, KeptLeaseSet
 from .lease import Lease, LeaseSet, LeaseStatus
+from .observer import Observer
 from .reasons import LossReason
 from .retry import Retry
 
@@ -30,6 +31,7 @@ __all__ = [
     "LeaseSet",
     "LeaseStatus",
     "LossReason",
+    "Observer",
     "Retry",
     "Blind",
     "Leader",

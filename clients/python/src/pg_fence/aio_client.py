@@ -27,6 +27,7 @@ from .lease import (
     acquire_any_request,
     new_token,
 )
+from .observer import Timed
 from .reasons import UNKNOWN as NO_REASON
 from .reasons import loss_reason
 
@@ -58,7 +59,8 @@ class AsyncClient(AsyncCaller):
         client's connection after a retry: keep session-bound leases with lease()."""
         request = Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
         token = token or new_token()
-        return await self._call(lambda conn: aio_calls.acquire_with(conn, request, token), wait)
+        with Timed(self.observer, "acquire_finished") as timed:
+            return timed.granted(await self._call(lambda conn: aio_calls.acquire_with(conn, request, token), wait))
 
     async def acquire_all(
         self,
@@ -75,7 +77,8 @@ class AsyncClient(AsyncCaller):
         and is then held until its TTL). Tries that reached no server are retried."""
         request = acquire_all_request(keys, ttl, owner, wait, session_bound, durable)
         call = functools.partial(aio_calls.acquire_with, request=request, token=None)
-        return await retrying(self._connections, self.retry, call, self._limit(wait), resend=False)
+        with Timed(self.observer, "acquire_finished") as timed:
+            return timed.granted(await retrying(self._connections, self.retry, call, self._limit(wait), resend=False))
 
     async def renew(self, lease: Lease, ttl: Seconds) -> Lease:
         """The lease with its new expiry; LeaseLost, with its `reason` (pg_fence.reasons), when its
@@ -167,7 +170,8 @@ class AsyncClient(AsyncCaller):
         (lease_acquire_any: never waits, as SKIP LOCKED), or None when none is."""
         request = acquire_any_request(keys, ttl, owner, session_bound, durable)
         token = token or new_token()
-        return await self._call(lambda conn: aio_calls.acquire_with(conn, request, token))
+        with Timed(self.observer, "acquire_finished") as timed:
+            return timed.granted(await self._call(lambda conn: aio_calls.acquire_with(conn, request, token)))
 
     async def lease_first_free(
         self,

@@ -89,6 +89,7 @@ class AsyncLanes(Source):
         self._slots = asyncio.Semaphore(size)
         self._idle: List[psycopg.AsyncConnection] = []
         self._open: Set[psycopg.AsyncConnection] = set()
+        self._shut = False
         #: Connections made since the keeper started: more than `size` only after a failure.
         self.made = 0
         self._opening = False
@@ -111,7 +112,9 @@ class AsyncLanes(Source):
             raise
 
     async def checkin(self, conn: psycopg.AsyncConnection, failure: Optional[BaseException]) -> None:
-        if failure is not None and (conn.broken or not isinstance(failure, Exception) or retryable(failure)):
+        if self._shut or (
+            failure is not None and (conn.broken or not isinstance(failure, Exception) or retryable(failure))
+        ):
             await self._dispose(conn)
         elif conn.closed:
             self._open.discard(conn)
@@ -157,9 +160,12 @@ class AsyncLanes(Source):
         pass
 
     async def shut(self) -> None:
-        for conn in list(self._open):
+        """Closes the idle connections now; one a call is using is closed when that call hands it
+        back: libpq's connection freed under a running call is used after free by it."""
+        self._shut = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
             await self._dispose(conn)
-        self._idle.clear()
 
     async def _dispose(self, conn: psycopg.AsyncConnection) -> None:
         self._open.discard(conn)

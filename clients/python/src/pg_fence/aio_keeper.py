@@ -29,6 +29,7 @@ from .errors import LeaseLost, StaleFence
 from .holding import HELD, LOST, UNKNOWN, Holding, clock
 from .kept import Kept, SetView
 from .lease import Held, Lease
+from .observer import RENEW_LOST, RENEW_OK, Timed
 from .reasons import SESSION_ENDED, ended_reason
 from .reasons import UNKNOWN as NO_REASON
 from .retry import Retry
@@ -108,6 +109,10 @@ class AsyncKeptLease(Kept):
         this release ended the lease. Waits release_timeout at most: a release still waiting for
         a renewal in flight goes on in the background, and the TTL ends the lease anyway."""
         end = time.monotonic() + self._release_timeout
+        if self._holding.expired():
+            # Found expired by a renewal, it may have been taken over since: the release says so.
+            status = await self._status(self._connections, self._release_timeout)
+            self._holding.refine(ended_reason(status or (), self.lease.durable))
         if True:  # ASYNC
             wanted = self._holding.release_wanted()
             for task in (self._watchdog, self._renewer):
@@ -169,6 +174,7 @@ class AsyncKeptLease(Kept):
 
     async def _let_expire(self) -> None:
         """Stops renewing without a release: the lease ends at its TTL."""
+        self._holding.ended()
         if True:  # ASYNC
             for task in (self._watchdog, self._renewer):
                 task.cancel()
@@ -205,7 +211,14 @@ class AsyncKeptLease(Kept):
                     if self._keeper is not None:
                         renewed = await self._keeper.renew(holding, holding.attempt_limit())
                     else:
-                        renewed = await bounded(self._connections, self._renew, holding.attempt_limit())
+                        # The keeper times its own calls; this one is timed here.
+                        with Timed(holding.observer, "renew_finished", 1) as timed:
+                            try:
+                                renewed = await bounded(self._connections, self._renew, holding.attempt_limit())
+                                timed.outcome = RENEW_OK
+                            except LeaseLost:
+                                timed.outcome = RENEW_LOST
+                                raise
             except Exception as err:
                 if holding.renewal_failed(err, self._retry.pause):
                     # PF001, or a session-bound lease whose session we lost (it may live on in it,

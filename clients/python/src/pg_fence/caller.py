@@ -18,6 +18,7 @@ from .holding import Holding, KeepPlan, clock
 from .keeping import KEEPER_CONNECTIONS, Keeper
 from .kept import Kept
 from .lease import Acquire, AcquireAll, Held, Seconds, give_up_query, interval, new_token
+from .observer import Observer, Timed
 from .retry import Retry, Tries
 from .source import APPLICATION_NAME
 
@@ -60,8 +61,12 @@ class Caller:
         connect_timeout: float = 5,
         call_timeout: Optional[float] = 30,
         keeper_connections: int = KEEPER_CONNECTIONS,
+        observer: Optional[Observer] = None,
     ):
         self.conninfo = conninfo
+        #: Told of the client's acquires, renewals, kept leases, losses and leaderships
+        #: (observer.py; pg_fence.prometheus has one). Set it before the first call.
+        self.observer = observer
         self.pool = pool
         self.retry = retry
         self.application_name = application_name
@@ -85,6 +90,7 @@ class Caller:
                 connect_timeout=self.connect_timeout,
             )
             self._keeper = Keeper(lanes, self.retry)
+            self._keeper.observer = self.observer
         return self._keeper
 
     def connections(self, pinned: bool = False) -> Connections:
@@ -119,7 +125,10 @@ class Caller:
             connections = self.connections(pinned=True) if session_bound else self._connections
         keeper = self.keeper()
         try:
-            holding = plan.holding(*self._acquire_to_keep(connections, plan.request, plan.ttl))
+            with Timed(self.observer, "acquire_finished") as timed:
+                granted, anchor = self._acquire_to_keep(connections, plan.request, plan.ttl)
+                timed.granted(granted)
+            holding = plan.holding(granted, anchor)
             if holding.anchored_long_ago():
                 self._renew_now(connections if session_bound else keeper.lanes, holding)
         except BaseException:
@@ -127,7 +136,7 @@ class Caller:
                 connections.close()
             raise
         if session_bound:
-            return kept(holding, connections, self.retry, on_lost, plan.release_timeout)
+            return self._observed(kept(holding, connections, self.retry, on_lost, plan.release_timeout))
         try:
             keeper.lanes.open()
         except BaseException:
@@ -136,7 +145,12 @@ class Caller:
             raise
         if connections is not self._connections:
             connections.close()  # a campaign's own, for a waiting acquire that close() can cancel
-        return kept(holding, keeper.lanes, self.retry, on_lost, plan.release_timeout, keeper)
+        return self._observed(kept(holding, keeper.lanes, self.retry, on_lost, plan.release_timeout, keeper))
+
+    def _observed(self, kept: K) -> K:
+        """`kept`, told to the observer as a kept lease."""
+        kept._holding.observe(self.observer, kept)
+        return kept
 
     def _acquire_to_keep(self, connections: Connections, request: Acquire, ttl: float) -> Tuple[Optional[Held], float]:
         """The lease and the instant its deadline counts from: before the first try that carried

@@ -28,6 +28,7 @@ from .lease import (
     acquire_any_request,
     new_token,
 )
+from .observer import Timed
 from .reasons import UNKNOWN as NO_REASON
 from .reasons import loss_reason
 
@@ -59,7 +60,8 @@ class Client(Caller):
         client's connection after a retry: keep session-bound leases with lease()."""
         request = Acquire(key, ttl, owner, wait, session_bound, durable, shared, permits, lock_delay)
         token = token or new_token()
-        return self._call(lambda conn: calls.acquire_with(conn, request, token), wait)
+        with Timed(self.observer, "acquire_finished") as timed:
+            return timed.granted(self._call(lambda conn: calls.acquire_with(conn, request, token), wait))
 
     def acquire_all(
         self,
@@ -76,7 +78,8 @@ class Client(Caller):
         and is then held until its TTL). Tries that reached no server are retried."""
         request = acquire_all_request(keys, ttl, owner, wait, session_bound, durable)
         call = functools.partial(calls.acquire_with, request=request, token=None)
-        return retrying(self._connections, self.retry, call, self._limit(wait), resend=False)
+        with Timed(self.observer, "acquire_finished") as timed:
+            return timed.granted(retrying(self._connections, self.retry, call, self._limit(wait), resend=False))
 
     def renew(self, lease: Lease, ttl: Seconds) -> Lease:
         """The lease with its new expiry; LeaseLost, with its `reason` (pg_fence.reasons), when its
@@ -166,7 +169,8 @@ class Client(Caller):
         (lease_acquire_any: never waits, as SKIP LOCKED), or None when none is."""
         request = acquire_any_request(keys, ttl, owner, session_bound, durable)
         token = token or new_token()
-        return self._call(lambda conn: calls.acquire_with(conn, request, token))
+        with Timed(self.observer, "acquire_finished") as timed:
+            return timed.granted(self._call(lambda conn: calls.acquire_with(conn, request, token)))
 
     def lease_first_free(
         self,

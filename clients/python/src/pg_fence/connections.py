@@ -140,6 +140,7 @@ class Lanes(_Lending):
         self._idle: List[psycopg.Connection] = []
         self._open: Set[psycopg.Connection] = set()
         self._lock = threading.Lock()
+        self._shut = False
         #: Connections made since the keeper started: more than `size` only after a failure.
         self.made = 0
         self._opening = False
@@ -164,14 +165,17 @@ class Lanes(_Lending):
             raise
 
     def checkin(self, conn: psycopg.Connection, failure: Optional[BaseException] = None) -> None:
-        if failure is not None and (conn.broken or not isinstance(failure, Exception) or retryable(failure)):
-            self.dispose(conn)
-        else:
-            with self._lock:
+        unusable = failure is not None and (conn.broken or not isinstance(failure, Exception) or retryable(failure))
+        # Decided and kept under one lock: a shut() in between would leave it idle and open.
+        with self._lock:
+            disposed = self._shut or unusable
+            if not disposed:
                 if conn.closed:
                     self._open.discard(conn)
                 else:
                     self._idle.append(conn)
+        if disposed:
+            self.dispose(conn)
         self._slots.release()
 
     def open(self) -> None:
@@ -213,9 +217,13 @@ class Lanes(_Lending):
         pass
 
     def shut(self) -> None:
+        """Closes the idle connections now; one a call is using is closed by the thread running
+        that call, when it hands it back: libpq's connection must not be freed under a running
+        command (closed from here, it crashed the process)."""
         with self._lock:
-            conns, self._idle = list(self._open), []
-        for conn in conns:
+            self._shut = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
             self.dispose(conn)
 
     def dispose(self, conn: psycopg.Connection) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Literal, Optional, Sequence, Union
 from .errors import LeaseLost, WaitCancelled, WaitTimedOut
 from .holding import HELD, RELEASED, UNKNOWN, Holding, KeepPlan
 from .lease import Acquire, Lease, Query, Seconds, interval
+from .observer import tell
 from .reasons import RELEASED as RELEASED_BY_SERVER
 from .reasons import LossReason, ended_reason
 
@@ -243,6 +244,7 @@ class LeadershipView:
 
     def _started(self) -> None:
         """on_started_leading, then on_stopped_leading if it ended meanwhile."""
+        tell(self._holding.observer, "leadership_gained", self._options.key)
         call_back("on_started_leading", self._options.on_started_leading, self)
         with self._told_lock:
             self._started_told = True
@@ -260,6 +262,7 @@ class LeadershipView:
             if not self._started_told or self._stop_reason is None or self._stop_told:
                 return
             self._stop_told = True
+        tell(self._holding.observer, "leadership_lost", self._options.key)
         call_back("on_stopped_leading", self._options.on_stopped_leading, self._stop_reason)
 
     def _after_release(self) -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .errors import LeaseLost, WaitTimedOut, outcome_unknown
 from .lease import Acquire, Held, LeaseSet, Query, Seconds, interval
+from .observer import Observer, tell
+from .reasons import EXPIRED, TAKEN_OVER, UNREACHABLE, LossReason
 from .reasons import RELEASED as ENDED_BY_RELEASE
 from .reasons import UNKNOWN as NO_REASON
-from .reasons import UNREACHABLE, LossReason
 
 HELD, LOST, UNKNOWN, RELEASED = "held", "lost", "unknown", "released"
 
@@ -85,6 +86,12 @@ class Holding:
         self.last_error: Optional[BaseException] = None
         self.failures = 0
         self._lock = threading.Lock()
+        #: The client's observer (observer.py) and the kept lease it is told about: set by the
+        #: client once the lease is kept (observe).
+        self.observer: Optional[Observer] = None
+        self.kept: Any = None
+        self._start_told = False
+        self._end_told = False
 
     def renewed(self, sent_at: float, lease: Held) -> bool:
         """Takes a confirmed renewal; False if the lease was already declared lost or released."""
@@ -107,7 +114,29 @@ class Holding:
             if state != RELEASED:
                 self.lost_at = clock()
                 self.reason = reason or (UNREACHABLE if state == UNKNOWN else NO_REASON)
-            return True
+        self.ended(lost=state != RELEASED)
+        return True
+
+    def observe(self, observer: Optional[Observer], kept: Any) -> None:
+        """Tells `observer` that `kept` keeps this lease, unless it ended already; and of its end."""
+        if observer is None:
+            return
+        with self._lock:
+            self.observer, self.kept = observer, kept
+            if self._end_told:
+                return
+            self._start_told = True
+        tell(observer, "kept_lease_started", kept)
+
+    def ended(self, lost: bool = False) -> None:
+        """Tells the observer, once, that the lease is kept no more (and lost, with its reason)."""
+        with self._lock:
+            told, self._end_told = self._start_told and not self._end_told, True
+            observer, reason = self.observer, self.reason
+        if told:
+            tell(observer, "kept_lease_ended", self.kept)
+        if lost and self._start_told:
+            tell(observer, "lease_lost", self.kept, reason)
 
     def anchored_long_ago(self) -> bool:
         """Whether the grant came long after the instant its deadline counts from (a long wait,
@@ -137,6 +166,7 @@ class Holding:
         with self._lock:
             if self.state not in (HELD, UNKNOWN) or (answer is None and self.state == UNKNOWN):
                 return
+            was_held = self.state == HELD
             self.state = UNKNOWN if answer is None else RELEASED if answer else LOST
             if answer:
                 self.reason = None
@@ -144,6 +174,17 @@ class Holding:
                 self.reason = UNREACHABLE if answer is None else reason or NO_REASON  # type: ignore[assignment]
             if self.state != RELEASED and self.lost_at is None:
                 self.lost_at = clock()
+        self.ended(lost=was_held and self.state == LOST)
+
+    def expired(self) -> bool:
+        """Lost by expiry: the key may have been taken over since, which a release can learn."""
+        return self.state == LOST and self.reason == EXPIRED
+
+    def refine(self, reason: Optional[str]) -> None:
+        """An expired lease's reason once the server says another took the key over since."""
+        with self._lock:
+            if self.state == LOST and self.reason == EXPIRED and reason == TAKEN_OVER:
+                self.reason = TAKEN_OVER
 
     def remaining(self) -> float:
         return self.deadline - clock()

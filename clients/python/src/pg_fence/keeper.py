@@ -29,6 +29,7 @@ from .holding import HELD, LOST, UNKNOWN, Holding, clock
 from .keeping import Keeper
 from .kept import Kept, SetView
 from .lease import Held, Lease
+from .observer import RENEW_LOST, RENEW_OK, Timed
 from .reasons import SESSION_ENDED, ended_reason
 from .reasons import UNKNOWN as NO_REASON
 from .retry import Retry
@@ -107,6 +108,10 @@ class KeptLease(Kept):
         this release ended the lease. Waits release_timeout at most: a release still waiting for
         a renewal in flight goes on in the background, and the TTL ends the lease anyway."""
         end = time.monotonic() + self._release_timeout
+        if self._holding.expired():
+            # Found expired by a renewal, it may have been taken over since: the release says so.
+            status = self._status(self._connections, self._release_timeout)
+            self._holding.refine(ended_reason(status or (), self.lease.durable))
         self._release_wanted = self._holding.release_wanted() or self._release_wanted
         self._stop.set()
         self._renewer.join(self._release_timeout)
@@ -152,6 +157,7 @@ class KeptLease(Kept):
 
     def _let_expire(self) -> None:
         """Stops renewing without a release: the lease ends at its TTL."""
+        self._holding.ended()
         self._release_wanted = False
         self._stop.set()
 
@@ -180,7 +186,14 @@ class KeptLease(Kept):
                     if self._keeper is not None:
                         renewed = self._keeper.renew(holding, holding.attempt_limit())
                     else:
-                        renewed = bounded(self._connections, self._renew, holding.attempt_limit())
+                        # The keeper times its own calls; this one is timed here.
+                        with Timed(holding.observer, "renew_finished", 1) as timed:
+                            try:
+                                renewed = bounded(self._connections, self._renew, holding.attempt_limit())
+                                timed.outcome = RENEW_OK
+                            except LeaseLost:
+                                timed.outcome = RENEW_LOST
+                                raise
             except Exception as err:
                 if holding.renewal_failed(err, self._retry.pause):
                     # PF001, or a session-bound lease whose session we lost (it may live on in it,

@@ -29,6 +29,7 @@ from .connections import Lanes, bounded
 from .errors import ConnectFailed, LeaseLost
 from .holding import Holding, clock
 from .lease import RENEW_MANY_LIMIT, Lease, Query, renew_many_query
+from .observer import RENEW_LOST, RENEW_OK, Observer, Timed
 from .retry import Retry
 
 #: The keeper's connections unless the client says otherwise (Client(keeper_connections=...)).
@@ -77,6 +78,8 @@ class Keeper:
         #: How long the latest renewals took, in seconds, from handed to the keeper to answered.
         self.latencies: "deque[float]" = deque(maxlen=100_000)
         self._background: set = set()  # give-ups under way: a task the loop alone refers to may be collected
+        #: The client's observer (observer.py), told of each lease_renew_many call.
+        self.observer: Optional[Observer] = None
 
     def renew(self, holding: Holding, limit: float) -> Lease:
         """`holding`'s lease renewed with the next lease_renew_many call; LeaseLost when its token
@@ -110,14 +113,16 @@ class Keeper:
             batch = self._take()
             if not batch:
                 continue
-            try:
-                rows = bounded(self.lanes, lambda conn: self._renew_many(conn, batch), min(r.limit for r in batch))
-            except Exception as err:
-                for renewal in batch:
-                    renewal.fail(err)
-                continue
-            for renewal, row in zip(batch, rows):
-                renewal.settle(row[2], self.latencies)
+            with Timed(self.observer, "renew_finished", len(batch)) as timed:
+                try:
+                    rows = bounded(self.lanes, lambda conn: self._renew_many(conn, batch), min(r.limit for r in batch))
+                except Exception as err:
+                    for renewal in batch:
+                        renewal.fail(err)
+                    continue
+                timed.outcome = RENEW_LOST if any(row[2] is None for row in rows) else RENEW_OK
+                for renewal, row in zip(batch, rows):
+                    renewal.settle(row[2], self.latencies)
 
     @staticmethod
     def _renew_many(conn: psycopg.Connection, batch: List[_Renewal]) -> List[tuple]:

@@ -16,13 +16,16 @@ from .errors import OutcomeUnknown, outcome_unknown, retryable
 @dataclass(frozen=True)
 class Retry:
     """How often and how long to try again after a broken connection. By default `total` is the
-    bound: tries go on for 15 s, which a restart or a failover of several seconds fits in."""
+    bound: retries go on for 15 s after a call's first failure, which a restart or a failover of
+    several seconds fits in."""
 
     #: Tries at most, the first included (None: as many as `total` allows).
     attempts: Optional[int] = None
     base: float = 0.05
     cap: float = 2.0
-    #: Give up once this many seconds have passed since the first try (None: attempts only).
+    #: Give up once this many seconds have passed since the call's first failure (None: attempts
+    #: only). Counted from the failure, not from the call: an acquire that waited on the server
+    #: longer than this still gets its retries when its connection then breaks.
     total: Optional[float] = 15.0
 
     def pause(self, attempt: int) -> float:
@@ -55,7 +58,9 @@ class Tries:
     raise when they run out."""
 
     def __init__(self, retry: Retry, end: Optional[float] = None, resend: bool = True):
-        self._pauses = retry.pauses(end)
+        self._retry = retry
+        # Made at the first failure, so that `total` counts from there.
+        self._pauses: Optional[Iterator[float]] = None
         self._end = end
         # Whether a try that may have taken effect may be sent again. Not for lease_acquire_all,
         # which takes no token: a second try could not get back a set the first one was granted.
@@ -78,6 +83,8 @@ class Tries:
         self._unsure = self._unsure or outcome_unknown(err)
         if self._unsure and not self._resend:
             raise OutcomeUnknown(f"connection failed mid-call, which is not sent again: {err}") from err
+        if self._pauses is None:
+            self._pauses = self._retry.pauses(self._end)
         pause = next(self._pauses, None) if retryable(err) else None
         if pause is not None:
             return pause

@@ -4,7 +4,9 @@
 pub mod proxy;
 pub mod scenarios;
 use pg_fence_client::{hold, AcquireOptions, Connector, HeldLease, KeepOptions, LeaseState, PgConnection};
-use pg_fence_integration::{signal, Cluster};
+use pg_fence_integration::Cluster;
+#[allow(unused_imports)] // not every test crate that shares this module stops a server
+pub use pg_fence_integration::Frozen;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -98,45 +100,4 @@ pub async fn eventually<F: Future<Output = bool>>(limit: Duration, mut check: im
 pub async fn server_lease(client: &Client, key: &str) -> Option<(bool, i64)> {
     let row = client.query_opt("SELECT live, fence FROM fence.leases WHERE key = $1", &[&key]).await.unwrap();
     row.map(|row| (row.get(0), row.get(1)))
-}
-
-/// The postmaster and every process it started, stopped with SIGSTOP (the postmaster first, so that
-/// it forks nothing new meanwhile) until dropped, even when the test fails.
-pub struct Frozen(Vec<u32>);
-
-impl Frozen {
-    pub fn server(cluster: &Cluster) -> Frozen {
-        let root = std::env::var("PG_FENCE_TEST_DIR").unwrap_or_else(|_| "/tmp/pg_fence_test".into());
-        let pidfile = std::fs::read_to_string(format!("{root}/{}/postmaster.pid", cluster.name())).unwrap();
-        let postmaster: u32 = pidfile.lines().next().unwrap().trim().parse().unwrap();
-        signal(postmaster, "-STOP");
-        let mut pids = vec![postmaster];
-        pids.extend(children(postmaster));
-        for pid in &pids[1..] {
-            signal(*pid, "-STOP");
-        }
-        Frozen(pids)
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        for pid in self.0.iter().rev() {
-            signal(*pid, "-CONT");
-        }
-    }
-}
-
-fn children(parent: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        // The command name, in parentheses, may hold spaces: the ppid is the second field after it.
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        if after.split(' ').nth(1).and_then(|ppid| ppid.parse::<u32>().ok()) == Some(parent) {
-            found.push(pid);
-        }
-    }
-    found
 }

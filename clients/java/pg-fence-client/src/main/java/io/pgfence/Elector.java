@@ -47,6 +47,13 @@ public final class Elector implements AutoCloseable {
   private final List<Observer> observers = new CopyOnWriteArrayList<>();
   private final Thread watcher;
 
+  /**
+   * An elector of {@code key}'s leader; it campaigns only when asked ({@link #campaign}).
+   *
+   * @param client the client whose keeper keeps the leader's lease
+   * @param key the key the candidates share
+   * @param options the leader's TTL, how its lease is kept, who is told of the leaders
+   */
   public Elector(FenceClient client, String key, ElectorOptions options) {
     this.client = Objects.requireNonNull(client);
     this.key = Objects.requireNonNull(key);
@@ -60,11 +67,24 @@ public final class Elector implements AutoCloseable {
     }
   }
 
+  /**
+   * The key the candidates share.
+   *
+   * @return the leadership lease's key
+   */
   public String key() {
     return key;
   }
 
-  /** {@link #campaign(String, Duration)} with no end: waits until elected. */
+  /**
+   * {@link #campaign(String, Duration)} with no end: waits until elected.
+   *
+   * @param value the lease's owner while this candidate leads, which observers see (at most 256
+   *     bytes in UTF-8)
+   * @return the leadership, kept renewed
+   * @throws WaitCancelledException when the elector is closed (or the thread interrupted) first
+   * @throws SQLException a server error that no retry can help (a wrong key, a refused value)
+   */
   public Leadership campaign(String value) throws SQLException {
     return campaign(value, null);
   }
@@ -75,6 +95,15 @@ public final class Elector implements AutoCloseable {
    * at most, each asked again at once; returns the leadership, kept renewed, after telling {@code
    * onStartedLeading}. {@link WaitCancelledException} when the elector is closed meanwhile (the
    * wait is cancelled on the server: nothing is left granted).
+   *
+   * @param value the lease's owner while this candidate leads, which observers see (at most 256
+   *     bytes in UTF-8)
+   * @param wait how long to campaign at most; null for no end
+   * @return the leadership, kept renewed
+   * @throws WaitTimedOutException when {@code wait} ran out before this candidate was elected
+   * @throws WaitCancelledException when the elector is closed (or the thread interrupted) first
+   * @throws SQLException a server error that no retry can help, or an outage that outlasted {@code
+   *     wait}
    */
   public Leadership campaign(String value, Duration wait) throws SQLException {
     long end = wait == null ? Long.MAX_VALUE : System.nanoTime() + wait.toNanos();
@@ -180,12 +209,21 @@ public final class Elector implements AutoCloseable {
     }
   }
 
-  /** The key's leader now; empty when nobody leads. */
+  /**
+   * The key's leader now.
+   *
+   * @return the leader (its value and fence); empty when nobody leads
+   * @throws SQLException when the server could not be asked (after the client's retries)
+   */
   public Optional<Leader> leader() throws SQLException {
     return client.leader(key);
   }
 
-  /** The key's leaders as they change; close the observer (or the elector) to stop it. */
+  /**
+   * The key's leaders as they change; close the observer (or the elector) to stop it.
+   *
+   * @return a new observer, whose first {@link Observer#next()} gives the present leader
+   */
   public Observer observe() {
     Observer observer = new Observer();
     observers.add(observer);
@@ -221,6 +259,11 @@ public final class Elector implements AutoCloseable {
      * the lease's TTL (what was seen last may have expired meanwhile: the caller must not take it
      * as still true), after which the next call reconnects and goes on; a server error that no
      * retry can help otherwise.
+     *
+     * @return the leader after the change; empty when nobody leads
+     * @throws WaitCancelledException once the observer or the elector is closed
+     * @throws ObserverBlindException when the server has not answered for the lease's TTL
+     * @throws SQLException a server error that no retry can help
      */
     public Optional<Leader> next() throws SQLException {
       long ttl = options.lease().ttl().toNanos();
@@ -349,20 +392,12 @@ public final class Elector implements AutoCloseable {
             leader = observer.next();
           } catch (ObserverBlindException blind) {
             if (options.onBlind() != null) {
-              try {
-                options.onBlind().accept(blind);
-              } catch (RuntimeException ignored) {
-                // A callback's failure is its own.
-              }
+              Callbacks.run(() -> options.onBlind().accept(blind));
             }
             observer.forget();
             continue;
           }
-          try {
-            options.onNewLeader().accept(leader);
-          } catch (RuntimeException ignored) {
-            // A callback's failure is its own.
-          }
+          Callbacks.run(() -> options.onNewLeader().accept(leader));
         }
       } catch (SQLException e) {
         try {

@@ -44,6 +44,7 @@ public final class FenceClient implements AutoCloseable {
   private final DataSource keeperSource;
   private final int keeperConnections;
   private Keeper keeper; // guarded by this; made with the first kept lease
+  private final Observers observers = new Observers();
 
   /** The keeper's connections when not told otherwise. */
   public static final int KEEPER_CONNECTIONS = 2;
@@ -52,6 +53,8 @@ public final class FenceClient implements AutoCloseable {
    * A client with {@link Backoff#defaults()} and a 30 s bound on each try, whose keeper opens its 2
    * connections from {@code dataSource} too (and keeps them while it keeps leases): with a pool,
    * prefer {@link #FenceClient(DataSource, DataSource, int)}.
+   *
+   * @param dataSource where the calls' and the keeper's connections come from
    */
   public FenceClient(DataSource dataSource) {
     this(dataSource, Backoff.defaults(), Duration.ofSeconds(30));
@@ -61,6 +64,11 @@ public final class FenceClient implements AutoCloseable {
    * A client whose calls go to {@code dataSource} (the application's pool) and whose keeper renews
    * every kept lease over at most {@code keeperConnections} connections of its own, opened from
    * {@code keeperSource} (a DataSource of plain connections to the same server, not the pool).
+   *
+   * @param dataSource where the calls' connections come from (the application's pool)
+   * @param keeperSource where the keeper's connections come from: the same server, outside the pool
+   * @param keeperConnections how many connections the keeper opens at most (1 or more)
+   * @throws IllegalArgumentException when {@code keeperConnections} is below 1
    */
   public FenceClient(DataSource dataSource, DataSource keeperSource, int keeperConnections) {
     this(dataSource, keeperSource, keeperConnections, Backoff.defaults(), Duration.ofSeconds(30));
@@ -108,8 +116,38 @@ public final class FenceClient implements AutoCloseable {
     this.timers.setRemoveOnCancelPolicy(true);
   }
 
+  /**
+   * The DataSource the calls take their connections from.
+   *
+   * @return the DataSource given to the constructor for the calls
+   */
   public DataSource dataSource() {
     return dataSource;
+  }
+
+  /**
+   * Tells {@code observer} of this client's acquires, renewals, kept leases, losses and leaderships
+   * from now on (see {@link FenceObserver}); adding one twice adds it once.
+   *
+   * @param observer told of what the client does, on the client's threads
+   */
+  public void addObserver(FenceObserver observer) {
+    observers.add(Objects.requireNonNull(observer));
+  }
+
+  /**
+   * Stops telling {@code observer}.
+   *
+   * @param observer an observer added before
+   * @return whether it had been added
+   */
+  public boolean removeObserver(FenceObserver observer) {
+    return observers.remove(observer);
+  }
+
+  /** The observers, told as one. */
+  Observers observers() {
+    return observers;
   }
 
   ScheduledThreadPoolExecutor timers() {
@@ -152,28 +190,32 @@ public final class FenceClient implements AutoCloseable {
     T run(Connection conn) throws SQLException;
   }
 
-  /** How a call is retried. */
+  /**
+   * How a call is retried. The backoff's {@code maxElapsed} counts from the call's first failure,
+   * or with {@code inAll} from its start (a call that must end within it, waits included).
+   */
   record Retry(
       Backoff backoff,
       Duration timeout,
       boolean resend,
       UUID token,
       boolean keep,
-      Consumer<Connection> using) {
+      Consumer<Connection> using,
+      boolean inAll) {
     Retry(Backoff backoff, Duration timeout, boolean resend, UUID token, boolean keep) {
-      this(backoff, timeout, resend, token, keep, null);
+      this(backoff, timeout, resend, token, keep, null, false);
     }
 
     /** This retry, telling {@code using} of each try's connection (and null after it). */
     Retry using(Consumer<Connection> using) {
-      return new Retry(backoff, timeout, resend, token, keep, using);
+      return new Retry(backoff, timeout, resend, token, keep, using, inAll);
     }
   }
 
   /** Retried within {@code bound} in all, each try bounded by it too. */
   private Retry bounded(Duration bound) {
     Backoff within = new Backoff(backoff.base(), backoff.cap(), backoff.maxAttempts(), bound);
-    return new Retry(within, bound, true, null, false);
+    return new Retry(within, bound, true, null, false, null, true);
   }
 
   private Retry plain(Duration extra) {
@@ -185,7 +227,10 @@ public final class FenceClient implements AutoCloseable {
    * {@code keep}, the connection of the try that succeeded is not given back (the call keeps it).
    */
   <T> T retrying(Retry retry, Call<T> call) throws SQLException {
+    // The retries' time counts from the first failure, not from the call: an acquire that waited
+    // its wait before its session ended still has all of maxElapsed to retry.
     long started = System.nanoTime();
+    boolean counting = retry.inAll();
     int tries = 0;
     boolean connected = false;
     // Once one try may have taken effect, running out of retries leaves the outcome unknown.
@@ -231,6 +276,10 @@ public final class FenceClient implements AutoCloseable {
         retry.using().accept(null);
       }
       tries++;
+      if (!counting) {
+        started = System.nanoTime();
+        counting = true;
+      }
       Duration delay = maybeDone && !retry.resend() ? null : retry.backoff().next(tries, started);
       if (delay != null) {
         try {
@@ -289,6 +338,16 @@ public final class FenceClient implements AutoCloseable {
    * {@link PgFence#acquire}, retried: the lease, or empty when the key is held (or the wait ran
    * out). The token (the options' own, or one drawn now) is the same on every try; {@link
    * OutcomeUnknownException#token()} carries it.
+   *
+   * @param key the key, 1 to 512 bytes in UTF-8
+   * @param opts the lease's ttl and the rest
+   * @return the lease; empty when the key is held or the wait ran out
+   * @throws IllegalArgumentException for options that cannot work together, before anything is sent
+   * @throws WaitCancelledException when the wait was cancelled on the server (nothing granted)
+   * @throws OutcomeUnknownException when the retries ran out after a try that may have taken effect
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
    */
   public Optional<Lease> acquire(String key, AcquireOptions opts) throws SQLException {
     opts.check();
@@ -306,7 +365,32 @@ public final class FenceClient implements AutoCloseable {
     Retry retry =
         new Retry(backoff, timeout.plus(opts.waitTime()), true, opts.token().get(), false)
             .using(using);
-    return retrying(retry, conn -> PgFence.acquire(conn, key, opts));
+    return observed(() -> retrying(retry, conn -> PgFence.acquire(conn, key, opts)));
+  }
+
+  /** An acquire with its retries. */
+  @FunctionalInterface
+  private interface Acquire<T> {
+    Optional<T> run() throws SQLException;
+  }
+
+  /** An acquire, told to the observers with its time and outcome. */
+  private <T> Optional<T> observed(Acquire<T> acquire) throws SQLException {
+    if (!observers.any()) {
+      return acquire.run();
+    }
+    long started = System.nanoTime();
+    FenceObserver.AcquireOutcome outcome = FenceObserver.AcquireOutcome.ERROR;
+    try {
+      Optional<T> granted = acquire.run();
+      outcome =
+          granted.isPresent()
+              ? FenceObserver.AcquireOutcome.GRANTED
+              : FenceObserver.AcquireOutcome.REFUSED;
+      return granted;
+    } finally {
+      observers.acquireFinished(Duration.ofNanos(System.nanoTime() - started), outcome);
+    }
   }
 
   /** A session-bound lease and the connection it is bound to (kept open, for the keeper). */
@@ -327,32 +411,44 @@ public final class FenceClient implements AutoCloseable {
     Retry retry =
         new Retry(backoff, timeout.plus(opts.waitTime()), true, opts.token().orElse(null), true)
             .using(using);
-    return retrying(
-        retry,
-        conn -> {
-          if (tokens[1] != null) {
-            PgFence.release(conn, key, tokens[1]);
-          }
-          UUID token = tokens[0] != null ? tokens[0] : UUID.randomUUID();
-          tokens[0] = null;
-          tokens[1] = token;
-          Optional<Lease> granted = PgFence.acquire(conn, key, opts.token(token));
-          if (granted.isPresent() && !PgFence.boundHere(conn, key, granted.get().fence())) {
-            // The token was already another session's: left unsure, released by the next try.
-            throw new SQLTransientConnectionException("granted to another session", "08000");
-          }
-          tokens[1] = null;
-          if (granted.isEmpty()) {
-            giveBack(conn);
-            return Optional.empty();
-          }
-          return Optional.of(new Bound(granted.get(), conn));
-        });
+    return observed(
+        () ->
+            retrying(
+                retry,
+                conn -> {
+                  if (tokens[1] != null) {
+                    PgFence.release(conn, key, tokens[1]);
+                  }
+                  UUID token = tokens[0] != null ? tokens[0] : UUID.randomUUID();
+                  tokens[0] = null;
+                  tokens[1] = token;
+                  Optional<Lease> granted = PgFence.acquire(conn, key, opts.token(token));
+                  if (granted.isPresent() && !PgFence.boundHere(conn, key, granted.get().fence())) {
+                    // The token was already another session's: left unsure, released by the next
+                    // try.
+                    throw new SQLTransientConnectionException(
+                        "granted to another session", "08000");
+                  }
+                  tokens[1] = null;
+                  if (granted.isEmpty()) {
+                    giveBack(conn);
+                    return Optional.empty();
+                  }
+                  return Optional.of(new Bound(granted.get(), conn));
+                }));
   }
 
   /**
    * {@link PgFence#renew}, retried; {@link LeaseLostException} with the reason {@code lease_status}
    * gives.
+   *
+   * @param lease the lease to renew (its key and token)
+   * @param ttl the new time to live from now, above zero and at most {@code pg_fence.max_ttl}
+   * @return the server's new expiry of the lease
+   * @throws LeaseLostException with the reason, when the token no longer holds the key's live lease
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
    */
   public Instant renew(Lease lease, Duration ttl) throws SQLException {
     try {
@@ -405,7 +501,16 @@ public final class FenceClient implements AutoCloseable {
     return retrying(bounded(bound), conn -> PgFence.firstEnded(conn, keys, token));
   }
 
-  /** {@link PgFence#release}, retried: true when this call ended the lease. */
+  /**
+   * {@link PgFence#release}, retried: true when this call ended the lease.
+   *
+   * @param lease the lease to end (its key and token)
+   * @return true when this call ended the lease; false when the token held nothing (already ended,
+   *     or ended by an earlier try whose reply was lost)
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
+   */
   public boolean release(Lease lease) throws SQLException {
     return releaseToken(lease.key(), lease.token());
   }
@@ -413,6 +518,13 @@ public final class FenceClient implements AutoCloseable {
   /**
    * Releases by the token alone: for a lease whose grant may have happened but was never seen (the
    * token of an {@link OutcomeUnknownException}).
+   *
+   * @param key the key the token was sent for
+   * @param token the token the lease was (or may have been) granted with
+   * @return true when this call ended a lease; false when the token held nothing
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
    */
   public boolean releaseToken(String key, UUID token) throws SQLException {
     return retrying(plain(Duration.ZERO), conn -> PgFence.release(conn, key, token));
@@ -427,15 +539,37 @@ public final class FenceClient implements AutoCloseable {
    * {@link PgFence#acquireAll}, retried only while no try can have been granted: it takes no token,
    * so a try whose reply was lost cannot be asked again for the set it may have granted. Such a try
    * ends it with {@link OutcomeUnknownException}; the set, if granted, ends at its TTL.
+   *
+   * @param keys the keys, each 1 to 512 bytes in UTF-8; their order does not matter
+   * @param opts the leases' ttl, owner, wait, session_bound and durable; no token, shared, permits
+   *     or lock-delay
+   * @return the set; empty when a key is held and the wait ran out
+   * @throws IllegalArgumentException for options a set cannot take, before anything is sent
+   * @throws WaitCancelledException when the wait was cancelled on the server (nothing granted)
+   * @throws OutcomeUnknownException when a try that may have been granted got no reply
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
    */
   public Optional<LeaseSet> acquireAll(Collection<String> keys, AcquireOptions opts)
       throws SQLException {
     opts.checkForSet();
     Retry retry = new Retry(backoff, callTimeout.plus(opts.waitTime()), false, null, false);
-    return retrying(retry, conn -> PgFence.acquireAll(conn, keys, opts));
+    return observed(() -> retrying(retry, conn -> PgFence.acquireAll(conn, keys, opts)));
   }
 
-  /** {@link PgFence#renewAll}, retried; {@link LeaseLostException} with its reason. */
+  /**
+   * {@link PgFence#renewAll}, retried; {@link LeaseLostException} with its reason.
+   *
+   * @param set the set to renew (its keys and token)
+   * @param ttl the new time to live from now, above zero and at most {@code pg_fence.max_ttl}
+   * @return the earliest of the server's new expiries
+   * @throws LeaseLostException with the reason, when the token no longer holds one of the leases
+   *     (then none is renewed)
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
+   */
   public Instant renewAll(LeaseSet set, Duration ttl) throws SQLException {
     try {
       return retrying(plain(Duration.ZERO), conn -> PgFence.renewAll(conn, set, ttl));
@@ -444,7 +578,16 @@ public final class FenceClient implements AutoCloseable {
     }
   }
 
-  /** {@link PgFence#releaseAll}, retried. */
+  /**
+   * {@link PgFence#releaseAll}, retried.
+   *
+   * @param set the set to end (its keys and token)
+   * @return how many leases this call ended: 0 to the set's size (an earlier try whose reply was
+   *     lost may have ended them)
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
+   */
   public int releaseAll(LeaseSet set) throws SQLException {
     return retrying(plain(Duration.ZERO), conn -> PgFence.releaseAll(conn, set));
   }
@@ -453,17 +596,41 @@ public final class FenceClient implements AutoCloseable {
     return retrying(bounded(bound), conn -> PgFence.releaseAll(conn, set));
   }
 
-  /** {@link PgFence#status}, retried. */
+  /**
+   * {@link PgFence#status}, retried.
+   *
+   * @param key the lease's key
+   * @param token the token the lease was (or may have been) granted with
+   * @return the status: live, or why it ended
+   * @throws SQLException a server error that no retry can help, or {@link NoConnectionException}
+   *     when no connection could be had before the retries ran out
+   */
   public LeaseStatus status(String key, UUID token) throws SQLException {
     return retrying(plain(Duration.ZERO), conn -> PgFence.status(conn, key, token));
   }
 
-  /** {@link PgFence#currentFence}, retried. */
+  /**
+   * {@link PgFence#currentFence}, retried.
+   *
+   * @param key the key
+   * @return the key's highest fence, live or not; empty when the server has no row for the key
+   * @throws SQLException a server error that no retry can help, or {@link NoConnectionException}
+   *     when no connection could be had before the retries ran out
+   */
   public OptionalLong currentFence(String key) throws SQLException {
     return retrying(plain(Duration.ZERO), conn -> PgFence.currentFence(conn, key));
   }
 
-  /** {@link PgFence#awaitChange}, retried; each try waits {@code timeout} at most. */
+  /**
+   * {@link PgFence#awaitChange}, retried; each try waits {@code timeout} at most.
+   *
+   * @param key the key to watch
+   * @param seen the leader seen last; null for nobody leading (or nothing seen yet)
+   * @param timeout how long one try waits for a change at most; zero to ask without waiting
+   * @return the key's leader; empty when nobody leads
+   * @throws SQLException a server error that no retry can help, or {@link NoConnectionException}
+   *     when no connection could be had before the retries ran out
+   */
   public Optional<Leader> awaitChange(String key, Leader seen, Duration timeout)
       throws SQLException {
     return retrying(plain(timeout), conn -> PgFence.awaitChange(conn, key, seen, timeout));
@@ -475,7 +642,17 @@ public final class FenceClient implements AutoCloseable {
         plain(timeout).using(using), conn -> PgFence.awaitChange(conn, key, seen, timeout));
   }
 
-  /** {@link PgFence#proclaim}, retried (a proclaim done twice is done once). */
+  /**
+   * {@link PgFence#proclaim}, retried (a proclaim done twice is done once).
+   *
+   * @param lease the live lease (its key and token)
+   * @param owner the new owner, at most 256 bytes in UTF-8; empty for the session's
+   *     application_name
+   * @return true when changed; false, changing nothing, when the token no longer holds the lease
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
+   */
   public boolean proclaim(Lease lease, String owner) throws SQLException {
     return retrying(plain(Duration.ZERO), conn -> PgFence.proclaim(conn, lease, owner));
   }
@@ -483,12 +660,26 @@ public final class FenceClient implements AutoCloseable {
   /**
    * {@link PgFence#handoff}, retried: a retry after a hand-off whose answer was lost finds the
    * token holding nothing and returns empty; {@link #status} then says {@code released}.
+   *
+   * @param lease the lease to end (its key and token)
+   * @param toOwner the owner the waiting acquirer asked with, 1 to 256 bytes in UTF-8
+   * @return the new leader; empty when nobody took it, or when a lost reply's hand-off happened
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
    */
   public Optional<Leader> handoff(Lease lease, String toOwner) throws SQLException {
     return retrying(plain(Duration.ZERO), conn -> PgFence.handoff(conn, lease, toOwner));
   }
 
-  /** The key's leader now (empty: nobody leads). */
+  /**
+   * The key's leader now.
+   *
+   * @param key the elected key
+   * @return the leader; empty when nobody leads
+   * @throws SQLException a server error that no retry can help, or {@link NoConnectionException}
+   *     when no connection could be had before the retries ran out
+   */
   public Optional<Leader> leader(String key) throws SQLException {
     return awaitChange(key, null, Duration.ZERO);
   }
@@ -497,6 +688,17 @@ public final class FenceClient implements AutoCloseable {
    * {@link PgFence#fencedUpdate} in a transaction of its own, not retried: after a broken
    * connection its outcome is unknown, and only the caller can tell whether doing it twice is
    * harmless.
+   *
+   * @param key the lease's key
+   * @param fence the lease's fence, as granted
+   * @param table the table to update, as SQL names it ({@code "billing.invoices"})
+   * @param changes the new values by column name, sent as a JSON object; not empty
+   * @param filter the rows to update: column name to the value it must equal (all of them); not
+   *     empty, no null value
+   * @return the number of rows updated; 0 when none matched
+   * @throws StaleFenceException when {@code fence} is not the key's live fence: nothing was written
+   * @throws SQLException the server's, for a bad table, column or value, or the driver's when the
+   *     connection broke (then whether it was written is unknown)
    */
   public long fencedUpdate(
       String key, long fence, String table, Map<String, ?> changes, Map<String, ?> filter)
@@ -511,7 +713,19 @@ public final class FenceClient implements AutoCloseable {
     return retrying(once, conn -> PgFence.fencedUpdate(conn, key, fence, table, changes, filter));
   }
 
-  /** {@link #hold(String, AcquireOptions, KeepOptions)} with {@link KeepOptions#defaults()}. */
+  /**
+   * {@link #hold(String, AcquireOptions, KeepOptions)} with {@link KeepOptions#defaults()}.
+   *
+   * @param key the key, 1 to 512 bytes in UTF-8
+   * @param opts the lease's ttl and the rest
+   * @return the kept lease, renewed in the background until released or lost
+   * @throws WaitTimedOutException when the key was not granted within the options' wait
+   * @throws OutcomeUnknownException when the retries ran out after a try that may have been granted
+   *     (its token is then released in the background)
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
+   */
   public KeptLease hold(String key, AcquireOptions opts) throws SQLException {
     return hold(key, opts, KeepOptions.defaults());
   }
@@ -523,6 +737,19 @@ public final class FenceClient implements AutoCloseable {
    * granted on), retrying failed renewals with backoff, and the lease is declared lost the moment
    * the server says so, or {@code unknown} ({@link LossReason#UNREACHABLE}) when the local deadline
    * passes without a renewal, even while a renewal hangs.
+   *
+   * @param key the key, 1 to 512 bytes in UTF-8
+   * @param opts the lease's ttl and the rest
+   * @param keep how the lease is kept: renewal period, margin, backoff, bound, listener
+   * @return the kept lease, renewed in the background until released or lost
+   * @throws IllegalArgumentException for options that cannot work together, or a renewal period
+   *     that leaves no time to renew, before anything is sent
+   * @throws WaitTimedOutException when the key was not granted within the options' wait
+   * @throws OutcomeUnknownException when the retries ran out after a try that may have been granted
+   *     (its token is then released in the background)
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
    */
   public KeptLease hold(String key, AcquireOptions opts, KeepOptions keep) throws SQLException {
     return hold(key, opts, keep, null);
@@ -575,6 +802,19 @@ public final class FenceClient implements AutoCloseable {
    * {@link #hold(String, AcquireOptions, KeepOptions)} with its answers as results: the kept lease,
    * or empty when the key was not free within the options' wait, and empty at once, waiting for
    * nothing, when this thread already keeps a lease of the key here (it would wait for itself).
+   *
+   * @param key the key, 1 to 512 bytes in UTF-8
+   * @param opts the lease's ttl and the rest
+   * @param keep how the lease is kept: renewal period, margin, backoff, bound, listener
+   * @return the kept lease; empty when the key was not free within the wait, or is kept by this
+   *     thread already
+   * @throws IllegalArgumentException for options that cannot work together, or a renewal period
+   *     that leaves no time to renew, before anything is sent
+   * @throws OutcomeUnknownException when the retries ran out after a try that may have been granted
+   *     (its token is then released in the background)
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
    */
   public Optional<KeptLease> tryHold(String key, AcquireOptions opts, KeepOptions keep)
       throws SQLException {
@@ -597,6 +837,14 @@ public final class FenceClient implements AutoCloseable {
    * sent is released on the keeper's connections (retried until done or the TTL has passed), so
    * that a grant whose reply never came is not left behind. A lease granted after the caller gave
    * up is released the same way.
+   *
+   * @param key the key, 1 to 512 bytes in UTF-8
+   * @param opts the lease's ttl and the rest
+   * @param keep how the lease is kept: renewal period, margin, backoff, bound, listener
+   * @return the future of the kept lease, completed exceptionally with what {@link #hold} would
+   *     throw
+   * @throws IllegalArgumentException for options that cannot work together, before the thread
+   *     starts
    */
   public CompletableFuture<KeptLease> holdAsync(String key, AcquireOptions opts, KeepOptions keep) {
     opts.check();
@@ -684,6 +932,18 @@ public final class FenceClient implements AutoCloseable {
    * keeps it as {@link #hold} does; empty when none is free. The options' wait, {@code shared},
    * {@code permits} and {@code lockDelay} do not apply (an {@link IllegalArgumentException}), nor
    * does {@code sessionBound}: hold a session-bound lease by its key.
+   *
+   * @param keys the keys to try, in the order to try them; each 1 to 512 bytes in UTF-8
+   * @param opts the lease's ttl, owner, durable and token
+   * @param keep how the lease is kept: renewal period, margin, backoff, bound, listener
+   * @return the kept lease of the first free key; empty when every key is held
+   * @throws IllegalArgumentException for a wait, a lock-delay, a shared, permits or session-bound
+   *     lease, or a renewal period that leaves no time to renew, before anything is sent
+   * @throws OutcomeUnknownException when the retries ran out after a try that may have been granted
+   *     (its token is then released in the background)
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
    */
   public Optional<KeptLease> holdFirstFree(List<String> keys, AcquireOptions opts, KeepOptions keep)
       throws SQLException {
@@ -702,7 +962,7 @@ public final class FenceClient implements AutoCloseable {
     Optional<Lease> granted;
     try {
       Retry retry = new Retry(backoff, keep.timeout(), true, tokened.token().get(), false);
-      granted = retrying(retry, conn -> PgFence.acquireAny(conn, keys, tokened));
+      granted = observed(() -> retrying(retry, conn -> PgFence.acquireAny(conn, keys, tokened)));
     } catch (OutcomeUnknownException e) {
       for (String key : keys) {
         keeper().releaseToken(key, tokened.token().get(), opts.ttl());
@@ -726,6 +986,20 @@ public final class FenceClient implements AutoCloseable {
    * releases the others at once). {@link WaitTimedOutException} (named by the keys) when the set is
    * not granted within the wait. The acquire takes no token, so it is not sent again after a try
    * that may have been granted: {@link OutcomeUnknownException} then.
+   *
+   * @param keys the keys, each 1 to 512 bytes in UTF-8; their order does not matter
+   * @param opts the leases' ttl, owner, wait, session_bound and durable; no token, shared, permits
+   *     or lock-delay
+   * @param keep how the lease is kept: renewal period, margin, backoff, bound, listener
+   * @return the kept set, renewed in the background until released or lost
+   * @throws IllegalArgumentException for options a set cannot take, or a renewal period that leaves
+   *     no time to renew, before anything is sent
+   * @throws WaitTimedOutException when the set was not granted within the options' wait
+   * @throws OutcomeUnknownException when a try that may have been granted got no reply (the set, if
+   *     granted, ends at its TTL)
+   * @throws SQLException a server error that no retry can help (22023 for an argument it refuses,
+   *     25006 on a standby), or {@link NoConnectionException} when no connection could be had
+   *     before the retries ran out (nothing was sent)
    */
   public KeptLease holdAll(Collection<String> keys, AcquireOptions opts, KeepOptions keep)
       throws SQLException {
@@ -739,15 +1013,17 @@ public final class FenceClient implements AutoCloseable {
     Retry retry = new Retry(backoff, keep.timeout().plus(opts.waitTime()), false, null, bound);
     record Granted(LeaseSet set, Connection conn) {}
     Optional<Granted> granted =
-        retrying(
-            retry,
-            conn -> {
-              Optional<LeaseSet> set = PgFence.acquireAll(conn, keys, opts);
-              if (bound && set.isEmpty()) {
-                giveBack(conn);
-              }
-              return set.map(leases -> new Granted(leases, bound ? conn : null));
-            });
+        observed(
+            () ->
+                retrying(
+                    retry,
+                    conn -> {
+                      Optional<LeaseSet> set = PgFence.acquireAll(conn, keys, opts);
+                      if (bound && set.isEmpty()) {
+                        giveBack(conn);
+                      }
+                      return set.map(leases -> new Granted(leases, bound ? conn : null));
+                    }));
     Granted set = granted.orElseThrow(() -> new WaitTimedOutException(String.join(", ", keys)));
     Lease first = set.set().leases().get(0);
     KeptLease kept =

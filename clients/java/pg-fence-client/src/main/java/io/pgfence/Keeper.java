@@ -73,9 +73,10 @@ final class Keeper implements AutoCloseable {
     this.client = client;
     this.source = source;
     this.size = size;
+    // The calls in flight are at most `size` (counted by `busy`); a thread more is made when one is
+    // still telling a slow observer of its call, which holds no connection or lock by then.
     this.workers =
-        Executors.newFixedThreadPool(
-            size,
+        Executors.newCachedThreadPool(
             runnable -> {
               Thread thread = new Thread(runnable, "pg-fence-keeper-call");
               thread.setDaemon(true);
@@ -272,6 +273,9 @@ final class Keeper implements AutoCloseable {
   private void call(List<KeptLease> batch, List<Release> toRelease) {
     Connection conn = null;
     List<KeptLease> locked = new ArrayList<>();
+    // Told once the renewal locks and the connection are given back: a listener or observer that
+    // blocks must hold up neither the other leases' renewals nor stopRenewing.
+    List<Runnable> tell = new ArrayList<>();
     try {
       // A lease whose elector is proclaiming or handing off must not meet a renewal: it waits.
       for (KeptLease lease : batch) {
@@ -296,9 +300,13 @@ final class Keeper implements AutoCloseable {
           statementMillis = Math.min(statementMillis, lease.everyMillis());
         }
         long sent = System.nanoTime();
+        FenceObserver.RenewOutcome outcome = FenceObserver.RenewOutcome.ERROR;
         try {
           conn = connection(limit, statementMillis);
-          renew(conn, live, limit);
+          outcome =
+              renew(conn, live, limit, tell)
+                  ? FenceObserver.RenewOutcome.OK
+                  : FenceObserver.RenewOutcome.LOST;
           record(System.nanoTime() - sent);
         } catch (SQLException e) {
           closeConnection(conn, true);
@@ -306,6 +314,13 @@ final class Keeper implements AutoCloseable {
           for (KeptLease lease : live) {
             lease.renewFailed();
           }
+        }
+        Observers observers = client.observers();
+        if (observers.any()) {
+          Duration took = Duration.ofNanos(System.nanoTime() - sent);
+          FenceObserver.RenewOutcome told = outcome;
+          int leases = live.size();
+          tell.add(() -> observers.renewFinished(took, told, leases));
         }
       }
       if (!toRelease.isEmpty()) {
@@ -330,10 +345,17 @@ final class Keeper implements AutoCloseable {
         lock.notifyAll();
       }
     }
+    for (Runnable told : tell) {
+      told.run();
+    }
   }
 
-  /** lease_renew_many for {@code live}, each lease told its own answer. */
-  private void renew(Connection conn, List<KeptLease> live, long limitNanos) throws SQLException {
+  /**
+   * lease_renew_many for {@code live}, each lease told its own answer; false when one is lost. The
+   * losses are declared by {@code tell}, run after the call.
+   */
+  private boolean renew(Connection conn, List<KeptLease> live, long limitNanos, List<Runnable> tell)
+      throws SQLException {
     List<String> keys = new ArrayList<>();
     List<UUID> tokens = new ArrayList<>();
     List<String> ttls = new ArrayList<>();
@@ -364,6 +386,7 @@ final class Keeper implements AutoCloseable {
       throw new SQLException("lease_renew_many answered " + answers.size() + " of " + keys.size());
     }
     int row = 0;
+    boolean allHeld = true;
     for (KeptLease lease : live) {
       Instant earliest = null;
       boolean held = true;
@@ -376,11 +399,15 @@ final class Keeper implements AutoCloseable {
         }
       }
       if (held) {
-        lease.renewed(sent, earliest);
+        if (!lease.renewed(sent, earliest)) {
+          tell.add(lease::state);
+        }
       } else {
-        lease.notHeld(reasonOn(conn, lease));
+        allHeld = false;
+        tell.add(lease.notHeld(reasonOn(conn, lease)));
       }
     }
+    return allHeld;
   }
 
   /** Why a lease the server no longer holds ended, asked on the same connection; null: no word. */

@@ -97,6 +97,8 @@ public final class KeptLease implements AutoCloseable {
   private State state = State.HELD; // guarded by monitor
   private LossReason reason; // guarded by monitor
   private boolean closing; // guarded by monitor
+  private boolean started; // guarded by monitor: keptLeaseStarted was told
+  private boolean endTold; // guarded by monitor: keptLeaseEnded was told, or is moot
 
   KeptLease(
       FenceClient client,
@@ -131,15 +133,24 @@ public final class KeptLease implements AutoCloseable {
   }
 
   /**
-   * Renews at once when the acquire took longer than a renewal period (a long wait, retries): the
-   * deadline then counts from that renewal. On failure the lease is released and the error thrown.
+   * Starts keeping the lease. A session-bound lease whose acquire took longer than a renewal period
+   * (a long wait, retries), and one of the shared keeper's whose deadline counted from the
+   * acquire's send leaves less than a renewal period, are renewed at once, before the caller has
+   * them: the deadline then counts from that renewal. On failure the lease is released and the
+   * error thrown.
    */
   void start() throws SQLException {
     if (!sessionBound) {
-      // Due already when the acquire took longer than a renewal period: the keeper renews it now.
+      if (System.nanoTime() - (deadline - spanNanos) >= spanNanos - everyNanos) {
+        // Less than a renewal period of the deadline left (a wait longer than the TTL passes it):
+        // renewed before it is handed over, the deadline counted from this renewal. With more
+        // left, it is due already and the keeper renews it now, with the others due.
+        renewBeforeHandOver();
+      }
       synchronized (monitor) {
         scheduleTimer();
       }
+      startKept();
       shared.add(this);
       return;
     }
@@ -162,30 +173,69 @@ public final class KeptLease implements AutoCloseable {
     synchronized (monitor) {
       scheduleTimer();
     }
+    startKept();
     keeper.start();
   }
 
+  /**
+   * The shared keeper's lease renewed now, through the client; on failure given back, and thrown.
+   */
+  private void renewBeforeHandOver() throws SQLException {
+    long sent = System.nanoTime();
+    try {
+      Instant expiry = set == null ? client.renew(lease, ttl) : client.renewAll(set, ttl);
+      deadline = sent + spanNanos;
+      dueNanos = sent + everyNanos;
+      expiresAt = expiry;
+    } catch (SQLException | RuntimeException e) {
+      for (Lease granted : set == null ? List.of(lease) : set.leases()) {
+        shared.releaseToken(granted.key(), granted.token(), ttl);
+      }
+      throw e;
+    }
+  }
+
+  /**
+   * The lease, with the server's expiry after the last renewal.
+   *
+   * @return the lease as granted, its {@code expiresAt} the latest the server gave
+   */
   public Lease lease() {
     return lease.withExpiresAt(expiresAt);
   }
 
-  /** The key; a set's keys, comma-separated. */
+  /**
+   * The key.
+   *
+   * @return the lease's key; a set's keys, comma-separated
+   */
   public String key() {
     return set == null ? lease.key() : set.label();
   }
 
-  /** The keys: the lease's, or the set's in key order. */
+  /**
+   * The keys: the lease's, or the set's in key order.
+   *
+   * @return an unmodifiable list of one key or more
+   */
   public List<String> keys() {
     return set == null ? List.of(lease.key()) : set.keys();
   }
 
-  /** The set this keeps ({@link FenceClient#holdAll}); empty for a single lease. */
+  /**
+   * The set this keeps ({@link FenceClient#holdAll}).
+   *
+   * @return the set as granted; empty for a single lease
+   */
   public Optional<LeaseSet> leaseSet() {
     return Optional.ofNullable(set);
   }
 
   /**
-   * The fence of {@code key}'s lease (of the set, or the lease's own key); empty for another key.
+   * The fence of {@code key}'s lease (of the set, or the lease's own key).
+   *
+   * @param key a key this keeps
+   * @return its fence; empty for another key
    */
   public java.util.OptionalLong fence(String key) {
     return set == null
@@ -195,16 +245,29 @@ public final class KeptLease implements AutoCloseable {
         : set.fence(key);
   }
 
-  /** The fence to guard every write with (a set's: its first key's; see {@link #fence(String)}). */
+  /**
+   * The fence to guard every write with (a set's: its first key's; see {@link #fence(String)}).
+   *
+   * @return the lease's fence, the same for the whole hold
+   */
   public long fence() {
     return lease.fence();
   }
 
+  /**
+   * The holder's token, which renew and release need.
+   *
+   * @return the token; a set's one token
+   */
   public UUID token() {
     return lease.token();
   }
 
-  /** The server's expiry after the last renewal. */
+  /**
+   * The server's expiry after the last renewal.
+   *
+   * @return the server's clock reading at which the lease ends short of another renewal
+   */
   public Instant expiresAt() {
     return expiresAt;
   }
@@ -212,12 +275,18 @@ public final class KeptLease implements AutoCloseable {
   /**
    * True until the local deadline passes without a renewal, or the lease is lost or released;
    * judged from {@link System#nanoTime()} at each call, whether or not the keeper has run.
+   *
+   * @return true while the state is {@code HELD}
    */
   public boolean isHeld() {
     return state() == State.HELD;
   }
 
-  /** Where the lease stands now, the deadline included. */
+  /**
+   * Where the lease stands now, the deadline included.
+   *
+   * @return the state; {@code UNKNOWN} once the local deadline has passed without a renewal
+   */
   public State state() {
     if (System.nanoTime() - deadline >= 0) {
       declare(State.UNKNOWN, LossReason.UNREACHABLE);
@@ -230,6 +299,8 @@ public final class KeptLease implements AutoCloseable {
   /**
    * Why the lease was lost: with {@code LOST} and {@code UNKNOWN}; empty while held and once
    * released.
+   *
+   * @return the reason; empty while held and once released
    */
   public Optional<LossReason> reason() {
     state();
@@ -238,7 +309,11 @@ public final class KeptLease implements AutoCloseable {
     }
   }
 
-  /** The time left before the local deadline; zero once it has passed. */
+  /**
+   * The time left before the local deadline.
+   *
+   * @return the time left, from {@link System#nanoTime()} now; zero once the deadline has passed
+   */
   public Duration timeLeft() {
     return Duration.ofNanos(Math.max(0, deadline - System.nanoTime()));
   }
@@ -246,6 +321,8 @@ public final class KeptLease implements AutoCloseable {
   /**
    * Completed with the reason the moment the lease is lost while held; cancelled when the holder
    * closes it first. A copy: completing or cancelling it changes nothing here.
+   *
+   * @return a new future of the loss
    */
   public CompletableFuture<LossReason> lost() {
     // Not lost.copy(): a copy of a cancelled future completes exceptionally, and is not cancelled.
@@ -268,12 +345,20 @@ public final class KeptLease implements AutoCloseable {
     return holder;
   }
 
-  /** {@link System#nanoTime()} when the loss was told; 0 while held. For measurements. */
+  /**
+   * When the loss was told. For measurements.
+   *
+   * @return {@link System#nanoTime()} at the telling; 0 while held
+   */
   public long toldAtNanos() {
     return toldAtNanos;
   }
 
-  /** {@link LeaseLostException} (with the reason) unless held. */
+  /**
+   * Returns while held, so that a holder can stop between steps.
+   *
+   * @throws LeaseLostException with the reason, once the lease is not held
+   */
   public void check() throws LeaseLostException {
     if (!isHeld()) {
       throw new LeaseLostException(key(), reason().orElse(null), null);
@@ -284,6 +369,12 @@ public final class KeptLease implements AutoCloseable {
    * {@link #check()}, then the server's guard in the caller's transaction on {@code conn} ({@link
    * PgFence#fenceGuard}: not in autocommit). A {@link StaleFenceException} from the server also
    * ends the kept lease, with the reason the server gives.
+   *
+   * @param conn the connection of the transaction to guard (not autocommit)
+   * @throws LeaseLostException when the lease is already known lost, before asking the server
+   * @throws StaleFenceException when the server refuses the fence: roll back
+   * @throws IllegalStateException when {@code conn} is in autocommit, before anything is sent
+   * @throws SQLException the driver's, when the guard could not be run
    */
   public void guard(Connection conn) throws SQLException {
     guard(conn, lease.key());
@@ -291,7 +382,14 @@ public final class KeptLease implements AutoCloseable {
 
   /**
    * {@link #guard(Connection)} of one key of a set, under its own fence (for a single lease, its
-   * key). {@link IllegalArgumentException} for a key it does not keep.
+   * key).
+   *
+   * @param conn the connection of the transaction to guard (not autocommit)
+   * @param key the key whose fence guards the transaction, one this keeps
+   * @throws IllegalArgumentException for a key it does not keep
+   * @throws LeaseLostException when the lease is already known lost, before asking the server
+   * @throws StaleFenceException when the server refuses the fence: roll back
+   * @throws SQLException the driver's, when the guard could not be run
    */
   public void guard(Connection conn, String key) throws SQLException {
     long keyFence =
@@ -308,6 +406,16 @@ public final class KeptLease implements AutoCloseable {
   /**
    * {@link #check()}, then {@link PgFence#fencedUpdate} on {@code conn} under this lease's fence; a
    * {@link StaleFenceException} ends the kept lease as {@link #guard} does.
+   *
+   * @param conn the connection to write on (in autocommit or in the caller's transaction)
+   * @param table the table to update, as SQL names it ({@code "billing.invoices"})
+   * @param changes the new values by column name; not empty
+   * @param filter the rows to update: column name to the value it must equal (all of them); not
+   *     empty, no null value
+   * @return the number of rows updated; 0 when none matched
+   * @throws LeaseLostException when the lease is already known lost, before asking the server
+   * @throws StaleFenceException when the server refuses the fence: nothing was written
+   * @throws SQLException the server's, for a bad table, column or value
    */
   public long fencedUpdate(
       Connection conn, String table, Map<String, ?> changes, Map<String, ?> filter)
@@ -352,6 +460,21 @@ public final class KeptLease implements AutoCloseable {
       monitor.notifyAll();
     }
     lost.cancel(false);
+    endKept();
+  }
+
+  /**
+   * Stops renewing without releasing, and returns once no renewal is in flight: the lease then runs
+   * out at its server expiry, which the holder may set first with {@link FenceClient#renew} (for a
+   * key that must stay taken a while after the work, as ShedLock's {@code lockAtLeastFor}). The
+   * state becomes {@code RELEASED}; {@link #lost()} is cancelled and the listener is not told.
+   * Nothing once the lease has ended or is closing.
+   */
+  public void stopRenewing() {
+    abandon(State.RELEASED);
+    // A renewal already sent would set the expiry back to a whole ttl after the caller's own.
+    renewing.lock();
+    renewing.unlock();
   }
 
   /**
@@ -367,9 +490,16 @@ public final class KeptLease implements AutoCloseable {
    * closing: the holder's own release says what became of it.
    */
   private void declare(State end, LossReason why) {
+    if (mark(end, why)) {
+      tellLost(why);
+    }
+  }
+
+  /** Moves a held lease to LOST or UNKNOWN: false when it was not held, or is closing. */
+  private boolean mark(State end, LossReason why) {
     synchronized (monitor) {
       if (state != State.HELD || closing) {
-        return;
+        return false;
       }
       state = end;
       reason = why;
@@ -379,14 +509,17 @@ public final class KeptLease implements AutoCloseable {
       }
       monitor.notifyAll();
     }
+    return true;
+  }
+
+  /** Tells the loss {@link #mark} made: the future, the observers, then the listener. */
+  private void tellLost(LossReason why) {
     lost.complete(why);
+    endKept();
+    client.observers().leaseLost(this, why);
     LeaseListener listener = keep.listener();
     if (listener != null) {
-      try {
-        listener.onLost(this, why);
-      } catch (RuntimeException ignored) {
-        // A listener's failure is its own.
-      }
+      Callbacks.run(() -> listener.onLost(this, why));
     }
   }
 
@@ -459,12 +592,14 @@ public final class KeptLease implements AutoCloseable {
     dueNanos = System.nanoTime() + nanos;
   }
 
-  /** The keeper's renewal, sent at {@code sent}, was answered with {@code expiry}. */
-  void renewed(long sent, Instant expiry) {
+  /**
+   * The keeper's renewal, sent at {@code sent}, was answered with {@code expiry}: false when the
+   * answer came after the deadline, which {@link #state()} then declares.
+   */
+  boolean renewed(long sent, Instant expiry) {
     retries = 0;
     if (System.nanoTime() - deadline >= 0) {
-      declare(State.UNKNOWN, LossReason.UNREACHABLE);
-      return;
+      return false;
     }
     synchronized (monitor) {
       deadline = sent + spanNanos;
@@ -474,6 +609,7 @@ public final class KeptLease implements AutoCloseable {
         scheduleTimer();
       }
     }
+    return true;
   }
 
   /**
@@ -488,27 +624,32 @@ public final class KeptLease implements AutoCloseable {
   /**
    * The server said the token holds the lease no more (a NULL of lease_renew_many): lost, for
    * {@code why} (lease_status's reason, asked on the keeper's connection; null: it gave none). A
-   * set is lost whole, its other leases released.
+   * set is lost whole, its other leases released. The state changes at once; the returned telling
+   * (the future, observers, listener, a set's release) is run by the keeper once its locks are
+   * given back.
    */
-  void notHeld(LossReason why) {
-    if (!keeping()) {
-      return;
+  Runnable notHeld(LossReason why) {
+    LossReason reason = why == null ? LossReason.UNKNOWN : why;
+    if (!mark(State.LOST, reason)) {
+      return () -> {};
     }
-    declare(State.LOST, why == null ? LossReason.UNKNOWN : why);
-    if (set != null) {
-      Thread release =
-          new Thread(
-              () -> {
-                try {
-                  releaseBounded();
-                } catch (SQLException ignored) {
-                  // They end at their TTL.
-                }
-              },
-              "pg-fence-release " + key());
-      release.setDaemon(true);
-      release.start();
-    }
+    return () -> {
+      tellLost(reason);
+      if (set != null) {
+        Thread release =
+            new Thread(
+                () -> {
+                  try {
+                    releaseBounded();
+                  } catch (SQLException ignored) {
+                    // They end at their TTL.
+                  }
+                },
+                "pg-fence-release " + key());
+        release.setDaemon(true);
+        release.start();
+      }
+    };
   }
 
   /** A session-bound lease's thread: pause, renew, until the lease ends or is closed. */
@@ -570,8 +711,10 @@ public final class KeptLease implements AutoCloseable {
       // A try that hangs is abandoned in time for another on a new connection, but for a
       // session-bound lease, which would end with its connection.
       long limit = sessionBound ? left : Math.min(everyNanos, left);
+      long sent = 0;
+      long took = 0;
+      FenceObserver.RenewOutcome outcome = null; // null: nothing sent
       try {
-        long sent;
         Instant expiry;
         renewing.lock();
         try {
@@ -579,8 +722,14 @@ public final class KeptLease implements AutoCloseable {
             return false;
           }
           sent = System.nanoTime();
+          outcome = FenceObserver.RenewOutcome.ERROR;
           expiry = renewOnce(limit);
+          outcome = FenceObserver.RenewOutcome.OK;
+        } catch (LeaseLostException e) {
+          outcome = FenceObserver.RenewOutcome.LOST;
+          throw e;
         } finally {
+          took = System.nanoTime() - sent;
           renewing.unlock();
         }
         if (System.nanoTime() - deadline >= 0) {
@@ -610,6 +759,12 @@ public final class KeptLease implements AutoCloseable {
         if (!sessionBound) {
           dropConnection();
         }
+      } finally {
+        // Told with the lock given back and the deadline moved: an observer that blocks holds up
+        // neither stopRenewing nor the deadline this renewal moved.
+        if (outcome != null) {
+          tellRenewed(took, outcome);
+        }
       }
       long sleep = Math.min(keep.retry().delay(retry++).toNanos(), deadline - System.nanoTime());
       if (sleep > 0) {
@@ -623,6 +778,37 @@ public final class KeptLease implements AutoCloseable {
       }
     }
     return false;
+  }
+
+  /** Tells the client's observers of one renewal of a session-bound lease. */
+  private void tellRenewed(long tookNanos, FenceObserver.RenewOutcome outcome) {
+    Observers observers = client.observers();
+    if (observers.any()) {
+      observers.renewFinished(Duration.ofNanos(tookNanos), outcome, 1);
+    }
+  }
+
+  /** Tells the observers once that this lease is kept no more (after {@link #start}). */
+  private void endKept() {
+    boolean tell;
+    synchronized (monitor) {
+      tell = started && !endTold;
+      endTold = true;
+    }
+    if (tell) {
+      client.observers().keptLeaseEnded(this);
+    }
+  }
+
+  /** Tells the observers that this lease is kept, unless it ended already. */
+  private void startKept() {
+    synchronized (monitor) {
+      if (endTold) {
+        return;
+      }
+      started = true;
+    }
+    client.observers().keptLeaseStarted(this);
   }
 
   /**
@@ -698,6 +884,9 @@ public final class KeptLease implements AutoCloseable {
    * ended the lease. The state then says what became of it: {@code RELEASED} when the server said
    * so, {@code LOST} (with the reason) when the token no longer held it, {@code UNKNOWN} with no
    * answer (it ends at its TTL). A lease already lost is not released again.
+   *
+   * @return true when the server said this release ended the lease; false when it was already lost
+   *     or released, or the server did not answer in time
    */
   public boolean release() {
     State was;
@@ -713,6 +902,7 @@ public final class KeptLease implements AutoCloseable {
       monitor.notifyAll();
     }
     lost.cancel(false);
+    endKept();
     if (was == State.LOST || was == State.RELEASED) {
       return false;
     }
@@ -737,6 +927,9 @@ public final class KeptLease implements AutoCloseable {
         state = end;
         reason = why;
       }
+    }
+    if (was == State.HELD && end == State.LOST) {
+      client.observers().leaseLost(this, why);
     }
     return released;
   }

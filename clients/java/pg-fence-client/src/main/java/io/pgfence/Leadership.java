@@ -30,51 +30,105 @@ public final class Leadership implements AutoCloseable {
     this.value = value;
   }
 
+  /**
+   * The leader's kept lease.
+   *
+   * @return the kept lease, renewed in the background while it leads
+   */
   public KeptLease keptLease() {
     return kept;
   }
 
+  /**
+   * The leader's lease.
+   *
+   * @return the lease, with the server's expiry after the last renewal
+   */
   public Lease lease() {
     return kept.lease();
   }
 
+  /**
+   * The elected key.
+   *
+   * @return the key the candidates share
+   */
   public String key() {
     return kept.key();
   }
 
-  /** The fence that fences the leader's writes. */
+  /**
+   * The fence that fences the leader's writes.
+   *
+   * @return the leadership lease's fence, higher than every earlier leader's
+   */
   public long fence() {
     return kept.fence();
   }
 
-  /** The leader's value: the owner it was elected with, or last proclaimed. */
+  /**
+   * The leader's value: the owner it was elected with, or last proclaimed.
+   *
+   * @return the value observers see
+   */
   public String value() {
     return value;
   }
 
-  /** Whether it still leads (its lease held, by the local deadline too). */
+  /**
+   * Whether it still leads (its lease held, by the local deadline too).
+   *
+   * @return true while the kept lease is held
+   */
   public boolean isLeader() {
     return kept.isHeld();
   }
 
-  /** Completed with the reason when the lease is lost (a copy of the kept lease's). */
+  /**
+   * Completed with the reason when the lease is lost (a copy of the kept lease's).
+   *
+   * @return a new future of the loss; cancelled when the leadership ends otherwise
+   */
   public CompletableFuture<LossReason> lost() {
     return kept.lost();
   }
 
-  /** Why the leadership ended, as {@code onStoppedLeading} was told; empty while it leads. */
+  /**
+   * Why the leadership ended, as {@code onStoppedLeading} was told.
+   *
+   * @return the reason; empty while it leads
+   */
   public Optional<StopReason> stoppedReason() {
     synchronized (told) {
       return Optional.ofNullable(stopReason);
     }
   }
 
-  /** {@link KeptLease#guard(Connection)}: refused once another leader is elected. */
+  /**
+   * {@link KeptLease#guard(Connection)}: refused once another leader is elected.
+   *
+   * @param conn the connection of the transaction to guard (not autocommit)
+   * @throws LeaseLostException when the leadership is already known lost, before asking the server
+   * @throws StaleFenceException when the server refuses the fence: roll back
+   * @throws SQLException the driver's, when the guard could not be run
+   */
   public void guard(Connection conn) throws SQLException {
     kept.guard(conn);
   }
 
-  /** {@link KeptLease#fencedUpdate}. */
+  /**
+   * {@link KeptLease#fencedUpdate}: the update under the leader's fence, in one statement.
+   *
+   * @param conn the connection to write on (in autocommit or in the caller's transaction)
+   * @param table the table to update, as SQL names it ({@code "billing.invoices"})
+   * @param changes the new values by column name; not empty
+   * @param filter the rows to update: column name to the value it must equal (all of them); not
+   *     empty, no null value
+   * @return the number of rows updated; 0 when none matched
+   * @throws LeaseLostException when the leadership is already known lost, before asking the server
+   * @throws StaleFenceException when the server refuses the fence: nothing was written
+   * @throws SQLException the server's, for a bad table, column or value
+   */
   public long fencedUpdate(
       Connection conn, String table, Map<String, ?> changes, Map<String, ?> filter)
       throws SQLException {
@@ -82,8 +136,11 @@ public final class Leadership implements AutoCloseable {
   }
 
   /**
-   * Changes the value observers see, keeping the fence ({@code fence.lease_proclaim}). {@link
-   * LeaseLostException} (with its reason) when it no longer leads.
+   * Changes the value observers see, keeping the fence ({@code fence.lease_proclaim}).
+   *
+   * @param newValue the new value (the lease's owner), at most 256 bytes in UTF-8
+   * @throws LeaseLostException with its reason, when it no longer leads
+   * @throws SQLException when the server could not be asked, or refused the value
    */
   public void proclaim(String newValue) throws SQLException {
     kept.check();
@@ -104,8 +161,12 @@ public final class Leadership implements AutoCloseable {
    * For a rolling update: ends this leadership and hands the key, with a higher fence, to the
    * candidate campaigning with the value {@code toOwner}, ahead of the others in line ({@code
    * fence.lease_handoff}): the new leader ({@code onStoppedLeading}: {@code handed_off}); empty,
-   * changing nothing, when no such candidate waits. {@link LeaseLostException} when it no longer
-   * leads.
+   * changing nothing, when no such candidate waits.
+   *
+   * @param toOwner the value of the candidate to hand to, as it campaigns; not empty
+   * @return the new leader; empty, with this leadership unchanged, when no such candidate waits
+   * @throws LeaseLostException with its reason, when it no longer leads
+   * @throws SQLException when the server could not be asked, or refused the hand-off
    */
   public Optional<Leader> handoff(String toOwner) throws SQLException {
     kept.check();
@@ -135,6 +196,8 @@ public final class Leadership implements AutoCloseable {
   /**
    * Releases the leadership: true when the server said so ({@code onStoppedLeading}: {@code
    * released}); false when it had ended already ({@code onStoppedLeading} told why).
+   *
+   * @return true when this call's release ended the lease
    */
   public boolean resign() {
     boolean released = kept.release();
@@ -163,6 +226,7 @@ public final class Leadership implements AutoCloseable {
 
   /** onStartedLeading, then onStoppedLeading if it ended meanwhile. */
   void started() {
+    client.observers().leadershipGained(kept.key());
     call(options.onStartedLeading(), this);
     synchronized (told) {
       startedTold = true;
@@ -192,6 +256,7 @@ public final class Leadership implements AutoCloseable {
       stopTold = true;
       reason = stopReason;
     }
+    client.observers().leadershipLost(kept.key());
     call(options.onStoppedLeading(), reason);
   }
 
@@ -199,11 +264,7 @@ public final class Leadership implements AutoCloseable {
     if (callback == null) {
       return;
     }
-    try {
-      callback.accept(argument);
-    } catch (RuntimeException ignored) {
-      // A callback's failure is its own.
-    }
+    Callbacks.run(() -> callback.accept(argument));
   }
 
   @Override

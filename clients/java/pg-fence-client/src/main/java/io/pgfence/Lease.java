@@ -28,7 +28,12 @@ public record Lease(
     boolean shared,
     int permits) {
 
-  /** This lease with another expiry, as a renewal returns it. */
+  /**
+   * This lease with another expiry, as a renewal returns it.
+   *
+   * @param expiry the server's new expiry of the lease
+   * @return a copy with {@code expiresAt} set to {@code expiry}
+   */
   public Lease withExpiresAt(Instant expiry) {
     return new Lease(key, owner, fence, token, acquiredAt, expiry, durable, shared, permits);
   }

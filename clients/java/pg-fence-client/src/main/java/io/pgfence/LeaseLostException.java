@@ -9,7 +9,9 @@ import java.util.Optional;
 public class LeaseLostException extends PgFenceException {
   private static final long serialVersionUID = 1L;
 
+  /** The key (a set's keys, comma-separated). */
   private final String key;
+
   private final transient LossReason reason;
 
   /**
@@ -26,6 +28,11 @@ public class LeaseLostException extends PgFenceException {
     this.reason = reason;
   }
 
+  /**
+   * The key of the lease lost.
+   *
+   * @return the key; a set's keys, comma-separated
+   */
   public String key() {
     return key;
   }
@@ -33,6 +40,8 @@ public class LeaseLostException extends PgFenceException {
   /**
    * Why the lease was lost: present from {@link FenceClient} and kept leases, which ask {@code
    * lease_status} after the PF001; empty from the one-statement {@link PgFence#renew}.
+   *
+   * @return the reason; empty when nobody asked the server
    */
   public Optional<LossReason> reason() {
     return Optional.ofNullable(reason);

@@ -17,6 +17,11 @@ import java.util.Optional;
 public record LeaseStatus(
     String state, String reason, Long fence, Instant expiresAt, Long currentFence) {
 
+  /**
+   * Whether the token still holds the key's live lease.
+   *
+   * @return true when {@code state} is {@code live}
+   */
   public boolean isLive() {
     return "live".equals(state);
   }
@@ -24,6 +29,9 @@ public record LeaseStatus(
   /**
    * Why the lease was lost, as a {@link LossReason}; empty while live and when its holder released
    * it. {@code unknown} of a fast lease ({@code durable} false) is {@link LossReason#RESTARTED}.
+   *
+   * @param durable whether the lease was granted durable, which tells what {@code unknown} means
+   * @return the reason; empty while live and after a release
    */
   public Optional<LossReason> lossReason(boolean durable) {
     return isLive() ? Optional.empty() : Optional.ofNullable(LossReason.ofStatus(reason, durable));

@@ -33,12 +33,20 @@ public enum LossReason {
   /**
    * The name the server and the other clients use: {@code expired}, {@code revoked}, {@code
    * taken_over}, {@code session_ended}, {@code restarted}, {@code unreachable}, {@code unknown}.
+   *
+   * @return the constant's name in lower case
    */
   public String wireName() {
     return name().toLowerCase(Locale.ROOT);
   }
 
-  /** The reason of a name as {@link #wireName()} spells it. */
+  /**
+   * The reason of a name as {@link #wireName()} spells it.
+   *
+   * @param name a wire name, in any case; not null
+   * @return the reason
+   * @throws IllegalArgumentException when {@code name} names no reason
+   */
   public static LossReason fromWireName(String name) {
     return valueOf(name.toUpperCase(Locale.ROOT));
   }

@@ -4,6 +4,11 @@ package io.pgfence;
 public class NoConnectionException extends PgFenceException {
   private static final long serialVersionUID = 1L;
 
+  /**
+   * No connection before the retries ran out.
+   *
+   * @param cause the DataSource's last error
+   */
   public NoConnectionException(Throwable cause) {
     super(
         "no connection: " + cause.getMessage(),

@@ -14,12 +14,23 @@ public class OutcomeUnknownException extends PgFenceException {
 
   private final transient UUID token;
 
+  /**
+   * A call whose outcome is unknown.
+   *
+   * @param message what was being done
+   * @param token the acquire's token; null for other calls
+   * @param cause the last try's error
+   */
   public OutcomeUnknownException(String message, UUID token, Throwable cause) {
     super(message, cause instanceof java.sql.SQLException e ? e.getSQLState() : null, cause);
     this.token = token;
   }
 
-  /** The token of the acquire whose outcome is unknown; empty for other calls. */
+  /**
+   * The token of the acquire whose outcome is unknown.
+   *
+   * @return the token every try carried; empty for other calls
+   */
   public Optional<UUID> token() {
     return Optional.ofNullable(token);
   }

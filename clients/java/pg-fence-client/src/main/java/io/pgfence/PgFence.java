@@ -38,6 +38,16 @@ public final class PgFence {
    * key is held (or all its permits are) or the wait ran out. The server answers a refusal with a
    * row of NULLs, which is empty here. With the options' token, a retry after a lost reply gets the
    * lease that reply granted.
+   *
+   * @param conn the connection, whose transaction the grant takes part in
+   * @param key the key, 1 to 512 bytes in UTF-8
+   * @param opts the lease's ttl and the rest
+   * @return the lease; empty when the key is held or the wait ran out
+   * @throws IllegalArgumentException for options that cannot work together, before anything is sent
+   * @throws WaitCancelledException when the wait was cancelled or timed out by the session's
+   *     statement_timeout or lock_timeout (nothing was granted)
+   * @throws SQLException the server's refusal of an argument (22023: a bad key, owner or ttl),
+   *     25006 on a standby or in a read-only transaction, or the driver's
    */
   public static Optional<Lease> acquire(Connection conn, String key, AcquireOptions opts)
       throws SQLException {
@@ -72,6 +82,14 @@ public final class PgFence {
    * fence.lease_acquire_any}: a held key is passed over, never waited for), an exclusive lease;
    * empty when none is free. The options' ttl, owner, session_bound, durable and token apply (with
    * the token, a retry after a lost reply gets the lease that reply granted); their wait does not.
+   *
+   * @param conn the connection, whose transaction the grant takes part in
+   * @param keys the keys to try, in the order to try them; each 1 to 512 bytes in UTF-8
+   * @param opts the lease's ttl and the rest; not shared, no permits
+   * @return the lease of the first free key; empty when every key is held
+   * @throws IllegalArgumentException for options that cannot work together, before anything is sent
+   * @throws SQLException the server's refusal of an argument (22023), 25006 on a standby or in a
+   *     read-only transaction, or the driver's
    */
   public static Optional<Lease> acquireAny(Connection conn, List<String> keys, AcquireOptions opts)
       throws SQLException {
@@ -160,6 +178,14 @@ public final class PgFence {
    * Extends the live lease to now + {@code ttl} by the server's clock and returns the new expiry;
    * {@link LeaseLostException} (without its reason: {@link FenceClient#renew} asks it) when the
    * token no longer holds the live lease.
+   *
+   * @param conn the connection, whose transaction the renewal takes part in
+   * @param lease the lease to renew (its key and token)
+   * @param ttl the new time to live from now, above zero and at most {@code pg_fence.max_ttl}
+   * @return the server's new expiry of the lease
+   * @throws LeaseLostException when the token no longer holds the key's live lease
+   * @throws SQLException the server's refusal of the ttl (22023), 25006 on a standby or in a
+   *     read-only transaction, or the driver's
    */
   public static Instant renew(Connection conn, Lease lease, Duration ttl) throws SQLException {
     return renewBy(
@@ -195,12 +221,25 @@ public final class PgFence {
   /**
    * Ends the lease: true when this call ended it, false when the token held nothing (a retry is
    * harmless and never touches a newer holder).
+   *
+   * @param conn the connection, whose transaction the release takes part in
+   * @param lease the lease to end (its key and token)
+   * @return true when this call ended the lease; false when the token held nothing
+   * @throws SQLException 25006 on a standby or in a read-only transaction, or the driver's
    */
   public static boolean release(Connection conn, Lease lease) throws SQLException {
     return release(conn, lease.key(), lease.token());
   }
 
-  /** {@link #release(Connection, Lease)} by the token alone. */
+  /**
+   * {@link #release(Connection, Lease)} by the token alone.
+   *
+   * @param conn the connection, whose transaction the release takes part in
+   * @param key the lease's key
+   * @param token the token the lease was (or may have been) granted with
+   * @return true when this call ended the lease; false when the token held nothing
+   * @throws SQLException 25006 on a standby or in a read-only transaction, or the driver's
+   */
   public static boolean release(Connection conn, String key, UUID token) throws SQLException {
     return Sql.query(
         conn,
@@ -217,6 +256,17 @@ public final class PgFence {
    * token the server draws; empty when one of them is held and the wait ran out. It takes no token,
    * so a try whose reply was lost cannot be retried safely ({@link FenceClient#acquireAll} does
    * not).
+   *
+   * @param conn the connection, whose transaction the grant takes part in
+   * @param keys the keys, each 1 to 512 bytes in UTF-8; their order does not matter
+   * @param opts the leases' ttl, owner, wait, session_bound and durable; no token, shared, permits
+   *     or lock-delay
+   * @return the set; empty when a key is held and the wait ran out
+   * @throws IllegalArgumentException for options a set cannot take, before anything is sent
+   * @throws WaitCancelledException when the wait was cancelled or timed out by the session's
+   *     statement_timeout or lock_timeout (nothing was granted)
+   * @throws SQLException the server's refusal of an argument (22023), 25006 on a standby or in a
+   *     read-only transaction, or the driver's
    */
   public static Optional<LeaseSet> acquireAll(
       Connection conn, Collection<String> keys, AcquireOptions opts) throws SQLException {
@@ -248,6 +298,14 @@ public final class PgFence {
   /**
    * Renews every lease of the set and returns the earliest new expiry; {@link LeaseLostException}
    * (named by the set's keys) when the token no longer holds one of them, and then none is renewed.
+   *
+   * @param conn the connection, whose transaction the renewal takes part in
+   * @param set the set to renew (its keys and token)
+   * @param ttl the new time to live from now, above zero and at most {@code pg_fence.max_ttl}
+   * @return the earliest of the server's new expiries
+   * @throws LeaseLostException when the token no longer holds one of the set's leases
+   * @throws SQLException the server's refusal of the ttl (22023), 25006 on a standby or in a
+   *     read-only transaction, or the driver's
    */
   public static Instant renewAll(Connection conn, LeaseSet set, Duration ttl) throws SQLException {
     return renewBy(
@@ -259,7 +317,14 @@ public final class PgFence {
         ttl);
   }
 
-  /** Ends every lease of the set still held with its token; how many this call ended. */
+  /**
+   * Ends every lease of the set still held with its token.
+   *
+   * @param conn the connection, whose transaction the release takes part in
+   * @param set the set to end (its keys and token)
+   * @return how many leases this call ended: 0 to the set's size
+   * @throws SQLException 25006 on a standby or in a read-only transaction, or the driver's
+   */
   public static int releaseAll(Connection conn, LeaseSet set) throws SQLException {
     return Sql.query(
         conn,
@@ -271,7 +336,16 @@ public final class PgFence {
         row -> row.getInt(1));
   }
 
-  /** {@code fence.lease_status(key, token)}: whether the token's lease is live, or why it ended. */
+  /**
+   * {@code fence.lease_status(key, token)}: whether the token's lease is live, or why it ended.
+   *
+   * @param conn the connection to ask on
+   * @param key the lease's key
+   * @param token the token the lease was (or may have been) granted with
+   * @return the status; {@code ended} with reason {@code unknown} when the server knows nothing of
+   *     the token
+   * @throws SQLException the driver's, when the statement could not be run
+   */
   public static LeaseStatus status(Connection conn, String key, UUID token) throws SQLException {
     return Sql.query(
         conn,
@@ -308,6 +382,11 @@ public final class PgFence {
 
   /**
    * The last fence granted for {@code key}; empty if it was never granted (or its row was swept).
+   *
+   * @param conn the connection to ask on
+   * @param key the key
+   * @return the key's highest fence, live or not; empty when the server has no row for the key
+   * @throws SQLException the driver's, when the statement could not be run
    */
   public static OptionalLong currentFence(Connection conn, String key) throws SQLException {
     return Sql.query(
@@ -333,6 +412,13 @@ public final class PgFence {
    * StaleFenceException} otherwise. A guard in a transaction of its own protects nothing, so on an
    * autocommit connection this is an {@link IllegalStateException}, before anything is sent: call
    * {@code conn.setAutoCommit(false)} first, or use {@link #fencedUpdate} or {@link #GUARD}.
+   *
+   * @param conn the connection of the transaction to guard (not autocommit)
+   * @param key the lease's key
+   * @param fence the lease's fence, as granted
+   * @throws IllegalStateException when {@code conn} is in autocommit, before anything is sent
+   * @throws StaleFenceException when {@code fence} is not the key's live fence: roll back
+   * @throws SQLException the server's refusal of the key (22023), or the driver's
    */
   public static void fenceGuard(Connection conn, String key, long fence) throws SQLException {
     if (conn.getAutoCommit()) {
@@ -358,6 +444,12 @@ public final class PgFence {
   /**
    * {@code e} as pg_fence's typed exception where it has one (PF001, PF002), else {@code e}: for
    * writes that use {@link #GUARD} in their own statements.
+   *
+   * @param e the statement's error
+   * @param key the key the guard was given, which the typed exception names
+   * @param fence the fence the guard was given
+   * @return a {@link StaleFenceException} for PF002, a {@link LeaseLostException} (without its
+   *     reason) for PF001, else {@code e} itself
    */
   public static SQLException typed(SQLException e, String key, long fence) {
     if (Sql.hasState(e, "PF002")) {
@@ -372,6 +464,18 @@ public final class PgFence {
   /**
    * {@code UPDATE table SET changes WHERE filter} under the guard, in one statement: the number of
    * rows updated. {@code changes} and {@code filter} map column names to values.
+   *
+   * @param conn the connection to write on (in autocommit or in the caller's transaction)
+   * @param key the lease's key
+   * @param fence the lease's fence, as granted
+   * @param table the table to update, as SQL names it ({@code "billing.invoices"})
+   * @param changes the new values by column name, sent as a JSON object; not empty
+   * @param filter the rows to update: column name to the value it must equal (all of them); not
+   *     empty, no null value
+   * @return the number of rows updated; 0 when none matched
+   * @throws StaleFenceException when {@code fence} is not the key's live fence: nothing was written
+   * @throws SQLException the server's, for a bad table, column or value (42P01, 42703, 22023, ...),
+   *     or the driver's
    */
   public static long fencedUpdate(
       Connection conn,
@@ -398,6 +502,18 @@ public final class PgFence {
    * Updates the rows matching {@code filter} only if none holds a higher fence in {@code
    * fenceColumn}, and stamps them with {@code fence}; {@link StaleFenceException} otherwise. For
    * tokens from elsewhere: the rows are the fence.
+   *
+   * @param conn the connection to write on (in autocommit or in the caller's transaction)
+   * @param table the table to update, as SQL names it ({@code "billing.invoices"})
+   * @param fenceColumn the column holding each row's last fence (a bigint, integer or smallint)
+   * @param fence the writer's fence, from wherever it came
+   * @param changes the new values by column name, sent as a JSON object; not empty
+   * @param filter the rows to update: column name to the value it must equal (all of them); not
+   *     empty, no null value
+   * @return the number of rows updated; 0 when none matched
+   * @throws StaleFenceException when a matching row holds a higher fence: nothing was written
+   * @throws SQLException the server's, for a bad table, column or value (42P01, 42703, 42804,
+   *     22023, ...), or the driver's
    */
   public static long fencedWrite(
       Connection conn,
@@ -422,6 +538,18 @@ public final class PgFence {
    * Updates the single row matching {@code filter} only if its version is {@code expectedVersion};
    * the new version. {@link VersionConflictException} when the row has another version; the
    * server's {@code P0002} when no row matches.
+   *
+   * @param conn the connection to write on (in autocommit or in the caller's transaction)
+   * @param table the table to update, as SQL names it ({@code "docs"})
+   * @param versionColumn the column holding the row's version (a bigint, integer or smallint)
+   * @param expectedVersion the version the caller read the row at
+   * @param changes the new values by column name, sent as a JSON object; not empty
+   * @param filter the single row to update: column name to the value it must equal (all of them);
+   *     not empty, no null value
+   * @return the row's new version, {@code expectedVersion + 1}
+   * @throws VersionConflictException when the row has another version: read it again and retry
+   * @throws SQLException the server's {@code P0002} when no row matches, {@code 21000} when more
+   *     than one does, its errors for a bad table, column or value, or the driver's
    */
   public static long versionedUpdate(
       Connection conn,
@@ -498,6 +626,14 @@ public final class PgFence {
   /**
    * {@code fence.await_change}: the key's leader (empty: nobody leads) as soon as it differs from
    * {@code seen} (null: none seen), or when {@code timeout} runs out, unchanged.
+   *
+   * @param conn the connection to wait on (the statement holds it, and its snapshot, meanwhile)
+   * @param key the key to watch
+   * @param seen the leader seen last; null for nobody leading (or nothing seen yet)
+   * @param timeout how long to wait for a change at most; zero to ask without waiting
+   * @return the key's leader; empty when nobody leads
+   * @throws SQLException 57014 when the wait is cancelled or timed out by statement_timeout, the
+   *     server's refusal of the key (22023), or the driver's
    */
   public static Optional<Leader> awaitChange(
       Connection conn, String key, Leader seen, Duration timeout) throws SQLException {
@@ -536,6 +672,14 @@ public final class PgFence {
   /**
    * {@code fence.lease_proclaim}: changes the owner (a leader's value) of the live lease, keeping
    * its fence; false when the token no longer holds it.
+   *
+   * @param conn the connection, whose transaction the proclaim takes part in
+   * @param lease the live lease (its key and token)
+   * @param owner the new owner, at most 256 bytes in UTF-8; empty for the session's
+   *     application_name
+   * @return true when changed; false, changing nothing, when the token no longer holds the lease
+   * @throws SQLException the server's refusal of the owner (22023), 25006 on a standby or in a
+   *     read-only transaction, or the driver's
    */
   public static boolean proclaim(Connection conn, Lease lease, String owner) throws SQLException {
     return Sql.query(
@@ -553,6 +697,14 @@ public final class PgFence {
    * {@code fence.lease_handoff}: ends the lease and grants the key, with a higher fence, to a
    * session waiting for it whose owner is {@code toOwner}: that new leader; empty, changing
    * nothing, when no such acquirer waits (or the token no longer holds the lease).
+   *
+   * @param conn the connection, whose transaction the hand-off takes part in
+   * @param lease the lease to end (its key and token)
+   * @param toOwner the owner the waiting acquirer asked with, 1 to 256 bytes in UTF-8
+   * @return the new leader (without its token, which only it learns); empty when nobody took it
+   * @throws SQLException the server's refusal of an argument (22023), 25006 on a standby or in a
+   *     read-only transaction, 55P03 when writes under the old fence still ran after 5 s (nothing
+   *     changed), or the driver's
    */
   public static Optional<Leader> handoff(Connection conn, Lease lease, String toOwner)
       throws SQLException {
@@ -567,7 +719,15 @@ public final class PgFence {
         PgFence::leaderOf);
   }
 
-  /** How many sessions wait for {@code key} now. */
+  /**
+   * How many sessions wait for {@code key} now.
+   *
+   * @param conn the connection to ask on
+   * @param key the key
+   * @return the sessions in {@code lease_acquire} with a wait for the key, the first in line
+   *     included; 0 for none
+   * @throws SQLException the server's refusal of the key (22023), or the driver's
+   */
   public static int waiters(Connection conn, String key) throws SQLException {
     return Sql.query(
         conn,
@@ -576,7 +736,17 @@ public final class PgFence {
         row -> row.getInt(1));
   }
 
-  /** {@code fence.lease_revoke} (fence_admin): ends the key's live lease, whoever holds it. */
+  /**
+   * {@code fence.lease_revoke} (fence_admin): ends the key's live lease, whoever holds it.
+   *
+   * @param conn the connection, whose transaction the revocation takes part in; its role must be a
+   *     superuser or a member of {@code fence_admin}
+   * @param key the key
+   * @return true when a live lease was ended (or a running lock-delay lifted); false when there was
+   *     neither
+   * @throws SQLException 42501 for a role that may not revoke, 25006 on a standby or in a read-only
+   *     transaction, or the driver's
+   */
   public static boolean revoke(Connection conn, String key) throws SQLException {
     return Sql.query(
         conn,

@@ -20,11 +20,21 @@ public record StopReason(String wireName, LossReason loss) {
   /** Cancelled without release: the lease is left to expire at its TTL. */
   public static final StopReason CANCELLED = new StopReason("cancelled", null);
 
-  /** Lost, for {@code reason}. */
+  /**
+   * Lost, for {@code reason}.
+   *
+   * @param reason why the lease was lost; not null
+   * @return a stop reason named as {@code reason}
+   */
   public static StopReason lost(LossReason reason) {
     return new StopReason(reason.wireName(), reason);
   }
 
+  /**
+   * The loss's reason when the lease was lost.
+   *
+   * @return the reason; empty when the lease was released, handed off or cancelled
+   */
   public Optional<LossReason> lossReason() {
     return Optional.ofNullable(loss);
   }

@@ -9,6 +9,13 @@ import java.sql.SQLException;
 public class VersionConflictException extends PgFenceException {
   private static final long serialVersionUID = 1L;
 
+  /**
+   * A versioned update refused.
+   *
+   * @param table the table of the row
+   * @param expected the version the update expected
+   * @param cause the server's error
+   */
   public VersionConflictException(String table, long expected, SQLException cause) {
     super(
         "version conflict on " + table + ": expected version " + expected + " is not the row's",

@@ -10,6 +10,12 @@ import java.sql.SQLException;
 public class WaitCancelledException extends PgFenceException {
   private static final long serialVersionUID = 1L;
 
+  /**
+   * A wait the server ended.
+   *
+   * @param key the key waited for
+   * @param cause the server's error: its SQLSTATE is this one's
+   */
   public WaitCancelledException(String key, SQLException cause) {
     super(
         "waiting acquire of " + key + " ended: " + cause.getMessage(), cause.getSQLState(), cause);

@@ -14,7 +14,7 @@ import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 
-/** Issue 41's findings on the Java client, each a behaviour the README promises. */
+/** Findings on the Java client (issue 41's and after), each a behaviour the README promises. */
 class FindingsTest {
   private static Cluster cluster;
 
@@ -70,6 +70,41 @@ class FindingsTest {
       leadership.close();
     } finally {
       client.close();
+    }
+  }
+
+  /**
+   * A grant that came after a wait longer than its TTL is held, and kept: the server starts a
+   * waited grant's TTL when it grants, so a deadline counted from the acquire's send had passed.
+   */
+  @Test
+  void aGrantAfterAWaitLongerThanItsTtlIsKept() throws Exception {
+    for (boolean sessionBound : new boolean[] {false, true}) {
+      String key = "waited-" + sessionBound;
+      try (FenceClient holder = new FenceClient(cluster.dataSource("findings_first"));
+          FenceClient client = new FenceClient(cluster.dataSource("findings_waited"))) {
+        KeptLease first = holder.hold(key, AcquireOptions.ttl(Duration.ofSeconds(30)));
+        CompletableFuture<Void> released =
+            CompletableFuture.runAsync(
+                () -> {
+                  try {
+                    Thread.sleep(3000);
+                    first.close();
+                  } catch (Exception e) {
+                    throw new IllegalStateException(e);
+                  }
+                });
+        KeptLease waited =
+            client.hold(
+                key,
+                AcquireOptions.ttl(Duration.ofMillis(1500))
+                    .waitFor(Duration.ofSeconds(20))
+                    .sessionBound(sessionBound));
+        released.get(10, TimeUnit.SECONDS);
+        Thread.sleep(2000);
+        assertTrue(waited.isHeld(), "session-bound " + sessionBound + ": told " + waited.reason());
+        waited.close();
+      }
     }
   }
 

@@ -23,8 +23,10 @@ import java.util.Optional;
 import java.util.concurrent.CancellationException;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.stream.Stream;
 import javax.sql.DataSource;
 import org.junit.jupiter.api.AfterAll;
@@ -84,6 +86,7 @@ class KeepingBehavioursTest {
 
   /** A client of its own: its pool (if any), its proxy (if any), its kept leases. */
   private static final class Client {
+    final String name;
     final FenceClient client;
     final HikariDataSource pool;
     final Proxy proxy;
@@ -97,7 +100,8 @@ class KeepingBehavioursTest {
     final LinkedBlockingQueue<Object> seen = new LinkedBlockingQueue<>();
     long blindAtNanos;
 
-    Client(FenceClient client, HikariDataSource pool, Proxy proxy) {
+    Client(String name, FenceClient client, HikariDataSource pool, Proxy proxy) {
+      this.name = name;
       this.client = client;
       this.pool = pool;
       this.proxy = proxy;
@@ -167,11 +171,18 @@ class KeepingBehavioursTest {
       return Duration.ofNanos((long) (((Number) value).doubleValue() * 1e9));
     }
 
+    Client client(String name, Integer pool, int keeperConnections, boolean proxied)
+        throws Exception {
+      return client(name, pool, keeperConnections, proxied, null);
+    }
+
     /**
      * The client {@code name}, made on first use: a HikariCP pool of {@code pool} connections (or
-     * plain connections), through a proxy when asked, with a keeper of its own connections.
+     * plain connections), through a proxy when asked, with a keeper of its own connections, its
+     * retries taking {@code retryFor} at most (null: the default backoff's).
      */
-    Client client(String name, Integer pool, int keeperConnections, boolean proxied)
+    Client client(
+        String name, Integer pool, int keeperConnections, boolean proxied, Duration retryFor)
         throws Exception {
       Client existing = clients.get(name);
       if (existing != null) {
@@ -193,10 +204,14 @@ class KeepingBehavioursTest {
       }
       DataSource keeper =
           poolOnly && hikari != null ? hikari : Cluster.dataSource("beh_" + name + "_keeper", port);
+      Backoff backoff = Backoff.defaults();
+      if (retryFor != null) {
+        backoff = new Backoff(backoff.base(), backoff.cap(), backoff.maxAttempts(), retryFor);
+      }
       Client client =
           new Client(
-              new FenceClient(
-                  calls, keeper, keeperConnections, Backoff.defaults(), Duration.ofSeconds(30)),
+              name,
+              new FenceClient(calls, keeper, keeperConnections, backoff, Duration.ofSeconds(30)),
               hikari,
               proxy);
       clients.put(name, client);
@@ -258,7 +273,8 @@ class KeepingBehavioursTest {
         }
         case "acquire_waiting" -> {
           String name = (String) step.get(verb);
-          Client client = client(name, null, FenceClient.KEEPER_CONNECTIONS, true);
+          Duration retryFor = step.containsKey("retry_for") ? seconds(step.get("retry_for")) : null;
+          Client client = client(name, null, FenceClient.KEEPER_CONNECTIONS, true, retryFor);
           AcquireOptions opts = ttl(step, name).waitFor(seconds(step.get("wait")));
           client.pending = client.client.holdAsync(key, opts, client.keep());
         }
@@ -309,6 +325,33 @@ class KeepingBehavioursTest {
           Client client = named(step, verb);
           assertEquals(step.get("result"), client.leases.get(0).release());
           client.leases.remove(0);
+        }
+        case "pause" -> Thread.sleep(seconds(step.get(verb)).toMillis());
+        case "terminate" -> {
+          String app = "beh_" + named(step, verb).name;
+          int ended =
+              Integer.parseInt(
+                  cluster.sql(
+                      "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                          + " WHERE application_name IN (?, ?)",
+                      app,
+                      app + "_keeper"));
+          assertTrue(ended > 0, "no session of " + app + " to end");
+        }
+        case "granted" -> {
+          Client client = named(step, verb);
+          assertNotNull(client.pending, "no acquire running");
+          KeptLease lease;
+          try {
+            lease = client.pending.get(seconds(step.get("within")).toNanos(), TimeUnit.NANOSECONDS);
+          } catch (TimeoutException e) {
+            throw new AssertionError("no answer within " + seconds(step.get("within")), e);
+          } catch (ExecutionException e) {
+            throw new AssertionError("the acquire failed: " + e.getCause(), e.getCause());
+          }
+          client.pending = null;
+          client.leases.add(lease);
+          assertTrue(lease.isHeld(), "not held: " + lease.state() + " " + lease.reason());
         }
         case "hold_first_free" -> holdFirstFree(step);
         case "hold_other" -> {

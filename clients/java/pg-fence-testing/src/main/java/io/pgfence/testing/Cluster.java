@@ -16,18 +16,30 @@ import org.postgresql.ds.PGSimpleDataSource;
 
 /**
  * A scratch PostgreSQL cluster made by the project's {@code pg_test/cluster} (PostgreSQL of {@code
- * $PG_MAJOR}, 15 by default), with pg_fence created. The Java suites take ports 27800-27849.
+ * $PG_MAJOR}, 15 by default), with pg_fence created. The Java suites take ports 27800-27849 and
+ * 27970-27979.
  */
 public final class Cluster implements AutoCloseable {
   private final String name;
   private final int port;
 
+  /**
+   * A cluster not made yet ({@link #create()} makes it).
+   *
+   * @param name its name, under {@code $PG_FENCE_TEST_DIR} as {@code java_<name>}
+   * @param port its loopback port
+   */
   public Cluster(String name, int port) {
     this.name = "java_" + name;
     this.port = port;
   }
 
-  /** The repository's root: the first directory above the working one with pg_test/cluster. */
+  /**
+   * The repository's root: the first directory above the working one with pg_test/cluster.
+   *
+   * @return the root's absolute path
+   * @throws IllegalStateException when no directory above the working one has pg_test/cluster
+   */
   public static Path root() {
     Path dir = Paths.get("").toAbsolutePath();
     while (dir != null) {
@@ -40,7 +52,13 @@ public final class Cluster implements AutoCloseable {
         "pg_test/cluster not found above " + Paths.get("").toAbsolutePath());
   }
 
-  /** Destroys what a previous run left, creates and starts the cluster, creates pg_fence. */
+  /**
+   * Destroys what a previous run left, creates and starts the cluster, creates pg_fence.
+   *
+   * @return this cluster, running
+   * @throws IllegalStateException when pg_test/cluster fails (its error is on stderr) or pg_fence
+   *     cannot be created
+   */
   public Cluster create() {
     runQuietly("destroy", name);
     run("create", name, Integer.toString(port));
@@ -54,20 +72,41 @@ public final class Cluster implements AutoCloseable {
     return this;
   }
 
+  /**
+   * The cluster's port.
+   *
+   * @return its loopback port
+   */
   public int port() {
     return port;
   }
 
+  /**
+   * The JDBC URL of its {@code postgres} database.
+   *
+   * @return the URL, on 127.0.0.1 and the cluster's port
+   */
   public String url() {
     return "jdbc:postgresql://127.0.0.1:" + port + "/postgres";
   }
 
-  /** A DataSource of new connections (no pool) whose sessions carry {@code applicationName}. */
+  /**
+   * A DataSource of new connections (no pool) whose sessions carry {@code applicationName}.
+   *
+   * @param applicationName the sessions' application_name, by which tests find and end them
+   * @return a DataSource of connections as user {@code postgres}
+   */
   public PGSimpleDataSource dataSource(String applicationName) {
     return dataSource(applicationName, port);
   }
 
-  /** As {@link #dataSource(String)}, to another port (a proxy's). */
+  /**
+   * As {@link #dataSource(String)}, to another port (a proxy's).
+   *
+   * @param applicationName the sessions' application_name
+   * @param port the loopback port to connect to
+   * @return a DataSource of connections as user {@code postgres}, with a 10 s connect timeout
+   */
   public static PGSimpleDataSource dataSource(String applicationName, int port) {
     PGSimpleDataSource source = new PGSimpleDataSource();
     source.setServerNames(new String[] {"127.0.0.1"});
@@ -80,11 +119,25 @@ public final class Cluster implements AutoCloseable {
     return source;
   }
 
+  /**
+   * A new connection, as user {@code postgres}, whose session carries {@code applicationName}.
+   *
+   * @param applicationName the session's application_name
+   * @return the connection, in autocommit; the caller closes it
+   * @throws SQLException when the server cannot be reached
+   */
   public Connection connect(String applicationName) throws SQLException {
     return dataSource(applicationName).getConnection();
   }
 
-  /** The first column of the first row of {@code sql} with {@code params}, as a String. */
+  /**
+   * The first column of the first row of {@code sql} with {@code params}, as a String.
+   *
+   * @param sql one statement, with {@code ?} for each parameter
+   * @param params the parameters, bound with {@code setObject} in order
+   * @return the value; null for a SQL NULL, no row, or a statement that returns none
+   * @throws IllegalStateException wrapping the server's error
+   */
   public String sql(String sql, Object... params) {
     try (Connection conn = connect("pg_fence_java_test");
         PreparedStatement statement = conn.prepareStatement(sql)) {
@@ -102,12 +155,21 @@ public final class Cluster implements AutoCloseable {
     }
   }
 
-  /** Revokes the key's live lease (as a superuser). */
+  /**
+   * Revokes the key's live lease (as a superuser).
+   *
+   * @param key the key whose live lease (or running lock-delay) ends
+   */
   public void revoke(String key) {
     sql("SELECT fence.lease_revoke(?)", key);
   }
 
-  /** Ends every session of {@code applicationName} (pg_terminate_backend); how many. */
+  /**
+   * Ends every session of {@code applicationName} (pg_terminate_backend).
+   *
+   * @param applicationName the application_name of the sessions to end
+   * @return how many sessions were signalled
+   */
   public int terminate(String applicationName) {
     return Integer.parseInt(
         sql(
@@ -115,7 +177,12 @@ public final class Cluster implements AutoCloseable {
             applicationName));
   }
 
-  /** The backend pids of {@code applicationName}'s sessions. */
+  /**
+   * The backend pids of {@code applicationName}'s sessions.
+   *
+   * @param applicationName the sessions' application_name
+   * @return their pids now; empty for none
+   */
   public List<Integer> backendPids(String applicationName) {
     List<Integer> pids = new ArrayList<>();
     try (Connection conn = connect("pg_fence_java_test");
@@ -138,10 +205,12 @@ public final class Cluster implements AutoCloseable {
     run("crash", name);
   }
 
+  /** Starts the server (after {@link #stop()} or {@link #crash()}). */
   public void start() {
     run("start", name);
   }
 
+  /** Stops the server (a fast shutdown). */
   public void stop() {
     run("stop", name);
   }
@@ -149,6 +218,9 @@ public final class Cluster implements AutoCloseable {
   /**
    * A signal to the postmaster and every process it started (STOP: the server stops answering, but
    * its kernel still accepts connections and acknowledges packets; CONT resumes it).
+   *
+   * @param signal the signal's name as kill(1) takes it, without the dash ({@code STOP}, {@code
+   *     CONT})
    */
   public void signal(String signal) {
     try {
@@ -170,6 +242,7 @@ public final class Cluster implements AutoCloseable {
     }
   }
 
+  /** Stops the server and removes the cluster's directory. */
   public void destroy() {
     runQuietly("destroy", name);
   }

@@ -20,7 +20,13 @@ public final class JsonData {
     this.text = text;
   }
 
-  /** The parsed contents of the behaviours file {@code name} (as {@code keeper.json}). */
+  /**
+   * The parsed contents of the behaviours file {@code name} (as {@code keeper.json}).
+   *
+   * @param name the file's name under clients/behaviours
+   * @return the file's top-level object
+   * @throws IllegalStateException when the file cannot be read
+   */
   public static Map<String, Object> behaviours(String name) {
     try {
       Path file = Cluster.root().resolve("clients/behaviours").resolve(name);
@@ -30,6 +36,13 @@ public final class JsonData {
     }
   }
 
+  /**
+   * The value of a JSON text: a Map, List, String, Number, Boolean or null.
+   *
+   * @param text one JSON value, with white space around it at most
+   * @return the value
+   * @throws IllegalArgumentException with the offset, for text that is not JSON
+   */
   public static Object parse(String text) {
     JsonData reader = new JsonData(text);
     Object value = reader.value();
@@ -40,11 +53,23 @@ public final class JsonData {
     return value;
   }
 
+  /**
+   * {@code value}, a JSON object.
+   *
+   * @param value a value {@link #parse} made of an object
+   * @return the same value, typed as a map
+   */
   @SuppressWarnings("unchecked")
   public static Map<String, Object> asMap(Object value) {
     return (Map<String, Object>) value;
   }
 
+  /**
+   * {@code value}, a JSON array.
+   *
+   * @param value a value {@link #parse} made of an array
+   * @return the same value, typed as a list
+   */
   @SuppressWarnings("unchecked")
   public static List<Object> asList(Object value) {
     return (List<Object>) value;

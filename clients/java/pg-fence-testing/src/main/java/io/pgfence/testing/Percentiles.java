@@ -6,7 +6,13 @@ import java.util.Arrays;
 public final class Percentiles {
   private Percentiles() {}
 
-  /** The {@code p}-th percentile (nearest rank) of {@code nanos}, in milliseconds. */
+  /**
+   * The {@code p}-th percentile (nearest rank) of {@code nanos}, in milliseconds.
+   *
+   * @param nanos the measured durations in nanoseconds, in any order; not empty (left unsorted)
+   * @param p the percentile, 0 to 100
+   * @return the percentile in milliseconds
+   */
   public static double millis(long[] nanos, double p) {
     long[] sorted = nanos.clone();
     Arrays.sort(sorted);
@@ -14,7 +20,12 @@ public final class Percentiles {
     return sorted[Math.max(0, Math.min(sorted.length - 1, rank - 1))] / 1e6;
   }
 
-  /** "p50 X ms, p99 Y ms (n samples)". */
+  /**
+   * "p50 X ms, p99 Y ms (n samples)".
+   *
+   * @param nanos the measured durations in nanoseconds, in any order; not empty
+   * @return the summary, with two decimals
+   */
   public static String summary(long[] nanos) {
     return String.format(
         "p50 %.2f ms, p99 %.2f ms (%d samples)",

@@ -26,6 +26,12 @@ public final class Proxy implements AutoCloseable {
   private volatile boolean orphan;
   private final java.util.List<Socket> orphans = new java.util.concurrent.CopyOnWriteArrayList<>();
 
+  /**
+   * A proxy on a free loopback port to the server on {@code serverPort}, passing everything.
+   *
+   * @param serverPort the server's loopback port
+   * @throws IOException when no loopback port can be bound
+   */
   public Proxy(int serverPort) throws IOException {
     this.serverPort = serverPort;
     this.listener = new ServerSocket(0, 50, InetAddress.getLoopbackAddress());
@@ -34,16 +40,29 @@ public final class Proxy implements AutoCloseable {
     accept.start();
   }
 
+  /**
+   * The port to connect to instead of the server's.
+   *
+   * @return the proxy's loopback port
+   */
   public int port() {
     return listener.getLocalPort();
   }
 
-  /** Loses the reply to the next client message that contains {@code marker}. */
+  /**
+   * Loses the reply to the next client message that contains {@code marker}.
+   *
+   * @param marker text of the message (a function's name), matched as UTF-8 bytes
+   */
   public void dropReplyAfter(String marker) {
     this.dropAfter = marker.getBytes(StandardCharsets.UTF_8);
   }
 
-  /** Keeps losing the replies to messages with the marker, not only the next one. */
+  /**
+   * Keeps losing the replies to messages with the marker, not only the next one.
+   *
+   * @param every true to lose every such reply, false for the next one only
+   */
   public void dropEveryReply(boolean every) {
     this.every = every;
   }
@@ -59,6 +78,8 @@ public final class Proxy implements AutoCloseable {
   /**
    * With a lost reply, close the client's side only: the server's session lives on, as across a
    * partition, until {@link #closeOrphans()}.
+   *
+   * @param orphan true to leave the server's side open, false to close both
    */
   public void orphan(boolean orphan) {
     this.orphan = orphan;
@@ -69,7 +90,11 @@ public final class Proxy implements AutoCloseable {
     orphans.forEach(Proxy::closeQuietly);
   }
 
-  /** How many replies were lost. */
+  /**
+   * How many replies were lost.
+   *
+   * @return the replies not forwarded since the proxy started
+   */
   public int dropped() {
     return dropped.get();
   }
