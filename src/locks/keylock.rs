@@ -9,6 +9,8 @@
 //! | guard lock     | 28777    | writes of some holders       | this file               |
 //! | observer       | 28778    | one key's observers          | `leases::line::wakeups` |
 //! | candidate      | 28779    | a key's waiters of one owner | `leases::calls::handoff` |
+//! | reset marker   | 28780    | the reset marker's floor     | `leases::state::fences` |
+//! | sweep mark     | 28781    | sweeps of a bucket of keys   | `sweeps`                |
 //!
 //! The key lock, on a keyed 64-bit hash of the key (`key_hash`), is held until the end of the
 //! top-level transaction that takes it, in one of three modes, so that each kind of call waits only
@@ -23,6 +25,11 @@
 //! So changes to one key happen one at a time and each sees the previous one committed; a new grant
 //! waits until every transaction that wrote under the old fence has ended (the guard); and guards
 //! never hold up the holder's own renew or release.
+//!
+//! A sweep of a fast lease's row in shared memory (fence.sweep(), or a grant that frees rows to
+//! make room) takes the key lock in `Change` mode too, with the sweep mark of the key's bucket: a
+//! grant that does not wait counts a key another transaction is changing as held, but waits out a
+//! sweep, as it waits for a sweep's row lock on a lease in a table (`sweeps`).
 //!
 //! A key with several holders (shared leases, semaphores: see `leases::state::mode`) needs more than one
 //! guard lock, so that a grant waits for the writers of the holders it replaces and no others. Its
@@ -65,6 +72,7 @@ pub const GUARD_LOCK_CLASS: u16 = 0x7069;
 pub const OBSERVER_CLASS: u16 = 0x706A;
 pub const CANDIDATE_CLASS: u16 = 0x706B;
 pub const RESET_MARKER_CLASS: u16 = 0x706C;
+pub const SWEEP_CLASS: u16 = 0x706D;
 
 #[derive(Clone, Copy)]
 pub enum Mode {

@@ -26,7 +26,7 @@ use crate::leases::state::kinds::Kind;
 use crate::leases::state::memory;
 use crate::leases::state::mode::LeaseMode;
 use crate::leases::state::slots;
-use crate::locks::keylock::{self, Mode};
+use crate::locks::sweeps;
 use crate::pg::clock;
 use crate::pg::errors;
 use crate::pg::installed;
@@ -202,12 +202,12 @@ fn sweep_memory(now: i64, limit: i64, delete_before: Option<i64>) -> Vec<(String
     RESUME_AT_BUCKET.set(next);
     let mut swept = Vec::new();
     for candidate in &candidates {
-        if !keylock::try_lock(&candidate.key, Mode::Change) {
+        if !sweeps::try_lock_to_sweep(&candidate.key) {
             continue;
         }
         match memory::changes::sweep(candidate, now, delete_before) {
             Some((fence, deleted)) => swept.push((candidate.key.clone(), fence, deleted)),
-            None => keylock::unlock(&candidate.key, Mode::Change),
+            None => sweeps::unlock_swept(&candidate.key),
         }
     }
     swept

@@ -157,6 +157,86 @@ fn a_sweep_never_waits_while_holding_swept_leases() {
     assert_eq!(sweep.join().unwrap(), Ok(0), "a sweep ran while another held the figures");
 }
 
+/// An acquire without a wait waits out a sweep that is ending its key's expired lease, or deleting
+/// a row a dropped pg_fence left in shared memory (the milliseconds docs/reference.md allows),
+/// rather than finding the key held: for a fast lease in shared memory the sweep holds the key's
+/// lock, for a lease in a table the row's. A trigger on the sweep's last statement holds the sweep
+/// open for a second.
+#[test]
+fn an_acquire_without_wait_waits_out_a_sweep_of_its_key() {
+    let cluster = Cluster::start(
+        "sweep_then_grant",
+        26508,
+        &["shared_preload_libraries=pg_fence", "pg_fence.sweep_interval=1h"],
+    );
+    let mut client = cluster.connect();
+    client
+        .batch_execute(
+            "CREATE FUNCTION public.slow_figures() RETURNS trigger LANGUAGE plpgsql
+               AS $$ BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$;",
+        )
+        .unwrap();
+    for durable in [false, true] {
+        for in_a_set in [false, true] {
+            let key = format!(
+                "{}-{}",
+                if durable { "durable" } else { "fast" },
+                if in_a_set { "set" } else { "alone" }
+            );
+            let old = Acquire::new(&key, "10 ms").durable(durable).run(&mut client).unwrap().fence;
+            thread::sleep(Duration::from_millis(30));
+            let fence = acquire_during_a_sweep(&cluster, &mut client, &key, durable, in_a_set);
+            assert!(fence > old, "{key}: fence {fence} not above {old}");
+        }
+    }
+    if edition() == Edition::Extension {
+        let old = Acquire::new("dropped", "1 hour").durable(false).run(&mut client).unwrap().fence;
+        client.batch_execute("DROP EXTENSION pg_fence; CREATE EXTENSION pg_fence").unwrap();
+        let fence = acquire_during_a_sweep(&cluster, &mut client, "dropped", false, false);
+        assert!(fence > old, "dropped: fence {fence} not above {old}");
+    }
+}
+
+/// The fence of `key`'s grant (wait 0, alone or in a set), made while a sweep that ends or deletes
+/// `key`'s row, the only one it can, sleeps in its last statement.
+fn acquire_during_a_sweep(
+    cluster: &Cluster,
+    client: &mut Client,
+    key: &str,
+    durable: bool,
+    in_a_set: bool,
+) -> i64 {
+    client
+        .batch_execute(
+            "CREATE OR REPLACE TRIGGER slow_figures BEFORE UPDATE ON fence.sweeper_stats
+                FOR EACH ROW EXECUTE FUNCTION public.slow_figures()",
+        )
+        .unwrap();
+    let mut sweeper = cluster.connect();
+    let sweep =
+        thread::spawn(move || sweeper.query_one("SELECT fence.sweep()", &[]).unwrap().get::<_, i64>(0));
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            count(
+            client,
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE '%fence.sweep()%'"
+        ) == 1
+        }),
+        "{key}: the sweep never reached its last statement"
+    );
+    let granted: Option<i64> = if in_a_set {
+        let rows = client.query_opt(
+            "SELECT fence FROM fence.lease_acquire_all(ARRAY[$1], '1 minute', durable => $2)",
+            &[&key, &durable],
+        );
+        rows.unwrap().map(|row| row.get(0))
+    } else {
+        Acquire::new(key, "1 minute").durable(durable).run(client).map(|lease| lease.fence)
+    };
+    assert!(sweep.join().unwrap() >= 1, "{key}: the sweep ended or deleted no row");
+    granted.unwrap_or_else(|| panic!("{key}: refused while a sweep ended or deleted its row"))
+}
+
 fn count(client: &mut Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).unwrap().get(0)
 }

@@ -9,6 +9,7 @@ use crate::leases::state::kinds::Kind;
 use crate::leases::state::mode::LeaseMode;
 use crate::leases::state::{durability, rows, token::token_hash};
 use crate::locks::keylock::{self, Mode};
+use crate::locks::sweeps;
 use crate::pg::{clock, input, latch};
 use crate::stats::{self, Counter};
 use pgrx::datum::Interval;
@@ -130,7 +131,7 @@ impl Request<'_> {
     /// pg_try_advisory_lock gives one. So does a key with waiters, whichever mode they wait for:
     /// they are served first.
     pub(super) fn grant_unless_held(&self) -> Option<Lease> {
-        if !keylock::try_lock(self.key, self.key_lock()) {
+        if !sweeps::try_lock_for_grant(self.key, self.key_lock()) {
             return None;
         }
         if waiting::someone_waiting(self.key) {

@@ -18,6 +18,7 @@ use crate::leases::state::durability;
 use crate::leases::state::kinds::Kind;
 use crate::leases::state::mode::LeaseMode;
 use crate::locks::keylock::{self, Mode};
+use crate::locks::sweeps;
 use crate::pg::latch;
 use crate::pg::{clock, errors, input};
 use crate::stats::{self, Counter};
@@ -80,7 +81,7 @@ fn lease_acquire_all(
 fn grant_all_unless_held(requests: &[Request]) -> Option<Vec<Lease>> {
     let mut locked: Vec<&str> = Vec::new();
     for request in requests {
-        let taken = keylock::try_lock(request.key, Mode::Grant);
+        let taken = sweeps::try_lock_for_grant(request.key, Mode::Grant);
         if taken {
             locked.push(request.key);
         }

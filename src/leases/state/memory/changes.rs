@@ -10,7 +10,7 @@ use crate::leases::state::kinds::Kind;
 use crate::leases::state::mode::LeaseMode;
 use crate::leases::state::session_lock;
 use crate::leases::state::slots;
-use crate::locks::keylock::{self, Mode};
+use crate::locks::{keylock, sweeps};
 use crate::pg::{errors, settings};
 use pgrx::pg_sys;
 
@@ -80,8 +80,7 @@ fn free_ended_rows(granting: &str, no_room: NoRoom) {
     for (key, candidate) in candidates {
         // A key this transaction holds a lock of (a guard under the ended lease, say) is left
         // alone: its own locks never stop it, and the row may be what keeps the next grant waiting.
-        if write_set::changes_key(&key) || keylock::held_by_me(&key) || !keylock::try_lock(&key, Mode::Change)
-        {
+        if write_set::changes_key(&key) || keylock::held_by_me(&key) || !sweeps::try_lock_to_sweep(&key) {
             continue;
         }
         // Under the key's lock nobody else changes its rows: is this one still to be freed?
@@ -97,7 +96,7 @@ fn free_ended_rows(granting: &str, no_room: NoRoom) {
                 super::shared::free_now(place, &key, row.slot, row.fence);
             }
         }
-        keylock::unlock(&key, Mode::Change);
+        sweeps::unlock_swept(&key);
     }
 }
 
