@@ -41,8 +41,10 @@ use std::cell::Cell;
 /// At most this many leases per call, so one sweep is one short transaction (milliseconds): an
 /// acquirer whose row it has locked waits no longer than that. Rows another transaction has locked
 /// are skipped, to be swept next time. The worker calls sweep() again at once while calls come back
-/// full, so a backlog drains in a series of short transactions.
-pub const BATCH: i64 = 1_000;
+/// full, so a backlog drains in a series of short transactions. A sweep of fast leases' rows in
+/// shared memory holds two locks per key until it commits (the key's and its sweep mark, see
+/// `locks::sweeps`): 500 keeps it to a thousand locks of the shared lock table.
+pub const BATCH: i64 = 500;
 
 thread_local! {
     /// The page of each lease table (durable, fast) where this backend's next sweep starts: each

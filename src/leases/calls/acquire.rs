@@ -131,7 +131,7 @@ impl Request<'_> {
     /// pg_try_advisory_lock gives one. So does a key with waiters, whichever mode they wait for:
     /// they are served first.
     pub(super) fn grant_unless_held(&self) -> Option<Lease> {
-        if !sweeps::try_lock_for_grant(self.key, self.key_lock()) {
+        if !sweeps::lock_unless_held(self.key, self.key_lock()) {
             return None;
         }
         if waiting::someone_waiting(self.key) {

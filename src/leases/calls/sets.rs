@@ -18,7 +18,7 @@ use crate::leases::state::durability;
 use crate::leases::state::kinds::Kind;
 use crate::leases::state::mode::LeaseMode;
 use crate::locks::keylock::{self, Mode};
-use crate::locks::sweeps;
+use crate::locks::sweeps::{self, Tried};
 use crate::pg::latch;
 use crate::pg::{clock, errors, input};
 use crate::stats::{self, Counter};
@@ -77,19 +77,33 @@ fn lease_acquire_all(
 }
 
 /// Takes every key's lock (in order) if nobody holds or waits for any of them, and grants them all;
-/// None, holding nothing, otherwise. Never waits.
+/// None, holding nothing, otherwise. Never waits for a holder; waits out a sweep of a key as
+/// `lease_acquire` does, holding none of the set's keys meanwhile, so that it never keeps another
+/// key's holder waiting.
 fn grant_all_unless_held(requests: &[Request]) -> Option<Vec<Lease>> {
-    let mut locked: Vec<&str> = Vec::new();
-    for request in requests {
-        let taken = sweeps::try_lock_for_grant(request.key, Mode::Grant);
-        if taken {
-            locked.push(request.key);
-        }
-        if !taken || waiting::someone_waiting(request.key) || request.no_room_until(clock::now()).is_some() {
+    let mut sweeps_waited_out = 0;
+    let locked = 'tries: loop {
+        let mut locked: Vec<&str> = Vec::new();
+        for request in requests {
+            let tried = sweeps::try_lock_for_grant(request.key, Mode::Grant);
+            if let Tried::Taken = tried {
+                locked.push(request.key);
+                if !waiting::someone_waiting(request.key) && request.no_room_until(clock::now()).is_none() {
+                    continue;
+                }
+            }
             locked.iter().for_each(|key| keylock::unlock(key, Mode::Grant));
+            if let Tried::Swept = tried {
+                if sweeps_waited_out < sweeps::WAITED_OUT {
+                    sweeps_waited_out += 1;
+                    sweeps::wait_for_sweep(request.key);
+                    continue 'tries;
+                }
+            }
             return None;
         }
-    }
+        break locked;
+    };
     if !guard_locks_at_once(requests) {
         locked.iter().for_each(|key| keylock::unlock(key, Mode::Grant));
         return None;
