@@ -10,7 +10,7 @@
 //! | observer       | 28778    | one key's observers          | `leases::line::wakeups` |
 //! | candidate      | 28779    | a key's waiters of one owner | `leases::calls::handoff` |
 //! | reset marker   | 28780    | the reset marker's floor     | `leases::state::fences` |
-//! | sweep mark     | 28781    | sweeps of a bucket of keys   | `sweeps`                |
+//! | sweep mark     | 28781    | one key's sweeps             | `sweeps`                |
 //!
 //! The key lock, on a keyed 64-bit hash of the key (`key_hash`), is held until the end of the
 //! top-level transaction that takes it, in one of three modes, so that each kind of call waits only
