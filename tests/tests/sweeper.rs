@@ -167,18 +167,7 @@ const SHARED_MEMORY_SWEEP: &str = "fast leases in shared memory, whose sweep tak
 /// open for a second.
 #[test]
 fn an_acquire_without_wait_waits_out_a_sweep_of_its_key() {
-    let cluster = Cluster::start(
-        "sweep_then_grant",
-        26508,
-        &["shared_preload_libraries=pg_fence", "pg_fence.sweep_interval=1h"],
-    );
-    let mut client = cluster.connect();
-    client
-        .batch_execute(
-            "CREATE FUNCTION public.slow_figures() RETURNS trigger LANGUAGE plpgsql
-               AS $$ BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$;",
-        )
-        .unwrap();
+    let (cluster, mut client) = with_slow_sweeps("sweep_then_grant", 26508);
     for durable in [false, true] {
         for in_a_set in [false, true] {
             let key = format!(
@@ -223,6 +212,20 @@ fn acquire_during_a_sweep(
     granted.unwrap_or_else(|| panic!("{key}: refused while a sweep ended or deleted its row"))
 }
 
+/// A cluster whose worker does not sweep, with the function of `slow_sweep`'s trigger.
+fn with_slow_sweeps(name: &str, port: u16) -> (Cluster, Client) {
+    let cluster =
+        Cluster::start(name, port, &["shared_preload_libraries=pg_fence", "pg_fence.sweep_interval=1h"]);
+    let mut client = cluster.connect();
+    client
+        .batch_execute(
+            "CREATE FUNCTION public.slow_figures() RETURNS trigger LANGUAGE plpgsql
+               AS $$ BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$;",
+        )
+        .unwrap();
+    (cluster, client)
+}
+
 /// A sweep (`fence.sweep()`, by another session), once it sleeps in its last statement: a trigger
 /// (public.slow_figures, which the caller made) holds it open for a second.
 fn slow_sweep(cluster: &Cluster, client: &mut Client) -> thread::JoinHandle<i64> {
@@ -254,18 +257,7 @@ fn a_set_waiting_out_a_sweep_holds_none_of_its_keys() {
     if skipped_on_the_sql_edition(SHARED_MEMORY_SWEEP) {
         return;
     }
-    let cluster = Cluster::start(
-        "sweep_set",
-        26509,
-        &["shared_preload_libraries=pg_fence", "pg_fence.sweep_interval=1h"],
-    );
-    let mut client = cluster.connect();
-    client
-        .batch_execute(
-            "CREATE FUNCTION public.slow_figures() RETURNS trigger LANGUAGE plpgsql
-               AS $$ BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$;",
-        )
-        .unwrap();
+    let (cluster, mut client) = with_slow_sweeps("sweep_set", 26509);
     Acquire::new("swept", "10 ms").durable(false).run(&mut client).unwrap();
     thread::sleep(Duration::from_millis(30));
     let sweep = slow_sweep(&cluster, &mut client);
