@@ -27,7 +27,7 @@
 //! never hold up the holder's own renew or release.
 //!
 //! A sweep of a fast lease's row in shared memory (fence.sweep(), or a grant that frees rows to
-//! make room) takes the key lock in `Change` mode too, with the sweep mark of the key's bucket: a
+//! make room) takes the key lock in `Change` mode too, with the key's sweep mark: a
 //! grant that does not wait counts a key another transaction is changing as held, but waits out a
 //! sweep, as it waits for a sweep's row lock on a lease in a table (`sweeps`).
 //!

@@ -13,6 +13,7 @@ use super::keylock::{self, Mode, Owner};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
+use std::time::Instant;
 
 /// Taken by sweeps; the mode a grant probes and waits for it in conflicts with it and not with
 /// itself, so that grants never queue behind each other there.
@@ -57,24 +58,34 @@ pub fn try_lock_for_grant(key: &str, mode: Mode) -> Tried {
     }
 }
 
-/// Waits until no sweep of the key holds its mark. A sweep's transaction is short (fence.sweep()
-/// runs only in a transaction of its own, and a grant's freeing of rows gives its locks back at
-/// once); the wait obeys lock_timeout, statement_timeout and query cancel, as a wait for a sweep's
-/// row lock does.
-pub fn wait_for_sweep(key: &str) {
+/// Waits until no sweep of the key holds its mark, or until `deadline` (a waiting acquire's):
+/// false then. A sweep's transaction is short (fence.sweep() runs only in a transaction of its
+/// own, and a grant's freeing of rows gives its locks back at once); the wait obeys lock_timeout,
+/// statement_timeout and query cancel, as a wait for a sweep's row lock does.
+pub fn wait_for_sweep(key: &str, deadline: Option<Instant>) -> bool {
     let mark = mark_of(key);
-    keylock::acquire(&mark, PROBE_MODE, Owner::Subtransaction, false);
-    keylock::release(&mark, PROBE_MODE, Owner::Subtransaction);
+    let ended = match deadline {
+        None => keylock::acquire(&mark, PROBE_MODE, Owner::Subtransaction, false),
+        Some(deadline) => keylock::acquire_until(&mark, PROBE_MODE, Owner::Subtransaction, deadline),
+    };
+    if ended {
+        keylock::release(&mark, PROBE_MODE, Owner::Subtransaction);
+    }
+    ended
 }
 
-/// `try_lock_for_grant`, waiting out sweeps of the key (a few in a row at most): whether the key's
-/// lock is taken. For a grant that holds no other key's lock.
-pub fn lock_unless_held(key: &str, mode: Mode) -> bool {
+/// `try_lock_for_grant`, waiting out sweeps of the key (a few in a row at most, until `deadline`
+/// at most): whether the key's lock is taken. For a grant that holds no other key's lock.
+pub fn lock_unless_held(key: &str, mode: Mode, deadline: Option<Instant>) -> bool {
     for _ in 0..WAITED_OUT {
         match try_lock_for_grant(key, mode) {
             Tried::Taken => return true,
             Tried::Held => return false,
-            Tried::Swept => wait_for_sweep(key),
+            Tried::Swept => {
+                if !wait_for_sweep(key, deadline) {
+                    return false;
+                }
+            }
         }
     }
     matches!(try_lock_for_grant(key, mode), Tried::Taken)

@@ -138,7 +138,7 @@ const RECORD_BEFORE_0_4_0: &str = "
     UPDATE fence.sweeper_stats SET last_run_at = $1, last_swept = $2, total_swept = total_swept + $2";
 
 /// Marks expired leases ended (their fences untouched) and deletes the rows of leases that ended
-/// more than pg_fence.retain_ended ago, 1,000 rows at most; returns how many rows it changed.
+/// more than pg_fence.retain_ended ago, `BATCH` rows at most; returns how many rows it changed.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn sweep() -> i64 {

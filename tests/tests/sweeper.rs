@@ -163,11 +163,10 @@ const SHARED_MEMORY_SWEEP: &str = "fast leases in shared memory, whose sweep tak
 /// An acquire without a wait waits out a sweep that is ending its key's expired lease, or deleting
 /// a row a dropped pg_fence left in shared memory (the milliseconds docs/reference.md allows),
 /// rather than finding the key held: for a fast lease in shared memory the sweep holds the key's
-/// lock, for a lease in a table the row's. A trigger on the sweep's last statement holds the sweep
-/// open for a second.
+/// lock, for a lease in a table the row's.
 #[test]
 fn an_acquire_without_wait_waits_out_a_sweep_of_its_key() {
-    let (cluster, mut client) = with_slow_sweeps("sweep_then_grant", 26508);
+    let (cluster, mut client) = with_held_sweeps("sweep_then_grant", 26508);
     for durable in [false, true] {
         for in_a_set in [false, true] {
             let key = format!(
@@ -189,8 +188,9 @@ fn an_acquire_without_wait_waits_out_a_sweep_of_its_key() {
     }
 }
 
-/// The fence of `key`'s grant (wait 0, alone or in a set), made while a sweep that ends or deletes
-/// `key`'s row, the only one it can, sleeps in its last statement.
+/// The fence of `key`'s grant (wait 0, alone or in a set), asked for while a sweep that ends or
+/// deletes `key`'s row, the only one it can, is held in its last statement, and the sweep let go
+/// once the grant waits for it.
 fn acquire_during_a_sweep(
     cluster: &Cluster,
     client: &mut Client,
@@ -198,56 +198,89 @@ fn acquire_during_a_sweep(
     durable: bool,
     in_a_set: bool,
 ) -> i64 {
-    let sweep = slow_sweep(cluster, client);
-    let granted: Option<i64> = if in_a_set {
-        let rows = client.query_opt(
-            "SELECT fence FROM fence.lease_acquire_all(ARRAY[$1], '1 minute', durable => $2)",
-            &[&key, &durable],
-        );
-        rows.unwrap().map(|row| row.get(0))
-    } else {
-        Acquire::new(key, "1 minute").durable(durable).run(client).map(|lease| lease.fence)
-    };
-    assert!(sweep.join().unwrap() >= 1, "{key}: the sweep ended or deleted no row");
-    granted.unwrap_or_else(|| panic!("{key}: refused while a sweep ended or deleted its row"))
+    let sweep = HeldSweep::start(cluster, client);
+    let mut acquirer = cluster.connect();
+    let key_ = key.to_string();
+    let granted = thread::spawn(move || -> Option<i64> {
+        if in_a_set {
+            let rows = acquirer.query_opt(
+                "SELECT fence FROM fence.lease_acquire_all(ARRAY[$1], '1 minute', durable => $2)",
+                &[&key_, &durable],
+            );
+            rows.unwrap().map(|row| row.get(0))
+        } else {
+            Acquire::new(&key_, "1 minute").durable(durable).run(&mut acquirer).map(|lease| lease.fence)
+        }
+    });
+    // Refused at once (the fault), or waiting for the sweep.
+    let waited = eventually(Duration::from_secs(30), || {
+        granted.is_finished() || waiting(client, "%fence.lease_acquire%") == 1
+    });
+    assert!(waited, "{key}: the acquire neither returned nor waited");
+    assert!(sweep.end(client) >= 1, "{key}: the sweep ended or deleted no row");
+    granted.join().unwrap().unwrap_or_else(|| panic!("{key}: refused while a sweep ended or deleted its row"))
 }
 
-/// A cluster whose worker does not sweep, with the function of `slow_sweep`'s trigger.
-fn with_slow_sweeps(name: &str, port: u16) -> (Cluster, Client) {
+/// A cluster whose worker does not sweep, with the function of `HeldSweep`'s trigger: it waits for
+/// advisory lock 7 of the test's own session.
+fn with_held_sweeps(name: &str, port: u16) -> (Cluster, Client) {
     let cluster =
         Cluster::start(name, port, &["shared_preload_libraries=pg_fence", "pg_fence.sweep_interval=1h"]);
     let mut client = cluster.connect();
     client
         .batch_execute(
-            "CREATE FUNCTION public.slow_figures() RETURNS trigger LANGUAGE plpgsql
-               AS $$ BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$;",
+            "CREATE FUNCTION public.held_figures() RETURNS trigger LANGUAGE plpgsql
+               AS $$ BEGIN PERFORM pg_advisory_xact_lock(7); RETURN NEW; END $$;",
         )
         .unwrap();
     (cluster, client)
 }
 
-/// A sweep (`fence.sweep()`, by another session), once it sleeps in its last statement: a trigger
-/// (public.slow_figures, which the caller made) holds it open for a second.
-fn slow_sweep(cluster: &Cluster, client: &mut Client) -> thread::JoinHandle<i64> {
+/// How many sessions wait for a lock in a query LIKE `query`.
+fn waiting(client: &mut Client, query: &str) -> i64 {
     client
-        .batch_execute(
-            "CREATE OR REPLACE TRIGGER slow_figures BEFORE UPDATE ON fence.sweeper_stats
-                FOR EACH ROW EXECUTE FUNCTION public.slow_figures()",
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+            &[&query],
         )
-        .unwrap();
-    let mut sweeper = cluster.connect();
-    let sweep =
-        thread::spawn(move || sweeper.query_one("SELECT fence.sweep()", &[]).unwrap().get::<_, i64>(0));
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            count(
-            client,
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE '%fence.sweep()%'"
-        ) == 1
-        }),
-        "the sweep never reached its last statement"
-    );
-    sweep
+        .unwrap()
+        .get(0)
+}
+
+/// A sweep (`fence.sweep()`, by another session) held in its last statement, after it has swept,
+/// until `end`: a trigger on that statement waits for an advisory lock that `gate` holds.
+struct HeldSweep {
+    gate: Client,
+    sweep: thread::JoinHandle<i64>,
+}
+
+impl HeldSweep {
+    fn start(cluster: &Cluster, client: &mut Client) -> HeldSweep {
+        client
+            .batch_execute(
+                "CREATE OR REPLACE TRIGGER held_figures BEFORE UPDATE ON fence.sweeper_stats
+                    FOR EACH ROW EXECUTE FUNCTION public.held_figures()",
+            )
+            .unwrap();
+        let mut gate = cluster.connect();
+        gate.batch_execute("SELECT pg_advisory_lock(7)").unwrap();
+        let mut sweeper = cluster.connect();
+        let sweep =
+            thread::spawn(move || sweeper.query_one("SELECT fence.sweep()", &[]).unwrap().get::<_, i64>(0));
+        assert!(
+            eventually(Duration::from_secs(30), || waiting(client, "%fence.sweep()%") == 1),
+            "the sweep never reached its last statement"
+        );
+        HeldSweep { gate, sweep }
+    }
+
+    /// Lets the sweep end; what it returned.
+    fn end(mut self, client: &mut Client) -> i64 {
+        self.gate.batch_execute("SELECT pg_advisory_unlock(7)").unwrap();
+        let swept = self.sweep.join().unwrap();
+        client.batch_execute("DROP TRIGGER held_figures ON fence.sweeper_stats").unwrap();
+        swept
+    }
 }
 
 /// A set that waits out a sweep of one of its keys holds none of its keys meanwhile: an acquire of
@@ -257,10 +290,10 @@ fn a_set_waiting_out_a_sweep_holds_none_of_its_keys() {
     if skipped_on_the_sql_edition(SHARED_MEMORY_SWEEP) {
         return;
     }
-    let (cluster, mut client) = with_slow_sweeps("sweep_set", 26509);
+    let (cluster, mut client) = with_held_sweeps("sweep_set", 26509);
     Acquire::new("swept", "10 ms").durable(false).run(&mut client).unwrap();
     thread::sleep(Duration::from_millis(30));
-    let sweep = slow_sweep(&cluster, &mut client);
+    let sweep = HeldSweep::start(&cluster, &mut client);
     let mut set_client = cluster.connect();
     let set = thread::spawn(move || {
         set_client
@@ -269,18 +302,34 @@ fn a_set_waiting_out_a_sweep_holds_none_of_its_keys() {
             .len()
     });
     assert!(
-        eventually(Duration::from_secs(10), || {
-            count(
-            &mut client,
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%lease_acquire_all%'"
-        ) == 1
-        }),
+        eventually(Duration::from_secs(30), || waiting(&mut client, "%lease_acquire_all%") == 1),
         "the set never waited for the sweep"
     );
     let free = Acquire::new("free", "1 minute").durable(false).run(&mut client);
     assert!(free.is_some(), "a key of a set waiting out a sweep of another of its keys was held");
-    assert!(sweep.join().unwrap() >= 1, "the sweep ended no row");
+    assert!(sweep.end(&mut client) >= 1, "the sweep ended no row");
     assert_eq!(set.join().unwrap(), 0, "the set was granted a key held by another");
+}
+
+/// An acquire with `wait` waits for a sweep of its key no longer than its `wait`: the sweep, held
+/// open, outlasts it.
+#[test]
+fn a_waiting_acquire_waits_for_a_sweep_no_longer_than_its_wait() {
+    if skipped_on_the_sql_edition(SHARED_MEMORY_SWEEP) {
+        return;
+    }
+    let (cluster, mut client) = with_held_sweeps("sweep_deadline", 26510);
+    Acquire::new("swept", "10 ms").durable(false).run(&mut client).unwrap();
+    thread::sleep(Duration::from_millis(30));
+    let sweep = HeldSweep::start(&cluster, &mut client);
+    let mut acquirer = cluster.connect();
+    let acquire = thread::spawn(move || {
+        Acquire::new("swept", "1 minute").durable(false).wait("300 ms").run(&mut acquirer).is_some()
+    });
+    let returned = eventually(Duration::from_secs(30), || acquire.is_finished());
+    sweep.end(&mut client);
+    assert!(returned, "an acquire with a wait of 300 ms waited for the whole sweep");
+    assert!(!acquire.join().unwrap(), "granted while the sweep held the key");
 }
 
 fn count(client: &mut Client, sql: &str) -> i64 {

@@ -111,10 +111,10 @@ impl Request<'_> {
         // for itself, or deadlock with the waiter it queues behind: it does not wait.
         // A free key is granted at once; only an acquire that finds it held begins to wait.
         let lease = if wait == 0 || keylock::held_by_me(self.key) {
-            self.grant_unless_held()
+            self.grant_unless_held(None)
         } else {
             let deadline = clock::deadline_after(wait);
-            self.grant_unless_held().or_else(|| self.grant_within(deadline))
+            self.grant_unless_held(Some(deadline)).or_else(|| self.grant_within(deadline))
         };
         if lease.is_none() || self.kind == Kind::Fast {
             // A fast grant writes no WAL of its own; reading the lease tables may (pruning a page,
@@ -129,9 +129,10 @@ impl Request<'_> {
     /// or not, it is not settled yet) or writing under (a guard: the new grant would have to wait
     /// for those writes) counts as held: `wait => 0` means an answer at once, as
     /// pg_try_advisory_lock gives one. So does a key with waiters, whichever mode they wait for:
-    /// they are served first.
-    pub(super) fn grant_unless_held(&self) -> Option<Lease> {
-        if !sweeps::lock_unless_held(self.key, self.key_lock()) {
+    /// they are served first. A sweep's change of the key is waited out (until `deadline` at most,
+    /// a waiting acquire's): the key is free.
+    pub(super) fn grant_unless_held(&self, deadline: Option<Instant>) -> Option<Lease> {
+        if !sweeps::lock_unless_held(self.key, self.key_lock(), deadline) {
             return None;
         }
         if waiting::someone_waiting(self.key) {

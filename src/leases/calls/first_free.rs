@@ -43,7 +43,7 @@ fn lease_acquire_any(
     }
     let lease = keys.iter().find_map(|key| {
         Request::new(key, ttl, owner.clone(), session_bound, kind, token, LeaseMode::EXCLUSIVE)
-            .grant_unless_held()
+            .grant_unless_held(None)
     });
     if lease.is_none() || kind == Kind::Fast {
         durability::skip_flush_if_alone(wal_before);

@@ -57,11 +57,11 @@ fn lease_acquire_all(
     let wal_before = durability::wal_position();
     // As for one key: a transaction that already holds one of the keys' locks does not wait.
     let leases = if wait == 0 || keys.iter().any(|key| keylock::held_by_me(key)) {
-        grant_all_unless_held(&requests)
+        grant_all_unless_held(&requests, None)
     } else {
         waiting::require_read_committed();
         let deadline = clock::deadline_after(wait);
-        grant_all_unless_held(&requests).or_else(|| wait_and_grant_all(&requests, deadline))
+        grant_all_unless_held(&requests, Some(deadline)).or_else(|| wait_and_grant_all(&requests, deadline))
     };
     if leases.is_none() || kind == Kind::Fast {
         durability::skip_flush_if_alone(wal_before);
@@ -78,9 +78,9 @@ fn lease_acquire_all(
 
 /// Takes every key's lock (in order) if nobody holds or waits for any of them, and grants them all;
 /// None, holding nothing, otherwise. Never waits for a holder; waits out a sweep of a key as
-/// `lease_acquire` does, holding none of the set's keys meanwhile, so that it never keeps another
-/// key's holder waiting.
-fn grant_all_unless_held(requests: &[Request]) -> Option<Vec<Lease>> {
+/// `lease_acquire` does (until `deadline` at most), holding none of the keys it took meanwhile, so
+/// that it never keeps another key's holder waiting.
+fn grant_all_unless_held(requests: &[Request], deadline: Option<Instant>) -> Option<Vec<Lease>> {
     let mut sweeps_waited_out = 0;
     let locked = 'tries: loop {
         let mut locked: Vec<&str> = Vec::new();
@@ -94,9 +94,8 @@ fn grant_all_unless_held(requests: &[Request]) -> Option<Vec<Lease>> {
             }
             locked.iter().for_each(|key| keylock::unlock(key, Mode::Grant));
             if let Tried::Swept = tried {
-                if sweeps_waited_out < sweeps::WAITED_OUT {
+                if sweeps_waited_out < sweeps::WAITED_OUT && sweeps::wait_for_sweep(request.key, deadline) {
                     sweeps_waited_out += 1;
-                    sweeps::wait_for_sweep(request.key);
                     continue 'tries;
                 }
             }
