@@ -3,8 +3,9 @@
 //!
 //! Each key is tried as lease_acquire tries it without `wait` (see `acquire::grant_unless_held`): a
 //! key held, waited for, being changed or written under by another transaction is passed over at
-//! once, never waited for (a sweep's change of it is waited out: the key is free then). A try that fails leaves nothing locked, so the call ends holding one key's
-//! lock at most, whatever the length of the list.
+//! once, never waited for (a sweep's change of it is waited out: the key is free then). A try that
+//! fails leaves nothing locked, so the call ends holding one key's lock at most, whatever the
+//! length of the list.
 use super::acquire::lease_held_with;
 use super::request::Request;
 use crate::leases::state::durability;
