@@ -14,7 +14,6 @@ DECLARE
     now timestamptz;
     rows fence.key_row[];
     grant_slot integer;
-    lock text;
     floor bigint;
     tok uuid := coalesce(token, gen_random_uuid());
     hash bytea := sha256(uuid_send(coalesce(token, tok)));
@@ -35,15 +34,10 @@ BEGIN
         IF fence_internal.held_back_until(rows, decided) IS NOT NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        grant_slot := fence_internal.slot_for(shared, permits, rows);
+        grant_slot := fence_internal.take_slot(key, shared, permits, rows, until);
         IF grant_slot IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        FOREACH lock IN ARRAY fence_internal.locks_to_wait_for(shared, permits, grant_slot, rows) LOOP
-            IF NOT fence_internal.lock_until(fence_internal.lock_id(lock, key), false, until) THEN
-                RAISE SQLSTATE 'PFZ01';
-            END IF;
-        END LOOP;
         now := greatest(clock_timestamp(), decided);
         floor := fence_internal.floor(now, (SELECT max(r.fence) FROM unnest(rows) r));
         now := greatest(clock_timestamp(), now);
@@ -113,6 +107,48 @@ BEGIN
     EXCEPTION WHEN SQLSTATE 'PFZ01' THEN
         RETURN NULL;
     END;
+END
+$$;
+
+-- The slot a grant takes (src/leases/state/slots.rs, take_slot), with the guard locks of the
+-- writers it waits for: the first free slot whose writers are all done at once, else the first free
+-- slot, waiting for its writers until `until` (NULL: not at all). So a writer frozen in its
+-- transaction under an ended permit holds back the grant of that permit's slot only. NULL when no
+-- slot is free or its writers are not done in time; the locks it took then go with the caller's
+-- rolled-back subtransaction, those of a slot tried and passed over with their own.
+CREATE FUNCTION fence_internal.take_slot(key text, shared boolean, permits integer, rows fence.key_row[],
+                                         until timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    free integer[] := fence_internal.free_slots(shared, permits, rows);
+    slot integer;
+    lock text;
+BEGIN
+    IF cardinality(free) > 1 THEN
+        FOREACH slot IN ARRAY free LOOP
+            BEGIN
+                FOREACH lock IN ARRAY fence_internal.locks_to_wait_for(shared, permits, slot, rows) LOOP
+                    IF NOT fence_internal.lock_until(fence_internal.lock_id(lock, key), false, NULL) THEN
+                        RAISE SQLSTATE 'PFZ01';
+                    END IF;
+                END LOOP;
+                RETURN slot;
+            EXCEPTION WHEN SQLSTATE 'PFZ01' THEN
+                NULL;
+            END;
+        END LOOP;
+    END IF;
+    IF cardinality(free) = 0 THEN
+        RETURN NULL;
+    END IF;
+    FOREACH lock IN ARRAY fence_internal.locks_to_wait_for(shared, permits, free[1], rows) LOOP
+        IF NOT fence_internal.lock_until(fence_internal.lock_id(lock, key), false, until) THEN
+            RETURN NULL;
+        END IF;
+    END LOOP;
+    RETURN free[1];
 END
 $$;
 

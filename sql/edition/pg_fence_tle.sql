@@ -672,28 +672,35 @@ AS $$
      WHERE r.lock_delay > 0 AND NOT r.live AND e.ended + r.lock_delay * interval '1 microsecond' > now
 $$;
 
--- The slot a grant in mode (shared, permits) takes among the rows (src/leases/state/slots.rs), or
--- NULL while the live holders leave no room.
-CREATE FUNCTION fence_internal.slot_for(shared boolean, permits integer, rows fence.key_row[]) RETURNS integer
+-- The slots a grant in mode (shared, permits) may take among the rows, in the order it tries them
+-- (src/leases/state/slots.rs): none while the live holders leave no room; a shared grant's is one.
+CREATE FUNCTION fence_internal.free_slots(shared boolean, permits integer, rows fence.key_row[]) RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     live fence.key_row[] := ARRAY(SELECT r FROM unnest(rows) r WHERE r.live);
     lim integer;
 BEGIN
-    IF EXISTS (SELECT FROM unnest(live) r WHERE r.shared <> slot_for.shared) THEN
-        RETURN NULL;
+    IF EXISTS (SELECT FROM unnest(live) r WHERE r.shared <> free_slots.shared) THEN
+        RETURN '{}';
     END IF;
     IF NOT shared THEN
         lim := least(permits, (SELECT min(r.permits) FROM unnest(live) r));
         IF cardinality(live) >= lim THEN
-            RETURN NULL;
+            RETURN '{}';
         END IF;
     END IF;
-    RETURN (SELECT min(s) FROM generate_series(0, CASE WHEN shared THEN cardinality(live) ELSE permits - 1 END) s
-             WHERE NOT EXISTS (SELECT FROM unnest(live) r WHERE r.slot = s));
+    RETURN ARRAY(SELECT s FROM generate_series(0, CASE WHEN shared THEN cardinality(live) ELSE permits - 1 END) s
+                  WHERE NOT EXISTS (SELECT FROM unnest(live) r WHERE r.slot = s)
+                  ORDER BY s LIMIT CASE WHEN shared THEN 1 END);
 END
 $$;
+
+-- The slot a grant in mode (shared, permits) would take first, or NULL while the live holders
+-- leave no room.
+CREATE FUNCTION fence_internal.slot_for(shared boolean, permits integer, rows fence.key_row[]) RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT (fence_internal.free_slots(shared, permits, rows))[1] $$;
 
 -- The guard locks a grant into `slot` waits for (src/leases/state/slots.rs): the slot's own, and
 -- those of every ended holder of another mode; sorted, so every grant takes them in one order.
@@ -894,7 +901,6 @@ DECLARE
     now timestamptz;
     rows fence.key_row[];
     grant_slot integer;
-    lock text;
     floor bigint;
     tok uuid := coalesce(token, gen_random_uuid());
     hash bytea := sha256(uuid_send(coalesce(token, tok)));
@@ -915,15 +921,10 @@ BEGIN
         IF fence_internal.held_back_until(rows, decided) IS NOT NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        grant_slot := fence_internal.slot_for(shared, permits, rows);
+        grant_slot := fence_internal.take_slot(key, shared, permits, rows, until);
         IF grant_slot IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        FOREACH lock IN ARRAY fence_internal.locks_to_wait_for(shared, permits, grant_slot, rows) LOOP
-            IF NOT fence_internal.lock_until(fence_internal.lock_id(lock, key), false, until) THEN
-                RAISE SQLSTATE 'PFZ01';
-            END IF;
-        END LOOP;
         now := greatest(clock_timestamp(), decided);
         floor := fence_internal.floor(now, (SELECT max(r.fence) FROM unnest(rows) r));
         now := greatest(clock_timestamp(), now);
@@ -993,6 +994,48 @@ BEGIN
     EXCEPTION WHEN SQLSTATE 'PFZ01' THEN
         RETURN NULL;
     END;
+END
+$$;
+
+-- The slot a grant takes (src/leases/state/slots.rs, take_slot), with the guard locks of the
+-- writers it waits for: the first free slot whose writers are all done at once, else the first free
+-- slot, waiting for its writers until `until` (NULL: not at all). So a writer frozen in its
+-- transaction under an ended permit holds back the grant of that permit's slot only. NULL when no
+-- slot is free or its writers are not done in time; the locks it took then go with the caller's
+-- rolled-back subtransaction, those of a slot tried and passed over with their own.
+CREATE FUNCTION fence_internal.take_slot(key text, shared boolean, permits integer, rows fence.key_row[],
+                                         until timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    free integer[] := fence_internal.free_slots(shared, permits, rows);
+    slot integer;
+    lock text;
+BEGIN
+    IF cardinality(free) > 1 THEN
+        FOREACH slot IN ARRAY free LOOP
+            BEGIN
+                FOREACH lock IN ARRAY fence_internal.locks_to_wait_for(shared, permits, slot, rows) LOOP
+                    IF NOT fence_internal.lock_until(fence_internal.lock_id(lock, key), false, NULL) THEN
+                        RAISE SQLSTATE 'PFZ01';
+                    END IF;
+                END LOOP;
+                RETURN slot;
+            EXCEPTION WHEN SQLSTATE 'PFZ01' THEN
+                NULL;
+            END;
+        END LOOP;
+    END IF;
+    IF cardinality(free) = 0 THEN
+        RETURN NULL;
+    END IF;
+    FOREACH lock IN ARRAY fence_internal.locks_to_wait_for(shared, permits, free[1], rows) LOOP
+        IF NOT fence_internal.lock_until(fence_internal.lock_id(lock, key), false, until) THEN
+            RETURN NULL;
+        END IF;
+    END LOOP;
+    RETURN free[1];
 END
 $$;
 
@@ -2976,6 +3019,10 @@ COMMENT ON FUNCTION fence_internal.set_list(oid,text,jsonb) IS
 COMMENT ON FUNCTION fence_internal.setting(text) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.slot_for(boolean,integer,fence.key_row[]) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.free_slots(boolean,integer,fence.key_row[]) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.take_slot(text,boolean,integer,fence.key_row[],timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.someone_waiting(text) IS
     'pg_fence internal (SQL edition); not part of the API';

@@ -69,28 +69,35 @@ AS $$
      WHERE r.lock_delay > 0 AND NOT r.live AND e.ended + r.lock_delay * interval '1 microsecond' > now
 $$;
 
--- The slot a grant in mode (shared, permits) takes among the rows (src/leases/state/slots.rs), or
--- NULL while the live holders leave no room.
-CREATE FUNCTION fence_internal.slot_for(shared boolean, permits integer, rows fence.key_row[]) RETURNS integer
+-- The slots a grant in mode (shared, permits) may take among the rows, in the order it tries them
+-- (src/leases/state/slots.rs): none while the live holders leave no room; a shared grant's is one.
+CREATE FUNCTION fence_internal.free_slots(shared boolean, permits integer, rows fence.key_row[]) RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     live fence.key_row[] := ARRAY(SELECT r FROM unnest(rows) r WHERE r.live);
     lim integer;
 BEGIN
-    IF EXISTS (SELECT FROM unnest(live) r WHERE r.shared <> slot_for.shared) THEN
-        RETURN NULL;
+    IF EXISTS (SELECT FROM unnest(live) r WHERE r.shared <> free_slots.shared) THEN
+        RETURN '{}';
     END IF;
     IF NOT shared THEN
         lim := least(permits, (SELECT min(r.permits) FROM unnest(live) r));
         IF cardinality(live) >= lim THEN
-            RETURN NULL;
+            RETURN '{}';
         END IF;
     END IF;
-    RETURN (SELECT min(s) FROM generate_series(0, CASE WHEN shared THEN cardinality(live) ELSE permits - 1 END) s
-             WHERE NOT EXISTS (SELECT FROM unnest(live) r WHERE r.slot = s));
+    RETURN ARRAY(SELECT s FROM generate_series(0, CASE WHEN shared THEN cardinality(live) ELSE permits - 1 END) s
+                  WHERE NOT EXISTS (SELECT FROM unnest(live) r WHERE r.slot = s)
+                  ORDER BY s LIMIT CASE WHEN shared THEN 1 END);
 END
 $$;
+
+-- The slot a grant in mode (shared, permits) would take first, or NULL while the live holders
+-- leave no room.
+CREATE FUNCTION fence_internal.slot_for(shared boolean, permits integer, rows fence.key_row[]) RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT (fence_internal.free_slots(shared, permits, rows))[1] $$;
 
 -- The guard locks a grant into `slot` waits for (src/leases/state/slots.rs): the slot's own, and
 -- those of every ended holder of another mode; sorted, so every grant takes them in one order.

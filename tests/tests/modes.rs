@@ -335,6 +335,46 @@ fn the_sweep_keeps_an_ended_lease_whose_writer_is_still_open() {
     assert_eq!(left, 0, "the rows of ended leases without writers stayed");
 }
 
+/// A writer frozen in its transaction under an ended permit (a holder stopped between its guard and
+/// its commit) holds back the grant of that permit's slot only: a grant that another free slot
+/// leaves room for takes that slot at once, and the frozen permit's slot is granted, to a waiting
+/// acquirer, once its writer has ended. Durable and fast.
+#[test]
+fn a_writer_frozen_under_an_ended_permit_holds_back_only_its_own_slot() {
+    let cluster = Cluster::start("modes_frozen_permit", 27498, &[]);
+    let (mut holder, mut writer, mut taker, mut observer) =
+        (cluster.connect(), cluster.connect(), cluster.connect(), cluster.connect());
+    for (key, durable) in [("pd", true), ("pf", false)] {
+        let permit = move |ttl: &'static str| Acquire::new(key, ttl).durable(durable).permits(2);
+        let first = permit("1 second").run(&mut holder).expect("the key is free");
+        let second =
+            permit("1 second").run(&mut holder).expect("a semaphore of 2 has room for a second permit");
+        let mut tx = writer.transaction().unwrap();
+        tx.query_one("SELECT fence.fence_guard($1, $2)", &[&key, &first.fence]).unwrap();
+        wait_until_past(&mut observer, first.expires_at.max(second.expires_at));
+
+        let taken = permit("1 minute").run(&mut taker).unwrap_or_else(|| {
+            panic!("{key}: a free permit was refused while a writer under another ended permit was open")
+        });
+        assert!(taken.fence > second.fence, "{key}: a grant below a fence told before");
+        let refused = permit("1 minute").run(&mut taker);
+        assert!(refused.is_none(), "{key}: the frozen writer's permit was granted while it was open");
+
+        let taker_pid = backend_pid(&mut taker);
+        let waiting = thread::spawn(move || (permit("1 minute").wait("30 seconds").run(&mut taker), taker));
+        assert!(
+            comes_to_wait_on(&mut observer, taker_pid, "Lock"),
+            "{key}: the grant of the frozen writer's permit did not wait for it"
+        );
+        tx.commit().unwrap();
+        let (last, back) = waiting.join().unwrap();
+        taker = back;
+        let last = last.unwrap_or_else(|| panic!("{key}: the frozen writer's permit was never granted"));
+        assert!(last.fence > taken.fence, "{key}: a grant below a fence told before");
+        assert!(taken.release(&mut taker) && last.release(&mut taker));
+    }
+}
+
 /// FIFO across modes: while an exclusive acquirer waits, later shared acquirers queue behind it
 /// (a shared `wait => 0` acquire gets NULL), and a released lease wakes the head waiter at once.
 #[test]

@@ -21,6 +21,22 @@ from pg_fence.holding import clock
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
+STARTED: list = []
+
+
+@pytest.fixture(autouse=True)
+def examples_end_with_their_test():
+    """Every example a test started ends with it, also when the test fails: one left stopped
+    (SIGSTOP) would hold the pytest run's output open for ever, its stderr being the run's."""
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+            process.kill()
+            process.wait()
+
+
 class Example:
     """An example running in its own process; `events` fills with its JSON lines as they come."""
 
@@ -31,6 +47,7 @@ class Example:
             text=True,
             cwd=EXAMPLES,
         )
+        STARTED.append(self.process)
         self.events: list = []
         self.summary: dict = {}
         threading.Thread(target=self._read, daemon=True).start()
@@ -84,14 +101,36 @@ def fences_never_go_back(cluster, table: str) -> None:
     assert row == (0,), f"a write under an older fence landed after a newer one in {table}"
 
 
+def stop_between_writes(cluster, example: Example) -> float:
+    """Stops `example` (SIGSTOP) with none of its transactions open, and returns when. Stopped between
+    its guard and its commit, a holder would keep its lease's next grant waiting until its transaction
+    ended (`pg_fence.guard_timeout` bounds that; tests/tests/election.rs): another test's subject.
+    So a stop that finds one open resumes the example for a moment and stops it again."""
+    open_transactions = (
+        "SELECT count(*) FILTER (WHERE state = 'active'), count(*) FILTER (WHERE xact_start IS NOT NULL)"
+        " FROM pg_stat_activity WHERE application_name = 'example-a'"
+    )
+    for _ in range(50):
+        os.kill(example.process.pid, signal.SIGSTOP)
+        stopped = clock()
+        # A statement under way when the client stopped still ends on the server.
+        assert eventually(lambda: cluster.sql(open_transactions)[0] == 0, 10), "a statement never ended"
+        if cluster.sql(open_transactions)[1] == 0:
+            return stopped
+        os.kill(example.process.pid, signal.SIGCONT)
+        time.sleep(0.02)
+    raise AssertionError("the example was always stopped inside a transaction")
+
+
 def stopped_past_its_ttl(cluster, script: str, *args: str):
     """Runs `script` as "a" until it works, stops it (SIGSTOP) while it holds its leases, runs it as
     "b", which must take them over once they expire, and resumes a, which must be told that its leases
     are lost. Returns a's event that told it, when a resumed, and both summaries."""
-    a = Example(script, cluster.conninfo, "--seconds", "12", "--ttl", "1", "--name", "a", *args)
+    a = Example(
+        script, f"{cluster.conninfo} application_name=example-a", "--seconds", "12", "--ttl", "1", "--name", "a", *args
+    )
     assert eventually(lambda: a.first("step"), 20)
-    os.kill(a.process.pid, signal.SIGSTOP)
-    stopped = clock()
+    stopped = stop_between_writes(cluster, a)
     b = Example(script, cluster.conninfo, "--seconds", "9", "--ttl", "1", "--name", "b", *args)
     assert eventually(lambda: b.first("step", after=stopped), 10), "b never took over"
     time.sleep(0.5)

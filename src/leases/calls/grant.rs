@@ -131,8 +131,7 @@ impl Request<'_> {
     /// the locks, or None, holding none of them, when a writer under an ended lease still has one.
     pub(super) fn take_guard_locks_at_once(&self) -> Option<Vec<GuardLock>> {
         let rows = rows::all(self.key, clock::now());
-        let locks = slots::locks_to_wait_for(self.mode, slots::slot_for(self.mode, &rows)?, &rows);
-        keylock::lock_guards_for_grant(self.key, &locks, None).then_some(locks)
+        slots::take_slot(self.key, self.mode, &rows, None).map(|(_, locks)| locks)
     }
 
     /// With the key lock held: grants the key if there is room for this lease now, else gives the
@@ -146,15 +145,10 @@ impl Request<'_> {
             keylock::unlock(self.key, self.key_lock());
             return None;
         }
-        let Some(slot) = slots::slot_for(self.mode, &rows) else {
+        let Some((slot, guard_locks)) = slots::take_slot(self.key, self.mode, &rows, deadline) else {
             keylock::unlock(self.key, self.key_lock());
             return None;
         };
-        let guard_locks = slots::locks_to_wait_for(self.mode, slot, &rows);
-        if !keylock::lock_guards_for_grant(self.key, &guard_locks, deadline) {
-            keylock::unlock(self.key, self.key_lock());
-            return None;
-        }
         // Under the key lock nobody else grants or renews: the holders found ended stay ended while
         // the guard locks are waited for. Read the clock after that wait, never before the decision.
         let now = clock::now().max(decided_at);

@@ -3,31 +3,64 @@
 use super::found::Found;
 use super::mode::LeaseMode;
 use crate::locks::keylock::{self, GuardLock};
+use std::time::Instant;
 
-/// The slot a grant in `mode` takes, given the key's rows: None while the live holders leave
-/// no room for it.
+/// The slot a grant in `mode` would take first, given the key's rows: None while the live holders
+/// leave no room for it.
 pub fn slot_for(mode: LeaseMode, rows: &[Found]) -> Option<i32> {
+    free_slots(mode, rows).first().copied()
+}
+
+/// The slots a grant in `mode` may take, given the key's rows, in the order it tries them: none
+/// while the live holders leave no room for it. A shared grant's is one: it waits for no writer of
+/// its own slot, so any free slot would do.
+fn free_slots(mode: LeaseMode, rows: &[Found]) -> Vec<i32> {
     let live: Vec<&Found> = rows.iter().filter(|row| row.live.is_some()).collect();
     if live.iter().any(|row| row.mode.shared != mode.shared) {
-        return None;
+        return Vec::new();
     }
     let free = |slot: &i32| !live.iter().any(|row| row.slot == *slot);
     if mode.shared {
         // The first slot no live holder uses: an ended holder's row is taken over.
-        return (0..).find(free);
+        return (0..).find(free).into_iter().collect();
     }
     let limit = live.iter().map(|row| row.mode.permits).fold(mode.permits, i32::min);
     if live.len() >= limit as usize {
-        return None;
+        return Vec::new();
     }
-    (0..mode.permits).find(free)
+    (0..mode.permits).filter(free).collect()
+}
+
+/// With the key lock held: the slot a grant in `mode` takes and the guard locks it took for it (see
+/// `locks_to_wait_for`), kept to the transaction's end. The first free slot whose writers are all
+/// done at once; else the first free slot, waiting for its writers until `deadline` (None: not at
+/// all). So a writer frozen in its transaction under an ended permit holds back the grant of that
+/// permit's slot only, never a grant that another free slot leaves room for. None, holding none of
+/// the guard locks, when no slot is free or its writers are not done in time. A set takes its guard
+/// locks first and grants after: the same slot, as its own locks never stop it.
+pub fn take_slot(
+    key: &str,
+    mode: LeaseMode,
+    rows: &[Found],
+    deadline: Option<Instant>,
+) -> Option<(i32, Vec<GuardLock>)> {
+    let free = free_slots(mode, rows);
+    for slot in &free {
+        let locks = locks_to_wait_for(mode, *slot, rows);
+        if keylock::lock_guards_for_grant(key, &locks, None) {
+            return Some((*slot, locks));
+        }
+    }
+    let first = *free.first()?;
+    let locks = locks_to_wait_for(mode, first, rows);
+    keylock::lock_guards_for_grant(key, &locks, Some(deadline?)).then_some((first, locks))
 }
 
 /// The locks whose writers a grant into `slot` waits for: the slot's own, and those of every
 /// ended holder of another mode (each needs the mode it was granted under to have ended with
 /// its writes). Sorted, so that every grant takes them in the same order. Not slot 0's for an
 /// exclusive grant: that is the key lock, which it holds in `Grant` mode already.
-pub fn locks_to_wait_for(mode: LeaseMode, slot: i32, rows: &[Found]) -> Vec<GuardLock> {
+fn locks_to_wait_for(mode: LeaseMode, slot: i32, rows: &[Found]) -> Vec<GuardLock> {
     let mut locks: Vec<GuardLock> = rows
         .iter()
         .filter(|row| row.live.is_none() && row.mode != mode)
