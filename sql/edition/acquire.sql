@@ -197,7 +197,7 @@ BEGIN
                 lease := fence_internal.try_grant(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay,
                                          NULL, clock_timestamp() + (budget - spent) * interval '1 second', false);
                 EXIT WHEN lease IS NOT NULL;
-                sleep_until := now;
+                sleep_until := clock_timestamp() + interval '10 milliseconds';
             END IF;
             nap := greatest(0, least(0.01, budget - spent, extract(epoch FROM sleep_until - clock_timestamp())));
             PERFORM pg_sleep(nap);

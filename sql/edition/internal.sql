@@ -104,6 +104,8 @@ COMMENT ON FUNCTION fence_internal.slot_for(boolean,integer,fence.key_row[]) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.free_slots(boolean,integer,fence.key_row[]) IS
     'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.other_modes_locks(boolean,integer,fence.key_row[]) IS
+    'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.take_slot(text,boolean,integer,fence.key_row[],timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.someone_waiting(text) IS

@@ -711,15 +711,25 @@ RETURNS text[]
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(array_agg(DISTINCT l ORDER BY l), '{}')
+      FROM (SELECT unnest(fence_internal.other_modes_locks(shared, permits, rows)) AS l
+            UNION ALL
+            SELECT fence_internal.guard_lock_name(false, slot) WHERE NOT shared) l
+$$;
+
+-- The guard locks of the key's ended holders of another mode: a grant in any slot waits for their
+-- writers; sorted.
+CREATE FUNCTION fence_internal.other_modes_locks(shared boolean, permits integer, rows fence.key_row[])
+RETURNS text[]
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(array_agg(DISTINCT l ORDER BY l), '{}')
       FROM (SELECT fence_internal.guard_lock_name(r.shared, r.slot) AS l
               FROM unnest(rows) r
              WHERE NOT r.live
                    AND (r.shared, r.permits) IS DISTINCT FROM
-                       (locks_to_wait_for.shared,
-                        CASE WHEN locks_to_wait_for.shared THEN r.permits ELSE locks_to_wait_for.permits END)
-                   AND NOT (r.shared AND locks_to_wait_for.shared)
-            UNION ALL
-            SELECT fence_internal.guard_lock_name(false, slot) WHERE NOT shared) l
+                       (other_modes_locks.shared,
+                        CASE WHEN other_modes_locks.shared THEN r.permits ELSE other_modes_locks.permits END)
+                   AND NOT (r.shared AND other_modes_locks.shared)) l
 $$;
 
 -- The fast leases' rows for view fence.leases (sql/leases.sql); none on a standby.
@@ -917,7 +927,12 @@ BEGIN
         IF fence_internal.held_back_until(rows, decided) IS NOT NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
-        grant_slot := fence_internal.take_slot(key, shared, permits, rows, until);
+        -- An exclusive grant waits for writers under the fence it replaces holding the key's
+        -- change lock: the key has no live holder to hold up. A grant beside live holders (a
+        -- permit, a shared lease) never waits holding it, which their renewals and releases take
+        -- too: it looks again a moment later (src/leases/calls/acquire.rs).
+        grant_slot := fence_internal.take_slot(key, shared, permits, rows,
+                                               CASE WHEN permits = 1 AND NOT shared THEN until END);
         IF grant_slot IS NULL THEN
             RAISE SQLSTATE 'PFZ01';
         END IF;
@@ -996,9 +1011,10 @@ $$;
 -- The slot a grant takes (src/leases/state/slots.rs, take_slot), with the guard locks of the
 -- writers it waits for: the first free slot whose writers are all done at once, else the first free
 -- slot, waiting for its writers until `until` (NULL: not at all). So a writer frozen in its
--- transaction under an ended permit holds back the grant of that permit's slot only. NULL when no
--- slot is free or its writers are not done in time; the locks it took then go with the caller's
--- rolled-back subtransaction, those of a slot tried and passed over with their own.
+-- transaction under an ended permit holds back the grant of that permit's slot only. The locks of
+-- other modes' ended holders, which every slot needs, are tried once, then each slot's own, in a
+-- block whose rollback gives back what a failed try took. NULL when no slot is free or its writers
+-- are not done in time; the locks it took then go with the caller's rolled-back subtransaction.
 CREATE FUNCTION fence_internal.take_slot(key text, shared boolean, permits integer, rows fence.key_row[],
                                          until timestamptz)
 RETURNS integer
@@ -1009,22 +1025,26 @@ DECLARE
     slot integer;
     lock text;
 BEGIN
-    IF cardinality(free) > 1 THEN
-        FOREACH slot IN ARRAY free LOOP
-            BEGIN
-                FOREACH lock IN ARRAY fence_internal.locks_to_wait_for(shared, permits, slot, rows) LOOP
-                    IF NOT fence_internal.lock_until(fence_internal.lock_id(lock, key), false, NULL) THEN
-                        RAISE SQLSTATE 'PFZ01';
-                    END IF;
-                END LOOP;
-                RETURN slot;
-            EXCEPTION WHEN SQLSTATE 'PFZ01' THEN
-                NULL;
-            END;
-        END LOOP;
-    END IF;
     IF cardinality(free) = 0 THEN
         RETURN NULL;
+    END IF;
+    IF cardinality(free) > 1 THEN
+        BEGIN
+            FOREACH lock IN ARRAY fence_internal.other_modes_locks(shared, permits, rows) LOOP
+                IF NOT fence_internal.lock_until(fence_internal.lock_id(lock, key), false, NULL) THEN
+                    RAISE SQLSTATE 'PFZ01';
+                END IF;
+            END LOOP;
+            FOREACH slot IN ARRAY free LOOP
+                IF fence_internal.lock_until(fence_internal.lock_id(fence_internal.guard_lock_name(false, slot), key),
+                                             false, NULL) THEN
+                    RETURN slot;
+                END IF;
+            END LOOP;
+            RAISE SQLSTATE 'PFZ01';
+        EXCEPTION WHEN SQLSTATE 'PFZ01' THEN
+            NULL;
+        END;
     END IF;
     FOREACH lock IN ARRAY fence_internal.locks_to_wait_for(shared, permits, free[1], rows) LOOP
         IF NOT fence_internal.lock_until(fence_internal.lock_id(lock, key), false, until) THEN
@@ -1392,7 +1412,7 @@ BEGIN
                 lease := fence_internal.try_grant(key, ttl, owner, session_bound, durable, token, shared, permits, lock_delay,
                                          NULL, clock_timestamp() + (budget - spent) * interval '1 second', false);
                 EXIT WHEN lease IS NOT NULL;
-                sleep_until := now;
+                sleep_until := clock_timestamp() + interval '10 milliseconds';
             END IF;
             nap := greatest(0, least(0.01, budget - spent, extract(epoch FROM sleep_until - clock_timestamp())));
             PERFORM pg_sleep(nap);
@@ -3017,6 +3037,8 @@ COMMENT ON FUNCTION fence_internal.setting(text) IS
 COMMENT ON FUNCTION fence_internal.slot_for(boolean,integer,fence.key_row[]) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.free_slots(boolean,integer,fence.key_row[]) IS
+    'pg_fence internal (SQL edition); not part of the API';
+COMMENT ON FUNCTION fence_internal.other_modes_locks(boolean,integer,fence.key_row[]) IS
     'pg_fence internal (SQL edition); not part of the API';
 COMMENT ON FUNCTION fence_internal.take_slot(text,boolean,integer,fence.key_row[],timestamp with time zone) IS
     'pg_fence internal (SQL edition); not part of the API';

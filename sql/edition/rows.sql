@@ -112,15 +112,25 @@ RETURNS text[]
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(array_agg(DISTINCT l ORDER BY l), '{}')
+      FROM (SELECT unnest(fence_internal.other_modes_locks(shared, permits, rows)) AS l
+            UNION ALL
+            SELECT fence_internal.guard_lock_name(false, slot) WHERE NOT shared) l
+$$;
+
+-- The guard locks of the key's ended holders of another mode: a grant in any slot waits for their
+-- writers; sorted.
+CREATE FUNCTION fence_internal.other_modes_locks(shared boolean, permits integer, rows fence.key_row[])
+RETURNS text[]
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(array_agg(DISTINCT l ORDER BY l), '{}')
       FROM (SELECT fence_internal.guard_lock_name(r.shared, r.slot) AS l
               FROM unnest(rows) r
              WHERE NOT r.live
                    AND (r.shared, r.permits) IS DISTINCT FROM
-                       (locks_to_wait_for.shared,
-                        CASE WHEN locks_to_wait_for.shared THEN r.permits ELSE locks_to_wait_for.permits END)
-                   AND NOT (r.shared AND locks_to_wait_for.shared)
-            UNION ALL
-            SELECT fence_internal.guard_lock_name(false, slot) WHERE NOT shared) l
+                       (other_modes_locks.shared,
+                        CASE WHEN other_modes_locks.shared THEN r.permits ELSE other_modes_locks.permits END)
+                   AND NOT (r.shared AND other_modes_locks.shared)) l
 $$;
 
 -- The fast leases' rows for view fence.leases (sql/leases.sql); none on a standby.

@@ -19,7 +19,31 @@ pub fn sleep(micros: i64) {
     unsafe {
         pg_sys::WaitLatch(pg_sys::MyLatch, events as i32, timeout_ms as _, pg_sys::PG_WAIT_EXTENSION);
     }
+    end_if_client_gone();
     pgrx::check_for_interrupts!();
+}
+
+extern "C" {
+    /// libpq/pqcomm.c (PostgreSQL 14 and later): false once the client has closed its connection.
+    /// It may reset the latch, which callers of `sleep` reset before they look again anyway.
+    fn pq_check_connection() -> bool;
+}
+
+/// A wait whose client has gone (its process exited or was killed: the connection is closed)
+/// ends as PostgreSQL ends a query whose client it finds gone, FATAL "connection to client lost",
+/// rather than go on to be granted what nobody can use or release. PostgreSQL looks only when
+/// `client_connection_check_interval` is set (off by default).
+fn end_if_client_gone() {
+    // SAFETY: MyProcPort is null but in a backend that serves a client, whose socket the check
+    // polls without waiting; the flags are those PostgreSQL's own check sets, and the interrupt
+    // check that follows raises the FATAL.
+    unsafe {
+        if pg_sys::MyProcPort.is_null() || pq_check_connection() {
+            return;
+        }
+        pg_sys::ClientConnectionLost = 1;
+        pg_sys::InterruptPending = 1;
+    }
 }
 
 /// Sleeps for `micros` whatever sets the latch meanwhile (a wake-up then waits for the next

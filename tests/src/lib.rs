@@ -105,6 +105,11 @@ pub const GUARD_IN_SUBTRANSACTION: &str = "its guard lock is PostgreSQL's pg_adv
      subtransaction (ROLLBACK TO SAVEPOINT, an EXCEPTION block) gives back; PL/pgSQL has no lock that outlives it and \
      ends with the transaction (issue 43 allows it; docs/sql-edition.md says which writes it still protects)";
 
+/// Why the SQL edition skips the tests of a waiter whose client has gone.
+pub const CLIENT_GONE: &str =
+    "PL/pgSQL cannot look at its client's connection: a waiter whose client has gone is \
+     ended only with client_connection_check_interval set (docs/sql-edition.md)";
+
 /// The pg_fence.* settings of postgresql.conf that the SQL edition keeps in table fence.settings
 /// instead (sql/edition/settings.sql), with the unit the extension's setting has ("" for a boolean).
 const EDITION_SETTINGS: [(&str, &str); 4] = [

@@ -3,8 +3,8 @@
 //! mode, through kill -9, DROP and CREATE EXTENSION and a failover to an asynchronous standby; a
 //! shared holder's guard against the next exclusive grant; FIFO waiting across modes.
 use pg_fence_integration::{
-    backend_pid, comes_to_wait_on, set_fence_setting, signal, skipped_on_the_sql_edition, wait_until_past,
-    Acquire, Cluster, Lease, GUARD_IN_SUBTRANSACTION,
+    backend_pid, comes_to_wait_on, eventually, set_fence_setting, signal, skipped_on_the_sql_edition,
+    sqlstate, wait_event, wait_until_past, Acquire, Cluster, Lease, GUARD_IN_SUBTRANSACTION,
 };
 use postgres::{Client, NoTls};
 use rand::Rng;
@@ -337,13 +337,16 @@ fn the_sweep_keeps_an_ended_lease_whose_writer_is_still_open() {
 
 /// A writer frozen in its transaction under an ended permit (a holder stopped between its guard and
 /// its commit) holds back the grant of that permit's slot only: a grant that another free slot
-/// leaves room for takes that slot at once, and the frozen permit's slot is granted, to a waiting
-/// acquirer, once its writer has ended. Durable and fast.
+/// leaves room for takes that slot at once; a grant waiting for the frozen writer holds up no live
+/// permit's renewal or release, and takes a permit released meanwhile; the frozen permit's slot is
+/// granted once its writer has ended. Durable and fast.
 #[test]
 fn a_writer_frozen_under_an_ended_permit_holds_back_only_its_own_slot() {
     let cluster = Cluster::start("modes_frozen_permit", 27498, &[]);
-    let (mut holder, mut writer, mut taker, mut observer) =
-        (cluster.connect(), cluster.connect(), cluster.connect(), cluster.connect());
+    let (mut holder, mut writer, mut taker, mut waiter, mut observer) =
+        (cluster.connect(), cluster.connect(), cluster.connect(), cluster.connect(), cluster.connect());
+    // Bounds a renewal held up by the waiting grant (its wait is 30 s): an error, not a hang.
+    taker.batch_execute("SET statement_timeout = '10s'").unwrap();
     for (key, durable) in [("pd", true), ("pf", false)] {
         let permit = move |ttl: &'static str| Acquire::new(key, ttl).durable(durable).permits(2);
         let first = permit("1 second").run(&mut holder).expect("the key is free");
@@ -360,18 +363,35 @@ fn a_writer_frozen_under_an_ended_permit_holds_back_only_its_own_slot() {
         let refused = permit("1 minute").run(&mut taker);
         assert!(refused.is_none(), "{key}: the frozen writer's permit was granted while it was open");
 
-        let taker_pid = backend_pid(&mut taker);
-        let waiting = thread::spawn(move || (permit("1 minute").wait("30 seconds").run(&mut taker), taker));
+        let waiter_pid = backend_pid(&mut waiter);
+        let waiting = thread::spawn(move || (permit("1 minute").wait("30 seconds").run(&mut waiter), waiter));
+        let waits = |observer: &mut Client| {
+            matches!(wait_event(observer, waiter_pid).0.as_deref(), Some("Extension" | "Lock"))
+        };
         assert!(
-            comes_to_wait_on(&mut observer, taker_pid, "Lock"),
-            "{key}: the grant of the frozen writer's permit did not wait for it"
+            eventually(GENEROUS, || waits(&mut observer)),
+            "{key}: the grant of the frozen writer's permit did not wait"
         );
-        tx.commit().unwrap();
+        taken.renew(&mut taker, "1 minute").unwrap_or_else(|err| {
+            panic!(
+                "{key}: a live permit's renewal waited for a grant waiting for a frozen writer: {}",
+                sqlstate(&err)
+            )
+        });
+        assert!(!waiting.is_finished(), "{key}: the frozen writer's permit was granted while it was open");
+        assert!(taken.release(&mut taker), "{key}: the live permit was lost");
         let (last, back) = waiting.join().unwrap();
-        taker = back;
-        let last = last.unwrap_or_else(|| panic!("{key}: the frozen writer's permit was never granted"));
+        waiter = back;
+        let last =
+            last.unwrap_or_else(|| panic!("{key}: a permit released while a grant waited never went to it"));
         assert!(last.fence > taken.fence, "{key}: a grant below a fence told before");
-        assert!(taken.release(&mut taker) && last.release(&mut taker));
+
+        tx.commit().unwrap();
+        let after = permit("1 minute").run(&mut taker).unwrap_or_else(|| {
+            panic!("{key}: the frozen writer's permit was not granted once its writer had ended")
+        });
+        assert!(after.fence > last.fence, "{key}: a grant below a fence told before");
+        assert!(last.release(&mut waiter) && after.release(&mut taker));
     }
 }
 

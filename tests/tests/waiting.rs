@@ -3,9 +3,11 @@
 //! order, a wait ends with NULL at its deadline, and cancel or statement_timeout end a wait leaving
 //! nothing behind.
 use pg_fence_integration::{
-    acquire, backend_pid, edition, eventually, signal, sqlstate, wait_event, Acquire, Cluster, Edition, Lease,
+    acquire, backend_pid, edition, eventually, pg_program, signal, skipped_on_the_sql_edition, sqlstate,
+    wait_event, Acquire, Cluster, Edition, Lease, CLIENT_GONE,
 };
 use postgres::Client;
+use std::process::Stdio;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -395,6 +397,45 @@ fn kill_9_of_a_waiting_acquirer_leaves_nothing_granted_and_no_stuck_line() {
     assert!(held.release(&mut client));
     let granted = next.join().unwrap().1.expect("the next waiter is granted at the release");
     assert!(granted.fence > held.fence);
+}
+
+/// A waiter whose client has gone (psql killed with SIGKILL while its acquire waits: its
+/// connection closes, its backend waits on) is granted nothing when the key frees: nobody could
+/// use or release that lease. Its backend ends as PostgreSQL ends a query whose client is gone.
+#[test]
+fn a_waiter_whose_client_has_gone_is_granted_nothing() {
+    if skipped_on_the_sql_edition(CLIENT_GONE) {
+        return;
+    }
+    let cluster = Cluster::start("wait_client_gone", 26713, &[]);
+    let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
+    let held = acquire(&mut holder, "gone", "1 hour").expect("the key is free");
+    let mut psql = pg_program("psql")
+        .args(["-X", "-h", "127.0.0.1", "-p", &cluster.port().to_string(), "-U", "postgres", "-d", "postgres"])
+        .arg("-c")
+        .arg("SET application_name = 'gone_waiter'; SELECT fence.lease_acquire('gone', '1 hour', wait => '1 minute')")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("run psql");
+    let mut waiting_pid = || {
+        observer
+            .query_opt("SELECT pid FROM pg_stat_activity WHERE application_name = 'gone_waiter' AND wait_event_type = 'Extension'", &[])
+            .unwrap()
+            .map(|row| row.get::<_, i32>(0))
+    };
+    assert!(eventually(GENEROUS, || waiting_pid().is_some()), "psql's acquire never waited");
+    psql.kill().unwrap();
+    psql.wait().unwrap();
+    assert!(held.release(&mut holder));
+    let mut next = cluster.connect();
+    let granted = Acquire::new("gone", "1 minute").wait("5 seconds").run(&mut next);
+    let left: Vec<String> = observer
+        .query("SELECT owner || ' fence ' || fence FROM fence.leases WHERE key = 'gone' AND live", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert!(granted.is_some(), "the key went to the waiter whose client had gone: {left:?}");
 }
 
 /// Inside a statement (its call of lease_acquire).

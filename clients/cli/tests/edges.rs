@@ -48,7 +48,18 @@ fn interrupt_while_waiting(setup: &Setup, hold: &[&str], wait: &[&str], key: &st
     assert_eq!(holder.exit_code(), 0, "{}", holder.stderr());
     std::thread::sleep(Duration::from_millis(500));
     let live = format!("SELECT count(*) FROM fence.leases WHERE key = '{key}' AND live");
-    assert_eq!(setup.query_i64(&live), 0, "no lease left behind by the interrupted wait");
+    let owners = format!(
+        "SELECT coalesce(string_agg(owner || ' fence ' || fence || ' since ' || acquired_at, ', '), '') \
+         FROM fence.leases WHERE key = '{key}' AND live"
+    );
+    assert_eq!(
+        setup.query_i64(&live),
+        0,
+        "a lease left behind by the interrupted wait ({}); the holder said: {}; the waiter: {}",
+        setup.cluster.connect().query_one(owners.as_str(), &[]).unwrap().get::<_, String>(0),
+        holder.stderr(),
+        waiter.stderr()
+    );
     assert!(!setup.path("ran").exists());
     assert_eq!(code, 130, "128 + SIGINT: {}", waiter.stderr());
 }

@@ -3,7 +3,7 @@
 //! hand-off may name it (see `handoff`); and answers a retry that brings the token of the lease it
 //! granted with that same lease. The grant itself: `grant`.
 use super::handoff;
-use super::request::{lease_value, Lease, Request};
+use super::request::{lease_value, Lease, Request, LOCK_POLL};
 use crate::leases::line::{sessions, waiting};
 use crate::leases::state::kinds::Kind;
 use crate::leases::state::mode::LeaseMode;
@@ -208,13 +208,20 @@ impl Request<'_> {
                 latch::sleep((held_until - now).min(clock::micros_until(deadline)));
                 continue;
             }
-            // Room: take the key lock for a grant, waiting (until the deadline at most) for writers
-            // under the fences it replaces, and decide under the lock.
+            // Room: take the key lock for a grant and decide under it. An exclusive grant waits
+            // there (until the deadline at most) for writers under the fence it replaces: the key
+            // has no live holder to hold up. A grant beside live holders (a permit, a shared lease)
+            // never waits holding the lock, which their renewals and releases take too: a writer
+            // frozen in its transaction would stall them. It looks again a moment later.
             if !keylock::lock_until(self.key, self.key_lock(), deadline) {
                 break None;
             }
-            if let Some(lease) = self.grant_locked(Some(deadline)) {
+            let writers_wait = self.mode.is_exclusive().then_some(deadline);
+            if let Some(lease) = self.grant_locked(writers_wait) {
                 break Some(lease);
+            }
+            if writers_wait.is_none() {
+                latch::sleep(LOCK_POLL.min(clock::micros_until(deadline)));
             }
         };
         waiting::leave(self.key);

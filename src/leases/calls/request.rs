@@ -10,6 +10,10 @@ use pgrx::prelude::*;
 use pgrx::Uuid;
 use std::cell::RefCell;
 
+/// How soon (µs) a waiter looks again at a key whose lock (or guard lock) another transaction holds
+/// without changing the key: that transaction's end wakes nobody.
+pub(super) const LOCK_POLL: i64 = 10_000;
+
 /// A waiter is woken when the lease ends, but a few ends come without a wake-up: a session-bound
 /// lease whose session dropped its advisory locks, a release committed with COMMIT PREPARED, a
 /// wake-up consumed by one of PostgreSQL's own latch waits. So a waiter looks again at least this

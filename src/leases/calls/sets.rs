@@ -11,7 +11,7 @@
 //! holds no key's lock while it waits, and never queues for one (see `wait_in_the_rooms`).
 use super::holder::{release_checked, renew_checked};
 use super::request::new_token;
-use super::request::{Lease, Request};
+use super::request::{Lease, Request, LOCK_POLL};
 use super::steps::token_holds;
 use crate::leases::line::waiting;
 use crate::leases::state::durability;
@@ -26,10 +26,6 @@ use pgrx::datum::{Interval, TimestampWithTimeZone};
 use pgrx::prelude::*;
 use pgrx::Uuid;
 use std::time::Instant;
-
-/// How soon (µs) a waiting set looks again at a key whose lock another transaction holds: that
-/// transaction's end wakes nobody.
-const LOCK_POLL: i64 = 10_000;
 
 /// Grants every key of `keys` for `ttl`, all with one token, and returns their leases (in the order
 /// of the keys, sorted); or returns no row when one of them is held (with `wait`, after waiting up

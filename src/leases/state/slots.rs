@@ -36,8 +36,10 @@ fn free_slots(mode: LeaseMode, rows: &[Found]) -> Vec<i32> {
 /// done at once; else the first free slot, waiting for its writers until `deadline` (None: not at
 /// all). So a writer frozen in its transaction under an ended permit holds back the grant of that
 /// permit's slot only, never a grant that another free slot leaves room for. None, holding none of
-/// the guard locks, when no slot is free or its writers are not done in time. A set takes its guard
-/// locks first and grants after: the same slot, as its own locks never stop it.
+/// the guard locks, when no slot is free or its writers are not done in time. The locks of other
+/// modes' ended holders, which every slot needs, are tried once: a slot is tried for its own lock
+/// only, so the tries end at the first slot no writer holds. A set takes its guard locks first and
+/// grants after, in one slot (its keys are exclusive).
 pub fn take_slot(
     key: &str,
     mode: LeaseMode,
@@ -45,30 +47,46 @@ pub fn take_slot(
     deadline: Option<Instant>,
 ) -> Option<(i32, Vec<GuardLock>)> {
     let free = free_slots(mode, rows);
-    for slot in &free {
-        let locks = locks_to_wait_for(mode, *slot, rows);
-        if keylock::lock_guards_for_grant(key, &locks, None) {
-            return Some((*slot, locks));
-        }
-    }
     let first = *free.first()?;
+    let common = other_modes_locks(mode, rows);
+    if keylock::lock_guards_for_grant(key, &common, None) {
+        for slot in free {
+            let locks = locks_to_wait_for(mode, slot, rows);
+            let own: Vec<GuardLock> = locks.iter().filter(|lock| !common.contains(lock)).copied().collect();
+            if keylock::lock_guards_for_grant(key, &own, None) {
+                return Some((slot, locks));
+            }
+        }
+        keylock::unlock_guards_for_grant(key, &common);
+    }
     let locks = locks_to_wait_for(mode, first, rows);
     keylock::lock_guards_for_grant(key, &locks, Some(deadline?)).then_some((first, locks))
 }
 
 /// The locks whose writers a grant into `slot` waits for: the slot's own, and those of every
-/// ended holder of another mode (each needs the mode it was granted under to have ended with
-/// its writes). Sorted, so that every grant takes them in the same order. Not slot 0's for an
-/// exclusive grant: that is the key lock, which it holds in `Grant` mode already.
+/// ended holder of another mode (`other_modes_locks`). Sorted, so that every grant takes them in
+/// the same order. Not slot 0's for an exclusive grant: that is the key lock, which it holds in
+/// `Grant` mode already.
 fn locks_to_wait_for(mode: LeaseMode, slot: i32, rows: &[Found]) -> Vec<GuardLock> {
+    let mut locks = other_modes_locks(mode, rows);
+    let the_key_lock = mode.is_exclusive() && slot == 0;
+    if !mode.shared && !the_key_lock {
+        locks.push(GuardLock::Slot(slot));
+    }
+    locks.sort();
+    locks.dedup();
+    locks
+}
+
+/// The guard locks of the key's ended holders of another mode than `mode`: a grant in any slot
+/// waits for their writers (each needs the mode it was granted under to have ended with its
+/// writes). Sorted; never slot 0's for an exclusive grant (see `locks_to_wait_for`).
+fn other_modes_locks(mode: LeaseMode, rows: &[Found]) -> Vec<GuardLock> {
     let mut locks: Vec<GuardLock> = rows
         .iter()
         .filter(|row| row.live.is_none() && row.mode != mode)
         .map(|row| row.mode.guard_lock(row.slot))
         .collect();
-    if !mode.shared {
-        locks.push(GuardLock::Slot(slot));
-    }
     if mode.is_exclusive() {
         locks.retain(|lock| *lock != GuardLock::Slot(0));
     }
