@@ -23,27 +23,32 @@ pub fn sleep(micros: i64) {
     pgrx::check_for_interrupts!();
 }
 
-extern "C" {
+extern "C-unwind" {
     /// libpq/pqcomm.c (PostgreSQL 14 and later): false once the client has closed its connection.
-    /// It may reset the latch, which callers of `sleep` reset before they look again anyway.
+    /// It may reset the latch.
     fn pq_check_connection() -> bool;
 }
 
-/// A wait whose client has gone (its process exited or was killed: the connection is closed)
-/// ends as PostgreSQL ends a query whose client it finds gone, FATAL "connection to client lost",
-/// rather than go on to be granted what nobody can use or release. PostgreSQL looks only when
-/// `client_connection_check_interval` is set (off by default).
-fn end_if_client_gone() {
-    // SAFETY: MyProcPort is null but in a backend that serves a client, whose socket the check
-    // polls without waiting; the flags are those PostgreSQL's own check sets, and the interrupt
-    // check that follows raises the FATAL.
+/// Ends the call when its client has gone (its process exited or was killed: the connection is
+/// closed), as PostgreSQL ends a query whose client it finds gone: FATAL "connection to client
+/// lost" (08006), rather than go on to be granted what nobody can use or release. PostgreSQL
+/// looks only when `client_connection_check_interval` is set (off by default). A waiter calls it
+/// after `arm` and before it looks: a wake-up the check swallows (it may reset the latch) came
+/// before that look. The server sees only its own socket: a pooler's connection stays open, and a
+/// host that vanished shows only once TCP keepalives give up.
+pub fn end_if_client_gone() {
+    // SAFETY: MyProcPort is non-null only in a backend that serves a client, whose socket the check
+    // polls without waiting; the flags are those PostgreSQL sets when it finds its client gone, and
+    // the interrupt check raises the FATAL.
     unsafe {
-        if pg_sys::MyProcPort.is_null() || pq_check_connection() {
+        // An error it raises (a failed epoll call) comes back as a Rust panic, and so as an ERROR.
+        if pg_sys::MyProcPort.is_null() || pg_sys::ffi::pg_guard_ffi_boundary(|| pq_check_connection()) {
             return;
         }
         pg_sys::ClientConnectionLost = 1;
         pg_sys::InterruptPending = 1;
     }
+    pgrx::check_for_interrupts!();
 }
 
 /// Sleeps for `micros` whatever sets the latch meanwhile (a wake-up then waits for the next

@@ -7,7 +7,7 @@ use pg_fence_integration::{
     wait_event, Acquire, Cluster, Edition, Lease, CLIENT_GONE,
 };
 use postgres::Client;
-use std::process::Stdio;
+use std::process::{Child, Stdio};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -399,9 +399,71 @@ fn kill_9_of_a_waiting_acquirer_leaves_nothing_granted_and_no_stuck_line() {
     assert!(granted.fence > held.fence);
 }
 
+/// psql waiting in lease_acquire of `key` (`application_name` `name`; shared or not), once its
+/// backend is `in_line` (first in line, or queued behind another waiter); its backend's pid.
+fn psql_waiting(
+    cluster: &Cluster,
+    observer: &mut Client,
+    (key, shared): (&str, bool),
+    name: &str,
+    in_line: fn(&mut Client, i32) -> bool,
+) -> (Child, i32) {
+    let sql = format!(
+        "SET application_name = '{name}'; \
+         SELECT fence.lease_acquire('{key}', '1 hour', wait => '1 minute', shared => {shared})"
+    );
+    let psql = pg_program("psql")
+        .args([
+            "-X",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &cluster.port().to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-c",
+            &sql,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run psql");
+    let pid = |observer: &mut Client| {
+        observer
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'",
+                &[&name],
+            )
+            .unwrap()
+            .map(|row| row.get::<_, i32>(0))
+    };
+    let mut found = None;
+    assert!(
+        eventually(GENEROUS, || {
+            found = pid(observer).filter(|pid| in_line(observer, *pid));
+            found.is_some()
+        }),
+        "{name}: psql's acquire never waited"
+    );
+    (psql, found.unwrap())
+}
+
+/// The live leases of `key`, their owners and fences.
+fn live_leases(observer: &mut Client, key: &str) -> Vec<String> {
+    observer
+        .query("SELECT owner || ' fence ' || fence FROM fence.leases WHERE key = $1 AND live", &[&key])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
 /// A waiter whose client has gone (psql killed with SIGKILL while its acquire waits: its
 /// connection closes, its backend waits on) is granted nothing when the key frees: nobody could
 /// use or release that lease. Its backend ends as PostgreSQL ends a query whose client is gone.
+/// First in line (asleep on its latch), and queued behind another waiter (in a lock wait).
 #[test]
 fn a_waiter_whose_client_has_gone_is_granted_nothing() {
     if skipped_on_the_sql_edition(CLIENT_GONE) {
@@ -409,33 +471,38 @@ fn a_waiter_whose_client_has_gone_is_granted_nothing() {
     }
     let cluster = Cluster::start("wait_client_gone", 26713, &[]);
     let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
-    let held = acquire(&mut holder, "gone", "1 hour").expect("the key is free");
-    let mut psql = pg_program("psql")
-        .args(["-X", "-h", "127.0.0.1", "-p", &cluster.port().to_string(), "-U", "postgres", "-d", "postgres"])
-        .arg("-c")
-        .arg("SET application_name = 'gone_waiter'; SELECT fence.lease_acquire('gone', '1 hour', wait => '1 minute')")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("run psql");
-    let mut waiting_pid = || {
-        observer
-            .query_opt("SELECT pid FROM pg_stat_activity WHERE application_name = 'gone_waiter' AND wait_event_type = 'Extension'", &[])
-            .unwrap()
-            .map(|row| row.get::<_, i32>(0))
-    };
-    assert!(eventually(GENEROUS, || waiting_pid().is_some()), "psql's acquire never waited");
+
+    let held = acquire(&mut holder, "first", "1 hour").expect("the key is free");
+    let (mut psql, _) = psql_waiting(&cluster, &mut observer, ("first", false), "gone_first", sleeping);
     psql.kill().unwrap();
     psql.wait().unwrap();
     assert!(held.release(&mut holder));
     let mut next = cluster.connect();
-    let granted = Acquire::new("gone", "1 minute").wait("5 seconds").run(&mut next);
-    let left: Vec<String> = observer
-        .query("SELECT owner || ' fence ' || fence FROM fence.leases WHERE key = 'gone' AND live", &[])
-        .unwrap()
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let granted = Acquire::new("first", "1 minute").wait("5 seconds").run(&mut next);
+    let left = live_leases(&mut observer, "first");
     assert!(granted.is_some(), "the key went to the waiter whose client had gone: {left:?}");
+
+    // Queued behind a shared waiter, a shared waiter finds room beside it at its first look.
+    let held = acquire(&mut holder, "queued", "1 hour").expect("the key is free");
+    let mut head_client = cluster.connect();
+    let head_pid = backend_pid(&mut head_client);
+    let head = thread::spawn(move || {
+        let lease = Acquire::new("queued", "1 minute").shared(true).wait("1 minute").run(&mut head_client);
+        (head_client, lease)
+    });
+    assert!(eventually(GENEROUS, || sleeping(&mut observer, head_pid)), "the head never waited");
+    let (mut psql, _) = psql_waiting(&cluster, &mut observer, ("queued", true), "gone_queued", queued);
+    psql.kill().unwrap();
+    psql.wait().unwrap();
+    assert!(held.release(&mut holder));
+    let (mut head_client, head_lease) = head.join().unwrap();
+    let head_lease = head_lease.expect("the head of the line is granted at the release");
+    // The queued waiter's backend has had its look by the time the head's release commits, or
+    // looks then: an exclusive acquire waits for it either way.
+    assert!(head_lease.release(&mut head_client));
+    let granted = Acquire::new("queued", "1 minute").wait("5 seconds").run(&mut next);
+    let left = live_leases(&mut observer, "queued");
+    assert!(granted.is_some(), "the key went to a queued waiter whose client had gone: {left:?}");
 }
 
 /// Inside a statement (its call of lease_acquire).
