@@ -702,26 +702,14 @@ CREATE FUNCTION fence_internal.slot_for(shared boolean, permits integer, rows fe
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$ SELECT (fence_internal.free_slots(shared, permits, rows))[1] $$;
 
--- The guard locks a grant into `slot` waits for (src/leases/state/slots.rs): the slot's own, and
--- those of every ended holder of another mode; sorted, so every grant takes them in one order.
--- (A parameter is named with the function's name wherever a column of r has its name: in an SQL
--- function the column would win.)
+-- The name of a slot's guard lock; shared holders have one for all.
 CREATE FUNCTION fence_internal.guard_lock_name(shared boolean, slot integer) RETURNS text
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
 AS $$ SELECT CASE WHEN shared THEN 'guard:shared' ELSE 'guard:' || slot END $$;
 
-CREATE FUNCTION fence_internal.locks_to_wait_for(shared boolean, permits integer, slot integer, rows fence.key_row[])
-RETURNS text[]
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT coalesce(array_agg(DISTINCT l ORDER BY l), '{}')
-      FROM (SELECT unnest(fence_internal.other_modes_locks(shared, permits, rows)) AS l
-            UNION ALL
-            SELECT fence_internal.guard_lock_name(false, slot) WHERE NOT shared) l
-$$;
-
 -- The guard locks of the key's ended holders of another mode: a grant in any slot waits for their
--- writers; sorted.
+-- writers; sorted. (A parameter is named with the function's name wherever a column of r has its
+-- name: in an SQL function the column would win.)
 CREATE FUNCTION fence_internal.other_modes_locks(shared boolean, permits integer, rows fence.key_row[])
 RETURNS text[]
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
@@ -734,6 +722,18 @@ AS $$
                        (other_modes_locks.shared,
                         CASE WHEN other_modes_locks.shared THEN r.permits ELSE other_modes_locks.permits END)
                    AND NOT (r.shared AND other_modes_locks.shared)) l
+$$;
+
+-- The guard locks a grant into `slot` waits for (src/leases/state/slots.rs): the slot's own, and
+-- those of every ended holder of another mode; sorted, so every grant takes them in one order.
+CREATE FUNCTION fence_internal.locks_to_wait_for(shared boolean, permits integer, slot integer, rows fence.key_row[])
+RETURNS text[]
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(array_agg(DISTINCT l ORDER BY l), '{}')
+      FROM (SELECT unnest(fence_internal.other_modes_locks(shared, permits, rows)) AS l
+            UNION ALL
+            SELECT fence_internal.guard_lock_name(false, slot) WHERE NOT shared) l
 $$;
 
 -- The fast leases' rows for view fence.leases (sql/leases.sql); none on a standby.
