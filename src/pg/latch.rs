@@ -4,10 +4,12 @@
 use pgrx::pg_sys;
 
 /// Forgets earlier wake-ups: call before looking at the key, then `sleep`. A wake-up that comes in
-/// between makes `sleep` return at once, so none is lost.
+/// between makes `sleep` return at once, so none is lost. A waiter whose client has gone ends here
+/// (see `end_if_client_gone`), at every look, whether it slept on the latch or queued in a lock wait.
 pub fn arm() {
     // SAFETY: MyLatch is this backend's own latch.
     unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+    end_if_client_gone();
 }
 
 /// Sleeps until woken or for `micros` at most; query cancel and statement_timeout end it (with
@@ -19,7 +21,6 @@ pub fn sleep(micros: i64) {
     unsafe {
         pg_sys::WaitLatch(pg_sys::MyLatch, events as i32, timeout_ms as _, pg_sys::PG_WAIT_EXTENSION);
     }
-    end_if_client_gone();
     pgrx::check_for_interrupts!();
 }
 
@@ -32,11 +33,11 @@ extern "C-unwind" {
 /// Ends the call when its client has gone (its process exited or was killed: the connection is
 /// closed), as PostgreSQL ends a query whose client it finds gone: FATAL "connection to client
 /// lost" (08006), rather than go on to be granted what nobody can use or release. PostgreSQL
-/// looks only when `client_connection_check_interval` is set (off by default). A waiter calls it
-/// after `arm` and before it looks: a wake-up the check swallows (it may reset the latch) came
-/// before that look. The server sees only its own socket: a pooler's connection stays open, and a
+/// looks only when `client_connection_check_interval` is set (off by default). Called by `arm`,
+/// after its reset: a wake-up the check swallows (it may reset the latch) came before the look
+/// that follows. The server sees only its own socket: a pooler's connection stays open, and a
 /// host that vanished shows only once TCP keepalives give up.
-pub fn end_if_client_gone() {
+fn end_if_client_gone() {
     // SAFETY: MyProcPort is non-null only in a backend that serves a client, whose socket the check
     // polls without waiting; the flags are those PostgreSQL sets when it finds its client gone, and
     // the interrupt check raises the FATAL.

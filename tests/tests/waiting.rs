@@ -399,15 +399,15 @@ fn kill_9_of_a_waiting_acquirer_leaves_nothing_granted_and_no_stuck_line() {
     assert!(granted.fence > held.fence);
 }
 
-/// psql waiting in lease_acquire of `key` (`application_name` `name`; shared or not), once its
-/// backend is `in_line` (first in line, or queued behind another waiter); its backend's pid.
+/// psql waiting in lease_acquire of `key` (`application_name` `name`; shared or not), returned once
+/// its backend is `in_line` (first in line, or queued behind another waiter).
 fn psql_waiting(
     cluster: &Cluster,
     observer: &mut Client,
     (key, shared): (&str, bool),
     name: &str,
     in_line: fn(&mut Client, i32) -> bool,
-) -> (Child, i32) {
+) -> Child {
     let sql = format!(
         "SET application_name = '{name}'; \
          SELECT fence.lease_acquire('{key}', '1 hour', wait => '1 minute', shared => {shared})"
@@ -439,15 +439,11 @@ fn psql_waiting(
             .unwrap()
             .map(|row| row.get::<_, i32>(0))
     };
-    let mut found = None;
     assert!(
-        eventually(GENEROUS, || {
-            found = pid(observer).filter(|pid| in_line(observer, *pid));
-            found.is_some()
-        }),
+        eventually(GENEROUS, || pid(observer).is_some_and(|pid| in_line(observer, pid))),
         "{name}: psql's acquire never waited"
     );
-    (psql, found.unwrap())
+    psql
 }
 
 /// The live leases of `key`, their owners and fences.
@@ -469,11 +465,11 @@ fn a_waiter_whose_client_has_gone_is_granted_nothing() {
     if skipped_on_the_sql_edition(CLIENT_GONE) {
         return;
     }
-    let cluster = Cluster::start("wait_client_gone", 26713, &[]);
+    let cluster = Cluster::start("wait_client_gone", 26715, &[]);
     let (mut holder, mut observer) = (cluster.connect(), cluster.connect());
 
     let held = acquire(&mut holder, "first", "1 hour").expect("the key is free");
-    let (mut psql, _) = psql_waiting(&cluster, &mut observer, ("first", false), "gone_first", sleeping);
+    let mut psql = psql_waiting(&cluster, &mut observer, ("first", false), "gone_first", sleeping);
     psql.kill().unwrap();
     psql.wait().unwrap();
     assert!(held.release(&mut holder));
@@ -491,7 +487,7 @@ fn a_waiter_whose_client_has_gone_is_granted_nothing() {
         (head_client, lease)
     });
     assert!(eventually(GENEROUS, || sleeping(&mut observer, head_pid)), "the head never waited");
-    let (mut psql, _) = psql_waiting(&cluster, &mut observer, ("queued", true), "gone_queued", queued);
+    let mut psql = psql_waiting(&cluster, &mut observer, ("queued", true), "gone_queued", queued);
     psql.kill().unwrap();
     psql.wait().unwrap();
     assert!(held.release(&mut holder));

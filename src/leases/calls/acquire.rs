@@ -180,8 +180,6 @@ impl Request<'_> {
                 break None;
             }
             latch::arm();
-            // A waiter queued behind others waited in a lock wait, which never looked at its client.
-            latch::end_if_client_gone();
             // First let any change of the key in flight (a release, revocation, renewal or grant;
             // not the holders' fenced writes, which take no Change-conflicting lock) end: what it
             // did is then committed and read below. A change that starts later finds this waiter

@@ -170,7 +170,6 @@ fn wait_in_the_rooms(requests: &[Request], deadline: Instant) -> Option<Vec<Leas
             return None;
         }
         latch::arm();
-        latch::end_if_client_gone();
         // Holding several rooms, a set never queues for a key's lock: a transaction that holds one
         // of its keys' locks (a renewal, a guard) and then waits for another of its keys would wait
         // for this set's room while the set waited for its lock. So a key whose lock is taken (a
