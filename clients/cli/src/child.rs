@@ -5,8 +5,8 @@ use crate::exit::{Code, Exit};
 use pg_fence_client::HeldLease;
 use std::future::Future;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// How a supervised command ended.
@@ -139,12 +139,14 @@ impl Drop for Terminal {
 }
 
 /// Starts `command` with `env` added to pg-fence's own environment, the signals `forwarded`
-/// catches going to it. 127 when it cannot be found, 126 when it cannot be run, as a shell says.
+/// catches going to it, under a lease held until `deadline`. 127 when it cannot be found, 126 when
+/// it cannot be run, as a shell says.
 pub fn spawn(
     command: &[String],
     env: &[(&str, String)],
     forwarded: Forwarded,
     kill_after: Duration,
+    deadline: Instant,
 ) -> Result<Child, Exit> {
     // The group's processes whose parent ends come to pg-fence rather than to init, which may
     // never reap them (a container's): the group then ends when its last process does.
@@ -153,20 +155,31 @@ pub fn spawn(
     unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1)
     };
+    // In place before the command starts: pg-fence may be killed at any moment after that.
+    let watchdog = Watchdog::start(kill_after, deadline);
+    let told = watchdog.as_ref().map(|watchdog| watchdog.shared as usize);
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]).envs(env.iter().map(|(name, value)| (name, value))).process_group(0);
     // SAFETY: getpid only reads.
     let parent = unsafe { libc::getpid() };
-    // SAFETY: between fork and exec, async-signal-safe calls only (prctl, getppid, kill).
+    // SAFETY: between fork and exec, async-signal-safe calls only (getpid, an atomic store, prctl,
+    // getppid); `told` is the watchdog's mapping, which lives until pg-fence's end.
     unsafe {
         cmd.pre_exec(move || {
-            // pg-fence killed (SIGKILL, the OOM killer) renews the lease no more: the command is
-            // told at once, not left to run past its expiry. Unless pg-fence died before this.
-            // (It comes when the thread that forked ends: the main thread, which runs `block_on`.)
+            // The watchdog learns the group before the command can run, so that it stops it
+            // whenever pg-fence ends from here on.
+            if let Some(shared) = told {
+                (*(shared as *const Shared)).group.store(libc::getpid(), Ordering::SeqCst);
+            }
+            // pg-fence killed (SIGKILL, the OOM killer) renews the lease no more: the command's
+            // first process is told at once. (It comes when the thread that forked ends: the main
+            // thread, which runs `block_on`.)
             #[cfg(target_os = "linux")]
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            // pg-fence already gone: its signal, caught by pg-fence's own handlers until the
+            // exec, would never reach the command, so it is not started.
             if libc::getppid() != parent {
-                libc::kill(libc::getpid(), libc::SIGTERM);
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
             Ok(())
         })
@@ -183,13 +196,16 @@ pub fn spawn(
             })
         };
     }
-    let child = tokio::process::Command::from(cmd).spawn().map_err(|err| {
-        let code = if err.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-        Exit::new(Code::Command(code), format!("cannot run {}: {err}", command[0]))
-    })?;
+    let child = match tokio::process::Command::from(cmd).spawn() {
+        Ok(child) => child,
+        Err(err) => {
+            Watchdog::ended(watchdog);
+            let code = if err.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+            return Err(Exit::new(Code::Command(code), format!("cannot run {}: {err}", command[0])));
+        }
+    };
     let group = child.id().expect("a child just spawned has its pid") as libc::pid_t;
     terminal.give(group);
-    let watchdog = Watchdog::start(group, kill_after);
     Ok(Child { child, group, forwarded, terminal, kill_after, watchdog, children })
 }
 
@@ -200,94 +216,120 @@ pub fn spawn(
 /// file that pg-fence is gone (or gave up on the command without stopping it: an unwind). It runs
 /// in a session of its own, so that a signal to pg-fence's whole group (`kill -9 -PGID`, timeout(1),
 /// a supervisor's group kill) or the terminal's hangup does not end it with pg-fence, and ignores
-/// the signals of job control and of the terminal. Its SIGKILL comes `--kill-after` after its
-/// SIGTERM, or at the lease's local deadline if that comes first: pg-fence shares it with the
-/// watchdog in a word of memory, written at each renewal, that pg-fence's end leaves in place.
+/// the signals of job control and of the terminal; the command starts only once it is so. Its
+/// SIGKILL comes `--kill-after` after its SIGTERM, or at the lease's local deadline if that comes
+/// first.
 struct Watchdog {
     pid: libc::pid_t,
     tell: libc::c_int,
     /// Whether the command's group has ended.
     ended: bool,
-    /// The local deadline, in `now_ms`' milliseconds (u64::MAX: none known); mapped shared.
-    deadline: *const AtomicU64,
+    /// Shared with the watchdog; left in place by pg-fence's end.
+    shared: *const Shared,
 }
 
-// SAFETY: `deadline` points to a mapping that lives as long as the Watchdog, only used atomically.
+/// What pg-fence and its watchdog share, in a mapping both see.
+#[repr(C)]
+struct Shared {
+    /// The lease's local deadline, in `now_ms`' milliseconds, written at each renewal.
+    deadline: AtomicU64,
+    /// The command's process group, written by the command itself before its exec: 0 until then.
+    group: AtomicI32,
+}
+
+impl Shared {
+    fn held_until(&self, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let at = now_ms().saturating_add(left.as_millis().min(u64::MAX as u128) as u64);
+        self.deadline.store(at, Ordering::SeqCst);
+    }
+}
+
+// SAFETY: `shared` points to a mapping that lives as long as the Watchdog, only used atomically.
 unsafe impl Send for Watchdog {}
 
 impl Watchdog {
     /// None when no pipe or process could be made: the parent-death signal still stops the command.
-    fn start(group: libc::pid_t, kill_after: Duration) -> Option<Watchdog> {
-        let mut ends = [0; 2];
-        // SAFETY: pipe2 fills the two descriptors; close-on-exec keeps the writing end from the
-        // command, whose copy would keep the pipe open after pg-fence's end.
-        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+    /// Returns once the watchdog is in a session of its own, deaf to the signals it ignores.
+    fn start(kill_after: Duration, deadline: Instant) -> Option<Watchdog> {
+        // Close-on-exec keeps the writing ends from the command, whose copies would keep the pipes
+        // open after pg-fence's end.
+        let [read, tell] = pipe()?;
+        let Some([wait_ready, ready]) = pipe() else {
+            close_all(&[read, tell]);
             return None;
-        }
-        let [read, tell] = ends;
+        };
         let grace_ms = kill_after.as_millis().min(u32::MAX as u128) as u64;
         // SAFETY: a new anonymous mapping, shared with the process forked below.
-        let deadline = unsafe {
+        let shared = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                std::mem::size_of::<AtomicU64>(),
+                std::mem::size_of::<Shared>(),
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         };
-        if deadline == libc::MAP_FAILED {
-            // SAFETY: the two descriptors just made.
-            unsafe {
-                libc::close(read);
-                libc::close(tell);
-            }
+        if shared == libc::MAP_FAILED {
+            close_all(&[read, tell, wait_ready, ready]);
             return None;
         }
-        let deadline = deadline as *const AtomicU64;
-        // SAFETY: the mapping is page-aligned, and zeroed, a valid AtomicU64.
-        unsafe { (*deadline).store(u64::MAX, Ordering::SeqCst) };
+        let shared = shared as *const Shared;
+        // SAFETY: a zeroed mapping is a valid Shared, with no group yet.
+        unsafe { (*shared).held_until(deadline) };
         // SAFETY: the forked process (one thread, a copy of this one) makes only async-signal-safe
         // calls and ends with _exit, never returning into Rust code that could allocate or lock.
         match unsafe { libc::fork() } {
             -1 => {
-                // SAFETY: the two descriptors and the mapping just made.
-                unsafe {
-                    libc::close(read);
-                    libc::close(tell);
-                    libc::munmap(deadline as *mut libc::c_void, std::mem::size_of::<AtomicU64>());
-                }
+                close_all(&[read, tell, wait_ready, ready]);
+                // SAFETY: the mapping just made, used by nothing else.
+                unsafe { libc::munmap(shared as *mut libc::c_void, std::mem::size_of::<Shared>()) };
                 None
             }
             // SAFETY: see above.
-            0 => unsafe { watch(read, group, grace_ms, &*deadline) },
+            0 => unsafe { watch(read, ready, grace_ms, &*shared) },
             pid => {
-                // SAFETY: pg-fence's copy of the reading end, which only the watchdog needs.
-                unsafe { libc::close(read) };
-                Some(Watchdog { pid, tell, ended: false, deadline })
+                // The reading end is the watchdog's alone; its byte says it is ready.
+                close_all(&[read, ready]);
+                let mut byte = 0u8;
+                // SAFETY: reads into a local byte; EOF instead if the watchdog died first.
+                while unsafe { libc::read(wait_ready, (&mut byte as *mut u8).cast(), 1) } < 0
+                    && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+                {
+                }
+                close_all(&[wait_ready]);
+                Some(Watchdog { pid, tell, ended: false, shared })
             }
         }
     }
-}
 
-impl Watchdog {
-    /// The lease is held until `held`'s local deadline now: the watchdog kills by then.
-    fn held_until(watchdog: &Option<Watchdog>, held: &HeldLease) {
-        if let Some(watchdog) = watchdog {
-            let left = held.deadline().saturating_duration_since(std::time::Instant::now());
-            let at = now_ms().saturating_add(left.as_millis().min(u64::MAX as u128) as u64);
-            // SAFETY: the mapping lives as long as the Watchdog.
-            unsafe { (*watchdog.deadline).store(at, Ordering::SeqCst) };
-        }
+    /// The lease is held until `deadline` now: the watchdog kills by then.
+    fn held_until(&self, deadline: Instant) {
+        // SAFETY: the mapping lives as long as the Watchdog.
+        unsafe { (*self.shared).held_until(deadline) };
     }
 
-    /// Once the command's group has ended (or was sent SIGKILL): the watchdog is told so, and
-    /// reaped, rather than stopping a group that is gone.
+    /// Once the command's group has ended (or was sent SIGKILL, or never started): the watchdog is
+    /// told so, and reaped, rather than stopping a group that is gone.
     fn ended(watchdog: Option<Watchdog>) {
         if let Some(mut watchdog) = watchdog {
             watchdog.ended = true;
         }
+    }
+}
+
+/// A pipe whose ends are closed on exec: its reading end, then its writing end.
+fn pipe() -> Option<[libc::c_int; 2]> {
+    let mut ends = [0; 2];
+    // SAFETY: pipe2 fills the two descriptors.
+    (unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } == 0).then_some(ends)
+}
+
+fn close_all(fds: &[libc::c_int]) {
+    for fd in fds {
+        // SAFETY: each is a descriptor this process made and uses no more.
+        unsafe { libc::close(*fd) };
     }
 }
 
@@ -296,7 +338,7 @@ impl Drop for Watchdog {
     fn drop(&mut self) {
         // SAFETY: writes to and closes pg-fence's own end of the pipe; waits for its own child,
         // which ends on reading the byte (ECHILD if it was reaped with the orphans already); unmaps
-        // the deadline's word, used by nothing else in this process.
+        // the shared words, used by nothing else in this process.
         unsafe {
             if self.ended {
                 libc::write(self.tell, b"x".as_ptr().cast(), 1);
@@ -305,13 +347,13 @@ impl Drop for Watchdog {
             if self.ended {
                 libc::waitpid(self.pid, std::ptr::null_mut(), 0);
             }
-            libc::munmap(self.deadline as *mut libc::c_void, std::mem::size_of::<AtomicU64>());
+            libc::munmap(self.shared as *mut libc::c_void, std::mem::size_of::<Shared>());
         }
     }
 }
 
 /// The watchdog's life, in the forked process: async-signal-safe calls only.
-unsafe fn watch(read: libc::c_int, group: libc::pid_t, grace_ms: u64, deadline: &AtomicU64) -> ! {
+unsafe fn watch(read: libc::c_int, ready: libc::c_int, grace_ms: u64, shared: &Shared) -> ! {
     libc::setsid();
     for signal in [
         libc::SIGINT,
@@ -325,6 +367,7 @@ unsafe fn watch(read: libc::c_int, group: libc::pid_t, grace_ms: u64, deadline: 
     ] {
         libc::signal(signal, libc::SIG_IGN);
     }
+    libc::write(ready, b"x".as_ptr().cast(), 1);
     // Only the pipe and stderr kept: pg-fence's connections and its stdout would otherwise stay
     // open after its end (a reader of its output never seeing the end of it).
     let read = match libc::dup2(read, 3) {
@@ -346,7 +389,12 @@ unsafe fn watch(read: libc::c_int, group: libc::pid_t, grace_ms: u64, deadline: 
             _ => libc::_exit(0),
         }
     }
-    let kill_at = now_ms().saturating_add(grace_ms).min(deadline.load(Ordering::SeqCst));
+    // No group: pg-fence ended before the command's exec, which then never comes (see `spawn`).
+    let group = shared.group.load(Ordering::SeqCst);
+    if group <= 0 {
+        libc::_exit(0);
+    }
+    let kill_at = now_ms().saturating_add(grace_ms).min(shared.deadline.load(Ordering::SeqCst));
     // Past the deadline, a stopped group is not continued even for a SIGTERM.
     if now_ms() < kill_at {
         let said =
@@ -446,7 +494,9 @@ impl Child {
         tokio::pin!(lost);
         // Each renewal moves the deadline the watchdog kills by.
         let mut renewals = held.watch();
-        Watchdog::held_until(&watchdog, held);
+        if let Some(watchdog) = &watchdog {
+            watchdog.held_until(held.deadline());
+        }
         // What the command left running in its group (a job it put in the background) is part of
         // it: the lease is kept, and the loss handled, until the group has ended too.
         let mut ended = None;
@@ -456,7 +506,9 @@ impl Child {
                 code = exit_code(&mut child), if ended.is_none() => ended = Some(code),
                 _ = tokio::time::sleep(REAP_EVERY), if ended.is_none() => reap_orphans(group),
                 _ = tokio::time::sleep(GROUP_POLL), if ended.is_some() => {}
-                Ok(()) = renewals.changed() => Watchdog::held_until(&watchdog, held),
+                Ok(()) = renewals.changed() => if let Some(watchdog) = &watchdog {
+                    watchdog.held_until(held.deadline());
+                },
                 _ = async { children.as_mut().expect("enabled with it").recv().await }, if children.is_some() && ended.is_none() => {
                     if stopped(group) {
                         terminal.suspend();
@@ -622,7 +674,14 @@ mod tests {
     async fn a_child_dropped_without_being_stopped_is_stopped_by_the_watchdog() {
         let command: Vec<String> =
             ["sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"].map(String::from).into();
-        let child = spawn(&command, &[], Forwarded::new(), Duration::from_millis(200)).unwrap();
+        let child = spawn(
+            &command,
+            &[],
+            Forwarded::new(),
+            Duration::from_millis(200),
+            Instant::now() + Duration::from_secs(60),
+        )
+        .unwrap();
         let group = child.group;
         drop(child);
         let start = std::time::Instant::now();

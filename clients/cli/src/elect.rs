@@ -33,7 +33,13 @@ pub async fn elect(args: ElectArgs, conn: &ConnArgs, server: Server) -> Result<i
         ("PG_FENCE_FENCE", leadership.fence().to_string()),
         ("PG_FENCE_OWNER", value.clone()),
     ];
-    let child = match child::spawn(&args.supervise.command, &env, signals, args.supervise.kill_after) {
+    let child = match child::spawn(
+        &args.supervise.command,
+        &env,
+        signals,
+        args.supervise.kill_after,
+        leadership.held().deadline(),
+    ) {
         Ok(child) => child,
         Err(exit) => {
             leadership.resign().await.ok();

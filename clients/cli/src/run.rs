@@ -76,7 +76,13 @@ pub async fn run(args: RunArgs, conn: &ConnArgs, server: Server) -> Result<i32, 
     if args.export_token {
         env.push(("PG_FENCE_TOKEN", lease.token.to_string()));
     }
-    let child = match child::spawn(&args.supervise.command, &env, signals, args.supervise.kill_after) {
+    let child = match child::spawn(
+        &args.supervise.command,
+        &env,
+        signals,
+        args.supervise.kill_after,
+        held.deadline(),
+    ) {
         Ok(child) => child,
         Err(exit) => {
             held.release().await.ok();

@@ -347,6 +347,50 @@ fn pg_fence_killed_takes_the_whole_command_with_it() {
     assert!(run.stderr().contains("after SIGTERM: sending SIGKILL"), "{}", run.stderr());
 }
 
+/// After pg-fence was killed: the command that names `marker`, stamping `ticks` with the time, is
+/// gone, and stamped its last before the server's expiry of the lease on `job`.
+fn ended_before_the_lease(setup: &Setup, marker: &str) {
+    let gone = common::eventually(LIMIT, || common::pids_running(marker).is_empty());
+    let left = kill_left(marker);
+    assert!(gone, "{left} of the command's processes still ran {LIMIT:?} after pg-fence was killed");
+    let expires_at = setup.query_i64(
+        "SELECT (extract(epoch FROM expires_at) * 1e6)::bigint FROM fence.leases WHERE key = 'job'",
+    );
+    let last = setup.read("ticks").lines().last().unwrap().replace('.', "").parse::<i64>().unwrap();
+    assert!(last < expires_at, "the last tick {} ms after the server's expiry", (last - expires_at) / 1000);
+}
+
+#[test]
+fn pg_fence_killed_as_its_command_starts_leaves_it_no_time_past_the_lease() {
+    use std::os::unix::process::CommandExt;
+    let setup = Setup::new("cli_killed_at_start", 27981);
+    let marker = format!("killed-at-start-{}", std::process::id());
+    // Deaf to SIGTERM, its first act kills pg-fence's whole group (pg-fence in a group of its own,
+    // as under timeout(1)): pg-fence has done nothing since it started it. On a busy machine that
+    // happens when other processes have the CPU; here pg-fence and its command share one CPU, the
+    // command in real time (SCHED_FIFO), so that nothing of pg-fence runs until it blocks.
+    let script = format!(
+        "trap '' TERM; : {marker}; kill -KILL -- -$PPID; touch started; while :; do echo $EPOCHREALTIME >> ticks; sleep 0.05; done"
+    );
+    let args =
+        ["run", "--ttl", "6s", "--kill-after", "1h", "job", "--", "chrt", "-f", "1", "bash", "-c", &script];
+    let mut cmd = setup.pg_fence(&args);
+    cmd.process_group(0);
+    // SAFETY: between fork and exec, only sched_setaffinity on a local CPU set.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut first: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut first);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &first);
+            Ok(())
+        });
+    }
+    let mut run = setup.start("run", cmd);
+    assert!(setup.appears("started"), "{}", run.stderr());
+    run.exit_code();
+    ended_before_the_lease(&setup, &marker);
+}
+
 #[test]
 fn a_sigterm_the_command_ignores_is_followed_by_sigkill() {
     let setup = Setup::new("cli_term_escalates", 27923);
@@ -486,12 +530,69 @@ fn pg_fence_and_command(marker: &str) -> (u32, u32, i32) {
     (pg_fence, shell, stat_of(shell).unwrap().2)
 }
 
-/// The command of the Ctrl-Z tests: bash, which forks its commands. dash starts them with vfork,
-/// and a SIGTSTP that reaches the child between the vfork and its exec (each failed exec of a
-/// PATH search is such a moment) stops the child while dash, waiting for that exec, cannot stop:
-/// the group never stops as a whole, with pg-fence as under any shell.
-fn bash(script: &str) -> [&str; 3] {
-    ["bash", "-c", script]
+/// A shell with job control (bash, `set -m`) on the terminal of script(1), running `job`: pg-fence
+/// in front, as a user's interactive shell runs it, stopped by the terminal's Ctrl-Z, continued by
+/// `fg` or `bg`. Its output, and what pg-fence says on the terminal, go to `shell.out`. The tests'
+/// commands are bash too: dash starts its commands with vfork, and a SIGTSTP that reaches the child
+/// between the vfork and its exec (each failed exec of a PATH search is such a moment) stops the
+/// child while dash, waiting for that exec, cannot stop: the group never stops as a whole, with
+/// pg-fence as under any shell.
+fn job_control_shell(setup: &Setup, job: &str) -> common::Process {
+    std::fs::write(setup.path("job.sh"), format!("set -m\n{job}")).unwrap();
+    let mut script = std::process::Command::new("script");
+    script.args(["--quiet", "--return", "--command", "bash job.sh", "/dev/null"]);
+    for (name, value) in setup.pg_fence(&[]).get_envs() {
+        match value {
+            Some(value) => script.env(name, value),
+            None => script.env_remove(name),
+        };
+    }
+    script.current_dir(setup.dir.path()).stdin(std::process::Stdio::null());
+    setup.start("shell", script)
+}
+
+/// The processes of a job-control test, for a failure's message: those that name `marker`, and
+/// the shell.
+fn ps(marker: &str) -> String {
+    let all = std::process::Command::new("ps").args(["-eo", "pid,ppid,pgid,tpgid,sid,stat,cmd"]).output();
+    let all = String::from_utf8_lossy(&all.unwrap().stdout).into_owned();
+    all.lines().filter(|line| line.contains(marker) || line.contains("job.sh")).collect::<Vec<_>>().join("\n")
+}
+
+/// What the terminal does on Ctrl-Z, once the command's group is in front: SIGTSTP to that group.
+fn ctrl_z(marker: &str, command: u32, group: i32) {
+    assert!(
+        common::eventually(LIMIT, || stat_of(command).is_some_and(|(.., front)| front == group)),
+        "the command in front: {}",
+        ps(marker)
+    );
+    std::process::Command::new("kill").args(["-TSTP", "--", &format!("-{group}")]).status().unwrap();
+}
+
+/// `pg-fence ARGS -- bash -c SCRIPT` (SCRIPT naming `marker`, touching `started`, with no double
+/// quote) run in front by a job-control shell, then stopped by Ctrl-Z; the shell runs `fg` once the
+/// file `fg` exists, then writes the job's exit status to `exited` and ends. Returned once the shell
+/// has seen its job stop: the shell, the command's pid and its process group.
+fn stopped_by_ctrl_z(setup: &Setup, marker: &str, args: &str, script: &str) -> (common::Process, u32, i32) {
+    let shell = job_control_shell(
+        setup,
+        &format!(
+            "'{binary}' {args} -- bash -c \"{script}\"\n\
+             echo $? > stopped\n\
+             while [ ! -e fg ]; do sleep 0.05; done\n\
+             fg %1\n\
+             echo $? > exited\n",
+            binary = env!("CARGO_BIN_EXE_pg-fence")
+        ),
+    );
+    assert!(setup.appears("started"), "{}", shell.stdout());
+    let (pg_fence, command, group) = pg_fence_and_command(marker);
+    ctrl_z(marker, command, group);
+    // The shell sees its job, pg-fence, stop, and takes the terminal back.
+    assert!(setup.appears("stopped"), "the shell saw its job stop: {} {}", shell.stdout(), ps(marker));
+    let stopped = |pid: u32| stat_of(pid).is_some_and(|(state, ..)| state == 'T');
+    assert!(stopped(pg_fence) && stopped(command), "pg-fence stopped with its command: {}", ps(marker));
+    (shell, command, group)
 }
 
 #[test]
@@ -499,32 +600,20 @@ fn ctrl_z_stops_pg_fence_with_its_command_and_fg_continues_both() {
     let setup = Setup::new("cli_ctrl_z", 27928);
     let marker = format!("suspended-{}", std::process::id());
     let script = format!(": {marker}; touch started; while [ ! -e go ]; do sleep 0.05; done; echo done");
-    let mut run = setup.spawn_on_terminal("run", &[&["run", "job", "--"][..], &bash(&script)].concat());
-    assert!(setup.appears("started"), "{}", run.stdout());
-    let (pg_fence, shell, group) = pg_fence_and_command(&marker);
-    // What the terminal does on Ctrl-Z: SIGTSTP to the group in front, the command's.
-    std::process::Command::new("kill").args(["-TSTP", "--", &format!("-{group}")]).status().unwrap();
-    // script(1), pg-fence's parent here, stops itself once it has seen pg-fence stop, as a shell
-    // sees its job stop: continued before that, it would stop after.
-    let stopped = |pid: u32| stat_of(pid).is_some_and(|(state, ..)| state == 'T');
-    assert!(
-        common::eventually(LIMIT, || stopped(pg_fence) && stopped(run.pid())),
-        "pg-fence stopped with its command, for the shell to take the terminal back: {}",
-        run.stdout()
-    );
-    let (_, _, own, front) = stat_of(pg_fence).unwrap();
-    assert_eq!(front, own, "the terminal is back with pg-fence's group, the shell's job");
+    let (mut shell, command, group) = stopped_by_ctrl_z(&setup, &marker, "run job", &script);
     assert_eq!(setup.query_i64("SELECT count(*) FROM fence.leases WHERE key = 'job' AND live"), 1);
-    // What the shell does on fg: script(1) continued, which continues pg-fence.
-    common::signal(run.pid(), "-CONT");
+    setup.touch("fg");
     assert!(
-        common::eventually(LIMIT, || stat_of(shell)
+        common::eventually(LIMIT, || stat_of(command)
             .is_some_and(|(state, _, _, front)| state != 'T' && front == group)),
-        "the command continued, in front again"
+        "the command continued, in front again: {}",
+        ps(&marker)
     );
     setup.touch("go");
-    assert_eq!(run.exit_code(), 0, "{}", run.stdout());
-    assert!(run.stdout().contains("done"), "{}", run.stdout());
+    // The shell's end: what it wrote is whole.
+    assert_eq!(shell.exit_code(), 0, "{} {}", shell.stdout(), ps(&marker));
+    assert_eq!(setup.read("exited").trim(), "0", "{}", shell.stdout());
+    assert!(shell.stdout().contains("done"), "{}", shell.stdout());
 }
 
 #[test]
@@ -550,40 +639,21 @@ fn ctrl_z_past_the_ttl_then_fg_never_continues_the_command() {
     // Deaf to SIGTERM, it stamps the file every 20 ms for as long as it runs.
     let script =
         format!("trap '' TERM; : {marker}; touch started; while :; do echo tick >> ticks; sleep 0.02; done");
-    let run =
-        setup.spawn_on_terminal("run", &[&["run", "--ttl", "6s", "job", "--"][..], &bash(&script)].concat());
-    assert!(setup.appears("started"), "{}", run.stdout());
-    let (pg_fence, shell, group) = pg_fence_and_command(&marker);
-    std::process::Command::new("kill").args(["-TSTP", "--", &format!("-{group}")]).status().unwrap();
-    let stopped = |pid: u32| stat_of(pid).is_some_and(|(state, ..)| state == 'T');
-    assert!(
-        common::eventually(LIMIT, || stopped(pg_fence) && stopped(shell) && stopped(run.pid())),
-        "pg-fence stopped with its command, and script(1) with it: {}",
-        run.stdout()
-    );
+    let (mut shell, ..) = stopped_by_ctrl_z(&setup, &marker, "run --ttl 6s job", &script);
     // Another host takes the key once the lease, renewed no more, has expired.
     let (code, _, stderr) = setup.run("next", &["run", "--wait", "1m", "job", "--", "true"]);
     assert_eq!(code, 0, "the next holder ran: {stderr}");
     let ticks = setup.read("ticks").len();
-    // fg, as the shell does it: script(1), pg-fence's parent here, stopped itself when pg-fence
-    // stopped, and continues pg-fence when it is continued. Its reaping of a pg-fence that ends at
-    // once races its own resumption (it may never reap it), so pg-fence's end is read from /proc
-    // and from what it said, not from script's status.
-    common::signal(run.pid(), "-CONT");
-    let ended = |pid: u32| stat_of(pid).is_none_or(|(state, ..)| state == 'Z');
-    if !common::eventually(Duration::from_secs(5), || ended(pg_fence)) {
-        let _ = std::process::Command::new("kill").args(["-CONT", &pg_fence.to_string()]).status();
-    }
-    assert!(common::eventually(LIMIT, || ended(pg_fence)), "pg-fence ended: {}", run.stdout());
-    // script(1)'s command line names the marker too.
-    let command = || common::pids_running(&marker).into_iter().filter(|pid| *pid != run.pid()).count();
-    let gone = common::eventually(LIMIT, || command() == 0);
-    assert!(gone, "{} of the command's processes still ran after pg-fence ended", command());
+    setup.touch("fg");
+    assert_eq!(shell.exit_code(), 0, "{} {}", shell.stdout(), ps(&marker));
+    assert_eq!(setup.read("exited").trim(), "76", "the lease was lost: {}", shell.stdout());
+    let gone = common::eventually(LIMIT, || common::pids_running(&marker).is_empty());
+    let left = kill_left(&marker);
+    assert!(gone, "{left} of the command's processes still ran after pg-fence ended");
     let after = setup.read("ticks")[ticks..].lines().count();
-    assert_eq!(after, 0, "the command ran again after fg, beside the next holder: {}", run.stdout());
+    assert_eq!(after, 0, "the command ran again after fg, beside the next holder: {}", shell.stdout());
     // Killed, not continued: "stopped meanwhile", or on a loaded machine a loss its keeper told first.
-    // What pg-fence said reaches the file through script(1), which may not have relayed it yet.
-    assert!(common::eventually(LIMIT, || run.stdout().contains("SIGKILL")), "{}", run.stdout());
+    assert!(shell.stdout().contains("SIGKILL"), "{}", shell.stdout());
 }
 
 #[test]
@@ -612,48 +682,25 @@ fn pg_fence_killed_with_its_whole_process_group_takes_the_command_with_it() {
 fn after_ctrl_z_and_bg_pg_fence_leaves_the_terminal_to_the_shell() {
     let setup = Setup::new("cli_ctrl_z_bg", 27946);
     let marker = format!("backgrounded-{}", std::process::id());
-    // A shell with job control on the terminal of script(1): pg-fence in front, then, stopped, put
-    // in the background; once it has ended the shell writes which group has the terminal, and its own
-    // (job control off by then: a shell with it takes the terminal back after each foreground job).
-    let job = format!(
-        "set -m\n\
-         '{binary}' run job -- bash -c ': {marker}; touch started; while [ ! -e go ]; do sleep 0.05; done'\n\
-         echo $? > stopped\n\
-         bg %1\n\
-         set +m\n\
-         wait\n\
-         echo $(ps -o tpgid= -p $$) $(ps -o pgid= -p $$) > front\n",
-        binary = env!("CARGO_BIN_EXE_pg-fence")
+    // pg-fence, stopped, put in the background; once it has ended the shell writes which group has
+    // the terminal, and its own (job control off by then: a shell with it takes the terminal back
+    // after each foreground job).
+    let mut shell = job_control_shell(
+        &setup,
+        &format!(
+            "'{binary}' run job -- bash -c ': {marker}; touch started; while [ ! -e go ]; do sleep 0.05; done'\n\
+             echo $? > stopped\n\
+             bg %1\n\
+             set +m\n\
+             wait\n\
+             echo $(ps -o tpgid= -p $$) $(ps -o pgid= -p $$) > front\n",
+            binary = env!("CARGO_BIN_EXE_pg-fence")
+        ),
     );
-    std::fs::write(setup.path("job.sh"), job).unwrap();
-    let mut script = std::process::Command::new("script");
-    script.args(["--quiet", "--return", "--command", "bash job.sh", "/dev/null"]);
-    for (name, value) in setup.pg_fence(&[]).get_envs() {
-        match value {
-            Some(value) => script.env(name, value),
-            None => script.env_remove(name),
-        };
-    }
-    script.current_dir(setup.dir.path()).stdin(std::process::Stdio::null());
-    let mut shell = setup.start("shell", script);
     assert!(setup.appears("started"), "{}", shell.stdout());
     let (_, command, group) = pg_fence_and_command(&marker);
-    // The processes of the test's terminal, for a failure's message.
-    let ps = || {
-        let all = std::process::Command::new("ps").args(["-eo", "pid,ppid,pgid,tpgid,sid,stat,cmd"]).output();
-        let all = String::from_utf8_lossy(&all.unwrap().stdout).into_owned();
-        all.lines()
-            .filter(|line| line.contains(&marker) || line.contains("job.sh"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    assert!(
-        common::eventually(LIMIT, || stat_of(command).is_some_and(|(.., front)| front == group)),
-        "the command in front: {}",
-        ps()
-    );
-    std::process::Command::new("kill").args(["-TSTP", "--", &format!("-{group}")]).status().unwrap();
-    assert!(setup.appears("stopped"), "the shell saw its job stop: {} {}", shell.stdout(), ps());
+    ctrl_z(&marker, command, group);
+    assert!(setup.appears("stopped"), "the shell saw its job stop: {} {}", shell.stdout(), ps(&marker));
     setup.touch("go");
     assert!(setup.appears("front"), "the job ended: {}", shell.stdout());
     assert_eq!(shell.exit_code(), 0, "{}", shell.stdout());
@@ -676,12 +723,5 @@ fn pg_fence_killed_its_command_is_killed_by_the_leases_deadline_whatever_kill_af
     assert!(setup.appears("started"), "{}", run.stderr());
     common::signal(run.pid(), "-KILL");
     run.exit_code();
-    let gone = common::eventually(LIMIT, || common::pids_running(&marker).is_empty());
-    let left = kill_left(&marker);
-    assert!(gone, "{left} of the command's processes still ran {LIMIT:?} after pg-fence was killed");
-    let expires_at = setup.query_i64(
-        "SELECT (extract(epoch FROM expires_at) * 1e6)::bigint FROM fence.leases WHERE key = 'job'",
-    );
-    let last = setup.read("ticks").lines().last().unwrap().replace('.', "").parse::<i64>().unwrap();
-    assert!(last < expires_at, "the last tick {} ms after the server's expiry", (last - expires_at) / 1000);
+    ended_before_the_lease(&setup, &marker);
 }
