@@ -179,6 +179,9 @@ pub fn spawn(
             // pg-fence already gone: its signal, caught by pg-fence's own handlers until the
             // exec, would never reach the command, so it is not started.
             if libc::getppid() != parent {
+                if let Some(shared) = told {
+                    (*(shared as *const Shared)).group.store(0, Ordering::SeqCst);
+                }
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
             Ok(())
@@ -288,18 +291,24 @@ impl Watchdog {
                 None
             }
             // SAFETY: see above.
-            0 => unsafe { watch(read, ready, grace_ms, &*shared) },
+            0 => unsafe { watch([read, ready], [tell, wait_ready], grace_ms, &*shared) },
             pid => {
                 // The reading end is the watchdog's alone; its byte says it is ready.
                 close_all(&[read, ready]);
                 let mut byte = 0u8;
-                // SAFETY: reads into a local byte; EOF instead if the watchdog died first.
-                while unsafe { libc::read(wait_ready, (&mut byte as *mut u8).cast(), 1) } < 0
-                    && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
-                {
-                }
+                let read = loop {
+                    // SAFETY: reads into a local byte; EOF instead if the watchdog died first.
+                    let read = unsafe { libc::read(wait_ready, (&mut byte as *mut u8).cast(), 1) };
+                    if read >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+                    {
+                        break read;
+                    }
+                };
                 close_all(&[wait_ready]);
-                Some(Watchdog { pid, tell, ended: false, shared })
+                // Dead before it was ready: given up, and reaped when dropped (as `ended` says).
+                let alive = read == 1;
+                let watchdog = Watchdog { pid, tell, ended: !alive, shared };
+                alive.then_some(watchdog)
             }
         }
     }
@@ -353,7 +362,17 @@ impl Drop for Watchdog {
 }
 
 /// The watchdog's life, in the forked process: async-signal-safe calls only.
-unsafe fn watch(read: libc::c_int, ready: libc::c_int, grace_ms: u64, shared: &Shared) -> ! {
+unsafe fn watch(
+    [read, ready]: [libc::c_int; 2],
+    pg_fences: [libc::c_int; 2],
+    grace_ms: u64,
+    shared: &Shared,
+) -> ! {
+    // pg-fence's ends of the pipes, closed by name: a copy of its writing end kept open here would
+    // hide pg-fence's end.
+    for fd in pg_fences {
+        libc::close(fd);
+    }
     libc::setsid();
     for signal in [
         libc::SIGINT,
