@@ -313,10 +313,12 @@ impl Watchdog {
         }
     }
 
-    /// The lease is held until `deadline` now: the watchdog kills by then.
-    fn held_until(&self, deadline: Instant) {
-        // SAFETY: the mapping lives as long as the Watchdog.
-        unsafe { (*self.shared).held_until(deadline) };
+    /// The lease is held until `held`'s local deadline now: the watchdog kills by then.
+    fn held_until(watchdog: &Option<Watchdog>, held: &HeldLease) {
+        if let Some(watchdog) = watchdog {
+            // SAFETY: the mapping lives as long as the Watchdog.
+            unsafe { (*watchdog.shared).held_until(held.deadline()) };
+        }
     }
 
     /// Once the command's group has ended (or was sent SIGKILL, or never started): the watchdog is
@@ -513,9 +515,7 @@ impl Child {
         tokio::pin!(lost);
         // Each renewal moves the deadline the watchdog kills by.
         let mut renewals = held.watch();
-        if let Some(watchdog) = &watchdog {
-            watchdog.held_until(held.deadline());
-        }
+        Watchdog::held_until(&watchdog, held);
         // What the command left running in its group (a job it put in the background) is part of
         // it: the lease is kept, and the loss handled, until the group has ended too.
         let mut ended = None;
@@ -525,9 +525,7 @@ impl Child {
                 code = exit_code(&mut child), if ended.is_none() => ended = Some(code),
                 _ = tokio::time::sleep(REAP_EVERY), if ended.is_none() => reap_orphans(group),
                 _ = tokio::time::sleep(GROUP_POLL), if ended.is_some() => {}
-                Ok(()) = renewals.changed() => if let Some(watchdog) = &watchdog {
-                    watchdog.held_until(held.deadline());
-                },
+                Ok(()) = renewals.changed() => Watchdog::held_until(&watchdog, held),
                 _ = async { children.as_mut().expect("enabled with it").recv().await }, if children.is_some() && ended.is_none() => {
                     if stopped(group) {
                         terminal.suspend();

@@ -555,16 +555,7 @@ fn pg_fence_and_command(marker: &str) -> (u32, u32, i32) {
 /// pg-fence as under any shell.
 fn job_control_shell(setup: &Setup, job: &str) -> common::Process {
     std::fs::write(setup.path("job.sh"), format!("set -m\n{job}")).unwrap();
-    let mut script = std::process::Command::new("script");
-    script.args(["--quiet", "--return", "--command", "bash job.sh", "/dev/null"]);
-    for (name, value) in setup.pg_fence(&[]).get_envs() {
-        match value {
-            Some(value) => script.env(name, value),
-            None => script.env_remove(name),
-        };
-    }
-    script.current_dir(setup.dir.path()).stdin(std::process::Stdio::null());
-    setup.start("shell", script)
+    setup.start_on_terminal("shell", "bash job.sh")
 }
 
 /// The processes of a job-control test, for a failure's message: those that name `marker`, and
@@ -586,9 +577,10 @@ fn ctrl_z(marker: &str, command: u32, group: i32) {
 }
 
 /// `pg-fence ARGS -- bash -c "SCRIPT"` (SCRIPT naming `marker`, touching `started`; in double
-/// quotes, which the job's shell reads first) run in front by a job-control shell, then stopped by Ctrl-Z; the shell runs `fg` once the
-/// file `fg` exists, then writes the job's exit status to `exited` and ends. Returned once the shell
-/// has seen its job stop: the shell, the command's pid and its process group.
+/// quotes, which the job's shell reads first) run in front by a job-control shell, then stopped by
+/// Ctrl-Z; the shell runs `fg` once the file `fg` exists, then writes the job's exit status to
+/// `exited` and ends. Returned once the shell has seen its job stop: the shell, the command's pid
+/// and its process group.
 fn stopped_by_ctrl_z(setup: &Setup, marker: &str, args: &str, script: &str) -> (common::Process, u32, i32) {
     let shell = job_control_shell(
         setup,

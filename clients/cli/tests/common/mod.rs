@@ -64,9 +64,15 @@ impl Setup {
             .map(|word| format!("'{}'", word.to_str().unwrap().replace('\'', "'\\''")))
             .collect::<Vec<_>>()
             .join(" ");
+        self.start_on_terminal(name, &line)
+    }
+
+    /// Starts the shell command `line` under `script(1)`, on its pseudo-terminal, with pg-fence's
+    /// environment, in the scratch directory; what the terminal shows goes to `NAME.out`.
+    pub fn start_on_terminal(&self, name: &str, line: &str) -> Process {
         let mut script = Command::new("script");
-        script.args(["--quiet", "--return", "--command", &line, "/dev/null"]);
-        for (name, value) in pg_fence.get_envs() {
+        script.args(["--quiet", "--return", "--command", line, "/dev/null"]);
+        for (name, value) in self.pg_fence(&[]).get_envs() {
             match value {
                 Some(value) => script.env(name, value),
                 None => script.env_remove(name),
