@@ -4,10 +4,12 @@ wait, an interrupted campaign, release_on_cancel=False, and calls of a leadershi
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import threading
 import time
 
+import psycopg
 import pytest
 from conftest import eventually
 
@@ -84,6 +86,63 @@ def test_an_interrupted_campaign_leaves_the_queue_granted_nothing(cluster, key):
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+        assert eventually(lambda: waiters(cluster, key) == 0, 5), "the interrupted campaign still waits"
+        assert leadership.resign()
+        time.sleep(0.3)
+        assert elector.leader() is None, "the interrupted campaign was granted the key"
+        leader_elector.close()
+        elector.close()
+
+
+def test_an_interrupted_campaign_closes_no_connection_under_the_call_still_running_on_it(cluster, key, monkeypatch):
+    # The campaign's statement outlives the interrupt: its backend is stopped, so the cancel cannot
+    # end it yet. Its connection must be left to the thread running it. Closed under that thread,
+    # its socket became the next connection's, whose replies the old call then read: the next
+    # connect or query of the process waited for ever.
+    closed_under_a_call: list = []
+    close = psycopg.Connection.close
+
+    def watched_close(conn: psycopg.Connection) -> None:
+        if conn.lock.locked():
+            closed_under_a_call.append(threading.current_thread().name)
+        close(conn)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    stopped: list = []
+
+    def stop_the_campaign_then_interrupt() -> None:
+        if eventually(lambda: waiters(cluster, key) == 1, 10):
+            pid = cluster.sql(
+                "SELECT pid FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%%lease_acquire%%'"
+                " AND pid <> pg_backend_pid()"
+            )[0]
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+
+    monkeypatch.setattr(psycopg.Connection, "close", watched_close)
+    with Client(cluster.conninfo) as client:
+        leader_elector, elector = client.elector(key, 5), client.elector(key, 5)
+        leadership = leader_elector.campaign("a")
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        stopper = threading.Thread(target=stop_the_campaign_then_interrupt)
+        try:
+            stopper.start()
+            with pytest.raises(KeyboardInterrupt):
+                elector.campaign("b")
+        finally:
+            stopper.join()
+            signal.signal(signal.SIGALRM, previous)
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        assert stopped, "the campaign never waited"
+        assert closed_under_a_call == [], f"closed while a call ran on it, by {closed_under_a_call}"
+        backend_gone = lambda: (
+            cluster.sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (stopped[0],))[0] == 0
+        )
+        assert eventually(backend_gone, 10), "the abandoned connection was never closed"
         assert eventually(lambda: waiters(cluster, key) == 0, 5), "the interrupted campaign still waits"
         assert leadership.resign()
         time.sleep(0.3)

@@ -10,7 +10,7 @@ from typing import Any, Awaitable, Callable, Optional, Tuple, TypeVar
 import psycopg
 
 from . import aio_calls
-from .aio_connections import AsyncConnections, AsyncLanes, bounded, cancel
+from .aio_connections import AsyncConnections, AsyncLanes, bounded
 from .aio_keeping import KEEPER_CONNECTIONS, AsyncKeeper
 from .concurrency import asleep
 from .errors import OutcomeUnknown, outcome_unknown
@@ -170,11 +170,9 @@ class AsyncCaller:
                 return await bounded(connections, call, self._limit(request.wait)), anchor
             except BaseException as err:
                 if not isinstance(err, Exception):
-                    # Interrupted (KeyboardInterrupt, a cancelled task): end the wait on the server
-                    # (psycopg has ended a task's already; a connection shared with other calls is
-                    # not ours to cancel), and give up what its token may have been granted.
-                    if connections.pinned:
-                        await cancel(connections.current())
+                    # Interrupted (KeyboardInterrupt, a cancelled task): `bounded` has ended the
+                    # wait on the server, unless it ran on a connection shared with other calls
+                    # (not ours to cancel). Give up what its token may have been granted.
                     self._give_up(request, token, ttl)
                     raise
                 try:

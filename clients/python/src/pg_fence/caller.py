@@ -12,7 +12,7 @@ import psycopg
 
 from . import calls
 from .concurrency import sleep
-from .connections import Connections, Lanes, bounded, cancel
+from .connections import Connections, Lanes, bounded
 from .errors import OutcomeUnknown, outcome_unknown
 from .holding import Holding, KeepPlan, clock
 from .keeping import KEEPER_CONNECTIONS, Keeper
@@ -169,11 +169,9 @@ class Caller:
                 return bounded(connections, call, self._limit(request.wait)), anchor
             except BaseException as err:
                 if not isinstance(err, Exception):
-                    # Interrupted (KeyboardInterrupt, a cancelled task): end the wait on the server
-                    # (psycopg has ended a task's already; a connection shared with other calls is
-                    # not ours to cancel), and give up what its token may have been granted.
-                    if connections.pinned:
-                        cancel(connections.current())
+                    # Interrupted (KeyboardInterrupt, a cancelled task): `bounded` has ended the
+                    # wait on the server, unless it ran on a connection shared with other calls
+                    # (not ours to cancel). Give up what its token may have been granted.
                     self._give_up(request, token, ttl)
                     raise
                 try:

@@ -299,14 +299,35 @@ def bounded(connections: Connections, call: Callable[[psycopg.Connection], T], l
             connections.abandoned(conn)
         return not late
 
+    def abandoned() -> bool:
+        """True if the call still runs: then nobody may be handed `conn` meanwhile (a pinned or
+        kept one is replaced by a new one), and the thread running the call hands it back."""
+        with lock:
+            if not done.is_set():
+                connections.forget(conn)
+                outcome["abandoned"] = True
+                return True
+            return False
+
     _workers.run(job)
-    done.wait(max(0.0, limit))
-    with lock:
-        if not done.is_set():
-            # Nobody may be handed it meanwhile; a pinned or kept one is replaced by a new one.
-            connections.forget(conn)
-            outcome["abandoned"] = True
-            raise CallTimedOut(f"no answer from the server within {limit:.1f} s")
+    try:
+        done.wait(max(0.0, limit))
+    except BaseException:
+        # Interrupted (KeyboardInterrupt) while the call runs in its thread: its connection must
+        # not be closed under it. The socket would soon be another connection's, whose replies
+        # that thread would read, leaving the other waiting for ever. A pinned connection is the
+        # call's own, so its statement is cancelled (before it is abandoned: cancelling reads the
+        # connection, which the call's thread may close once it is); a shared one's statement may
+        # be another call's.
+        try:
+            if connections.pinned and not done.is_set():
+                cancel(conn)
+        finally:
+            if not abandoned():
+                connections.checkin(conn, outcome.get("error"))
+        raise
+    if abandoned():
+        raise CallTimedOut(f"no answer from the server within {limit:.1f} s")
     connections.checkin(conn, outcome.get("error"))
     if "error" in outcome:
         raise outcome["error"]
