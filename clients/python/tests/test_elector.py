@@ -113,18 +113,20 @@ def test_an_interrupted_campaign_closes_no_connection_under_the_call_still_runni
     stopped: list = []
 
     def stop_the_campaign_then_interrupt() -> None:
-        if eventually(lambda: waiters(cluster, key) == 1, 10):
-            pid = cluster.sql(
-                "SELECT pid FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%%lease_acquire%%'"
-                " AND pid <> pg_backend_pid()"
-            )[0]
-            os.kill(pid, signal.SIGSTOP)
-            stopped.append(pid)
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+        try:
+            if eventually(lambda: waiters(cluster, key) == 1, 10):
+                pid = cluster.sql(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'interrupted_campaign'"
+                    " AND state = 'active' AND query LIKE '%%lease_acquire%%'"
+                )[0]
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        finally:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
 
     monkeypatch.setattr(psycopg.Connection, "close", watched_close)
-    with Client(cluster.conninfo) as client:
-        leader_elector, elector = client.elector(key, 5), client.elector(key, 5)
+    with Client(cluster.conninfo) as client, Client(cluster.conninfo, application_name="interrupted_campaign") as other:
+        leader_elector, elector = client.elector(key, 5), other.elector(key, 5)
         leadership = leader_elector.campaign("a")
         previous = signal.signal(signal.SIGALRM, interrupt)
         stopper = threading.Thread(target=stop_the_campaign_then_interrupt)

@@ -167,12 +167,13 @@ class AsyncCaller:
         while True:
             try:
                 call = functools.partial(aio_calls.acquire_with, request=request, token=token)
-                return await bounded(connections, call, self._limit(request.wait)), anchor
+                limit = self._limit(request.wait)
+                return await bounded(connections, call, limit, cancel_on_interrupt=connections.pinned), anchor
             except BaseException as err:
                 if not isinstance(err, Exception):
                     # Interrupted (KeyboardInterrupt, a cancelled task): `bounded` has ended the
-                    # wait on the server, unless it ran on a connection shared with other calls
-                    # (not ours to cancel). Give up what its token may have been granted.
+                    # wait on the server on a pinned connection (a shared one's statement may be
+                    # another call's). Give up what its token may have been granted.
                     self._give_up(request, token, ttl)
                     raise
                 try:

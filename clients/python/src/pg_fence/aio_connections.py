@@ -178,9 +178,14 @@ _abandoned: Set["asyncio.Task[None]"] = set()
 
 
 async def bounded(
-    connections: AsyncConnections, call: Callable[[psycopg.AsyncConnection], Awaitable[T]], limit: Optional[float]
+    connections: AsyncConnections,
+    call: Callable[[psycopg.AsyncConnection], Awaitable[T]],
+    limit: Optional[float],
+    *,
+    cancel_on_interrupt: bool = False,
 ) -> T:
-    """As connections.bounded: `call` in its own transaction, given `limit` seconds."""
+    """As connections.bounded: `call` in its own transaction, given `limit` seconds. A cancelled
+    call's statement is cancelled whatever `cancel_on_interrupt` says: psycopg does it."""
 
     async def in_transaction(conn: psycopg.AsyncConnection) -> T:
         if conn.autocommit:

@@ -275,60 +275,92 @@ class _Workers:
 _workers = _Workers()
 
 
-def bounded(connections: Connections, call: Callable[[psycopg.Connection], T], limit: Optional[float]) -> T:
+class _Running:
+    """A bounded call on a worker thread, and who hands its connection back: the caller, once the
+    call has ended or if it never started; the worker, if the caller gave up on it meanwhile."""
+
+    def __init__(self, connections: Connections, conn: psycopg.Connection, call: Callable[[psycopg.Connection], Any]):
+        self.connections, self.conn, self.call = connections, conn, call
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        #: "queued", "running", "ended"; or "withdrawn" (never to run), "abandoned" (the worker
+        #: disposes of the connection), "left" (the worker hands it back as the caller would).
+        self.state = "queued"
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> bool:
+        """On the worker: False if it was given up on, so that the worker takes no more work."""
+        with self.lock:
+            if self.state == "withdrawn":
+                return True
+            self.state = "running"
+        try:
+            self.value = in_transaction(self.conn, self.call)
+        except BaseException as err:
+            self.error = err
+        with self.lock:
+            given_up, self.state = self.state, "ended"
+            self.done.set()
+        if given_up == "abandoned":
+            self.connections.abandoned(self.conn)
+        elif given_up == "left":
+            self.connections.checkin(self.conn, self.error)
+        return given_up == "running"
+
+    def settle(self, interrupted: bool) -> bool:
+        """Hands the connection back, or gives it to the worker if the call still runs (True)."""
+        with self.lock:
+            if self.state == "running":
+                if interrupted and not self.connections.pinned and self.connections.pool is None:
+                    # The client's one connection, which other calls may be queued on: not to be
+                    # closed under them. It goes on as it is once the call ends.
+                    self.state = "left"
+                    return True
+                # Nobody may be handed it meanwhile: a pinned or kept one is replaced by a new one.
+                self.state = "abandoned"
+                self.connections.forget(self.conn)
+                return True
+            if self.state == "queued":
+                self.state = "withdrawn"
+        self.connections.checkin(self.conn, self.error)
+        return False
+
+
+def bounded(
+    connections: Connections,
+    call: Callable[[psycopg.Connection], T],
+    limit: Optional[float],
+    *,
+    cancel_on_interrupt: bool = False,
+) -> T:
     """`call` on a connection of `connections`, in its own transaction, given `limit` seconds
     (None: no limit). Past the limit, CallTimedOut; the connection is abandoned to the thread
-    still running the call, which hands it back when the call returns."""
+    still running the call, which hands it back when the call returns. Interrupted
+    (KeyboardInterrupt), the same, after cancelling the call's statement if `cancel_on_interrupt`
+    (a waiting acquire's on a connection of its own: cancelling a release would keep the lease
+    to its TTL). asyncio's `bounded` cancels every interrupted call, as psycopg does."""
     if limit is None:
         with connections.use() as conn:
             return in_transaction(conn, call)
-    conn = connections.checkout()
-    outcome: dict = {}
-    lock = threading.Lock()
-    done = threading.Event()
-
-    def job() -> bool:
-        try:
-            outcome["value"] = in_transaction(conn, call)
-        except BaseException as err:
-            outcome["error"] = err
-        with lock:
-            done.set()
-            late = outcome.get("abandoned", False)
-        if late:
-            connections.abandoned(conn)
-        return not late
-
-    def abandoned() -> bool:
-        """True if the call still runs: then nobody may be handed `conn` meanwhile (a pinned or
-        kept one is replaced by a new one), and the thread running the call hands it back."""
-        with lock:
-            if not done.is_set():
-                connections.forget(conn)
-                outcome["abandoned"] = True
-                return True
-            return False
-
-    _workers.run(job)
+    running = _Running(connections, connections.checkout(), call)
     try:
-        done.wait(max(0.0, limit))
+        _workers.run(running.run)
+        running.done.wait(max(0.0, limit))
     except BaseException:
-        # Interrupted (KeyboardInterrupt) while the call runs in its thread: its connection must
-        # not be closed under it. The socket would soon be another connection's, whose replies
-        # that thread would read, leaving the other waiting for ever. A pinned connection is the
-        # call's own, so its statement is cancelled (before it is abandoned: cancelling reads the
-        # connection, which the call's thread may close once it is); a shared one's statement may
-        # be another call's.
+        # The call's connection must not be closed under its thread: the socket would soon be
+        # another connection's, whose replies that thread would read, leaving the other waiting
+        # for ever. Cancelled before it is given up on, since cancelling reads the connection,
+        # which the worker may close once it is.
         try:
-            if connections.pinned and not done.is_set():
-                cancel(conn)
+            if cancel_on_interrupt and running.state == "running":
+                cancel(running.conn)
+                running.done.wait(CANCEL_TIMEOUT)
         finally:
-            if not abandoned():
-                connections.checkin(conn, outcome.get("error"))
+            running.settle(interrupted=True)
         raise
-    if abandoned():
+    if running.settle(interrupted=False):
         raise CallTimedOut(f"no answer from the server within {limit:.1f} s")
-    connections.checkin(conn, outcome.get("error"))
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    if running.error is not None:
+        raise running.error
+    return running.value
