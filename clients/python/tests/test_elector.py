@@ -22,6 +22,15 @@ def waiters(cluster, key) -> int:
     return cluster.sql("SELECT fence.waiters(%s)", (key,))[0]
 
 
+def assert_granted_nothing(cluster, key, leadership, interrupted) -> None:
+    """The campaign of elector `interrupted` waits no more, and `leadership` resigned, the key is
+    not granted to it."""
+    assert eventually(lambda: waiters(cluster, key) == 0, 5), "the interrupted campaign still waits"
+    assert leadership.resign()
+    time.sleep(0.3)
+    assert interrupted.leader() is None, "the interrupted campaign was granted the key"
+
+
 def test_on_new_leader_is_told_every_change(cluster, key):
     told: list = []
     with Client(cluster.conninfo) as client:
@@ -86,10 +95,7 @@ def test_an_interrupted_campaign_leaves_the_queue_granted_nothing(cluster, key):
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
-        assert eventually(lambda: waiters(cluster, key) == 0, 5), "the interrupted campaign still waits"
-        assert leadership.resign()
-        time.sleep(0.3)
-        assert elector.leader() is None, "the interrupted campaign was granted the key"
+        assert_granted_nothing(cluster, key, leadership, elector)
         leader_elector.close()
         elector.close()
 
@@ -145,10 +151,7 @@ def test_an_interrupted_campaign_closes_no_connection_under_the_call_still_runni
             cluster.sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (stopped[0],))[0] == 0
         )
         assert eventually(backend_gone, 10), "the abandoned connection was never closed"
-        assert eventually(lambda: waiters(cluster, key) == 0, 5), "the interrupted campaign still waits"
-        assert leadership.resign()
-        time.sleep(0.3)
-        assert elector.leader() is None, "the interrupted campaign was granted the key"
+        assert_granted_nothing(cluster, key, leadership, elector)
         leader_elector.close()
         elector.close()
 
