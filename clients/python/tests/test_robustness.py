@@ -17,6 +17,8 @@ from psycopg_pool import ConnectionPool
 
 import pg_fence
 from pg_fence import Client, OutcomeUnknown, Retry
+from pg_fence.connections import Lanes, bounded
+from pg_fence.errors import CallTimedOut
 
 
 def live(cluster, key):
@@ -121,3 +123,23 @@ def test_a_refused_connection_is_not_an_unknown_outcome(key):
                 call()
             assert not isinstance(failed.value, OutcomeUnknown), "nothing reached the server"
             assert isinstance(failed.value, pg_fence.ConnectFailed)
+
+
+def test_a_call_given_no_time_answers_or_times_out_and_gives_its_connection_back(cluster):
+    # With no time left, the call's thread has mostly not started it when the limit passes: it is
+    # then never run, and is CallTimedOut like a call that ran too long, never an answer of None.
+    lanes = Lanes(cluster.conninfo, 1)
+    select = lambda conn: conn.execute("SELECT 1").fetchone()[0]  # noqa: E731
+    try:
+        answers = []
+        for _ in range(50):
+            try:
+                answers.append(bounded(lanes, select, 0))
+            except CallTimedOut:
+                answers.append("timed out")
+        assert set(answers) <= {1, "timed out"}, answers
+        # Its one connection slot came back each time, or this call would wait for ever.
+        with ThreadPoolExecutor(1) as pool:
+            assert pool.submit(bounded, lanes, select, 5).result(timeout=20) == 1
+    finally:
+        lanes.shut()

@@ -309,22 +309,24 @@ class _Running:
         return given_up == "running"
 
     def settle(self, interrupted: bool) -> bool:
-        """Hands the connection back, or gives it to the worker if the call still runs (True)."""
+        """True if the call has ended (its outcome is the caller's); the connection is handed back
+        then, or when the call never started, else given to the worker."""
         with self.lock:
             if self.state == "running":
                 if interrupted and not self.connections.pinned and self.connections.pool is None:
                     # The client's one connection, which other calls may be queued on: not to be
                     # closed under them. It goes on as it is once the call ends.
                     self.state = "left"
-                    return True
+                    return False
                 # Nobody may be handed it meanwhile: a pinned or kept one is replaced by a new one.
                 self.state = "abandoned"
                 self.connections.forget(self.conn)
-                return True
+                return False
+            ended = self.state == "ended"
             if self.state == "queued":
                 self.state = "withdrawn"
         self.connections.checkin(self.conn, self.error)
-        return False
+        return ended
 
 
 def bounded(
@@ -359,7 +361,7 @@ def bounded(
         finally:
             running.settle(interrupted=True)
         raise
-    if running.settle(interrupted=False):
+    if not running.settle(interrupted=False):
         raise CallTimedOut(f"no answer from the server within {limit:.1f} s")
     if running.error is not None:
         raise running.error
