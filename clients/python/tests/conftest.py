@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -80,6 +81,65 @@ def eventually(check, limit: float = 20.0) -> bool:
             return False
         time.sleep(0.005)
     return True
+
+
+@pytest.fixture
+def closed_mid_statement(monkeypatch) -> list:
+    """The threads that closed a psycopg connection with a statement in flight: the call waiting
+    for its answer would then read whatever comes next to the socket's number, another
+    connection's replies."""
+    closed: list = []
+    close = psycopg.Connection.close
+
+    def watched(conn: psycopg.Connection) -> None:
+        if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.ACTIVE:
+            closed.append(threading.current_thread().name)
+        close(conn)
+
+    monkeypatch.setattr(psycopg.Connection, "close", watched)
+    return closed
+
+
+@contextlib.contextmanager
+def interrupted_with_its_backend_stopped(cluster: Cluster, application_name: str, ready) -> Iterator[list]:
+    """The block, run in the main thread, must wait on a statement of `application_name`'s. Once
+    `ready()`, that backend is stopped (SIGSTOP: a cancel cannot end its statement yet) and the
+    block gets a KeyboardInterrupt, which this expects. Yields the stopped pids, continued on exit."""
+    stopped: list = []
+    armed = True
+
+    def interrupt(*_) -> None:
+        if armed:
+            raise KeyboardInterrupt
+
+    def stop_then_interrupt() -> None:
+        try:
+            if eventually(ready, 10):
+                pid = cluster.sql(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND state = 'active'",
+                    (application_name,),
+                )[0]
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        finally:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    stopper = threading.Thread(target=stop_then_interrupt)
+    try:
+        stopper.start()
+        with pytest.raises(KeyboardInterrupt):
+            yield stopped
+    finally:
+        armed = False
+        stopper.join()
+        signal.signal(signal.SIGALRM, previous)
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+
+
+def backend_gone(cluster: Cluster, pid: int):
+    return lambda: cluster.sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))[0] == 0
 
 
 def behaviours(file: str) -> list:

@@ -4,14 +4,12 @@ wait, an interrupted campaign, release_on_cancel=False, and calls of a leadershi
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import threading
 import time
 
-import psycopg
 import pytest
-from conftest import eventually
+from conftest import backend_gone, eventually, interrupted_with_its_backend_stopped
 
 from pg_fence import Client, LeaseLost, WaitTimedOut
 from pg_fence.aio import AsyncClient
@@ -100,57 +98,22 @@ def test_an_interrupted_campaign_leaves_the_queue_granted_nothing(cluster, key):
         elector.close()
 
 
-def test_an_interrupted_campaign_closes_no_connection_under_the_call_still_running_on_it(cluster, key, monkeypatch):
+def test_an_interrupted_campaign_closes_no_connection_under_the_call_still_running_on_it(
+    cluster, key, closed_mid_statement
+):
     # The campaign's statement outlives the interrupt: its backend is stopped, so the cancel cannot
     # end it yet. Its connection must be left to the thread running it. Closed under that thread,
     # its socket became the next connection's, whose replies the old call then read: the next
     # connect or query of the process waited for ever.
-    closed_under_a_call: list = []
-    close = psycopg.Connection.close
-
-    def watched_close(conn: psycopg.Connection) -> None:
-        if conn.lock.locked():
-            closed_under_a_call.append(threading.current_thread().name)
-        close(conn)
-
-    def interrupt(*_):
-        raise KeyboardInterrupt
-
-    stopped: list = []
-
-    def stop_the_campaign_then_interrupt() -> None:
-        try:
-            if eventually(lambda: waiters(cluster, key) == 1, 10):
-                pid = cluster.sql(
-                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'interrupted_campaign'"
-                    " AND state = 'active' AND query LIKE '%%lease_acquire%%'"
-                )[0]
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
-        finally:
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
-
-    monkeypatch.setattr(psycopg.Connection, "close", watched_close)
     with Client(cluster.conninfo) as client, Client(cluster.conninfo, application_name="interrupted_campaign") as other:
-        leader_elector, elector = client.elector(key, 5), other.elector(key, 5)
+        leader_elector, elector = client.elector(key, 10), other.elector(key, 5)
         leadership = leader_elector.campaign("a")
-        previous = signal.signal(signal.SIGALRM, interrupt)
-        stopper = threading.Thread(target=stop_the_campaign_then_interrupt)
-        try:
-            stopper.start()
-            with pytest.raises(KeyboardInterrupt):
-                elector.campaign("b")
-        finally:
-            stopper.join()
-            signal.signal(signal.SIGALRM, previous)
-            for pid in stopped:
-                os.kill(pid, signal.SIGCONT)
+        ready = lambda: waiters(cluster, key) == 1  # noqa: E731
+        with interrupted_with_its_backend_stopped(cluster, "interrupted_campaign", ready) as stopped:
+            elector.campaign("b")
         assert stopped, "the campaign never waited"
-        assert closed_under_a_call == [], f"closed while a call ran on it, by {closed_under_a_call}"
-        backend_gone = lambda: (
-            cluster.sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (stopped[0],))[0] == 0
-        )
-        assert eventually(backend_gone, 10), "the abandoned connection was never closed"
+        assert closed_mid_statement == [], f"closed with its statement in flight, by {closed_mid_statement}"
+        assert eventually(backend_gone(cluster, stopped[0]), 10), "the abandoned connection was never closed"
         assert_granted_nothing(cluster, key, leadership, elector)
         leader_elector.close()
         elector.close()

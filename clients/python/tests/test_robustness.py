@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
-from conftest import eventually
+from conftest import backend_gone, eventually, interrupted_with_its_backend_stopped
 from proxy import Proxy
 from psycopg_pool import ConnectionPool
 
@@ -128,7 +128,7 @@ def test_a_refused_connection_is_not_an_unknown_outcome(key):
 def test_a_call_given_no_time_answers_or_times_out_and_gives_its_connection_back(cluster):
     # With no time left, the call's thread has mostly not started it when the limit passes: it is
     # then never run, and is CallTimedOut like a call that ran too long, never an answer of None.
-    lanes = Lanes(cluster.conninfo, 1)
+    lanes = Lanes(cluster.conninfo, 60)
     select = lambda conn: conn.execute("SELECT 1").fetchone()[0]  # noqa: E731
     try:
         answers = []
@@ -138,8 +138,30 @@ def test_a_call_given_no_time_answers_or_times_out_and_gives_its_connection_back
             except CallTimedOut:
                 answers.append("timed out")
         assert set(answers) <= {1, "timed out"}, answers
-        # Its one connection slot came back each time, or this call would wait for ever.
-        with ThreadPoolExecutor(1) as pool:
-            assert pool.submit(bounded, lanes, select, 5).result(timeout=20) == 1
+        # Each call gave its connection slot back (an abandoned one once its call returned).
+        taken = [lanes._slots.acquire(timeout=10) for _ in range(60)]
+        assert all(taken), f"{taken.count(False)} of the 60 slots never came back"
     finally:
         lanes.shut()
+
+
+def test_a_lease_interrupted_while_it_waits_on_the_clients_one_connection_is_cancelled_not_closed_under(
+    cluster, key, closed_mid_statement
+):
+    # Ctrl-C in `client.lease(..., wait=...)`, whose acquire waits on the client's one connection,
+    # then the `with Client` block closes the client. The acquire's statement is cancelled (it is
+    # the connection's own: calls on it take turns), and its connection is closed by the thread
+    # running it once the statement has ended, not by close() under it.
+    with Client(cluster.conninfo) as holder:
+        held = holder.acquire(key, 30)
+        ready = lambda: cluster.sql("SELECT fence.waiters(%s)", (key,))[0] == 1  # noqa: E731
+        with interrupted_with_its_backend_stopped(cluster, "interrupted_lease", ready) as stopped:
+            with Client(cluster.conninfo, application_name="interrupted_lease") as client:
+                client.lease(key, 10, wait=30)
+        assert stopped, "the acquire never waited"
+        assert closed_mid_statement == [], f"closed with its statement in flight, by {closed_mid_statement}"
+        assert eventually(backend_gone(cluster, stopped[0]), 10), "the abandoned connection was never closed"
+        assert eventually(lambda: cluster.sql("SELECT fence.waiters(%s)", (key,))[0] == 0, 5), "still waiting"
+        assert holder.release(held)
+        time.sleep(0.3)
+        assert live(cluster, key) is None, "the interrupted acquire was granted the key"

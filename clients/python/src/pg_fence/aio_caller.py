@@ -168,12 +168,11 @@ class AsyncCaller:
             try:
                 call = functools.partial(aio_calls.acquire_with, request=request, token=token)
                 limit = self._limit(request.wait)
-                return await bounded(connections, call, limit, cancel_on_interrupt=connections.pinned), anchor
+                return await bounded(connections, call, limit, cancel_on_interrupt=True), anchor
             except BaseException as err:
                 if not isinstance(err, Exception):
-                    # Interrupted (KeyboardInterrupt, a cancelled task): `bounded` has ended the
-                    # wait on the server on a pinned connection (a shared one's statement may be
-                    # another call's). Give up what its token may have been granted.
+                    # Interrupted (KeyboardInterrupt, a cancelled task): `bounded` has cancelled
+                    # the wait on the server. Give up what its token may have been granted.
                     self._give_up(request, token, ttl)
                     raise
                 try:

@@ -167,12 +167,11 @@ class Caller:
             try:
                 call = functools.partial(calls.acquire_with, request=request, token=token)
                 limit = self._limit(request.wait)
-                return bounded(connections, call, limit, cancel_on_interrupt=connections.pinned), anchor
+                return bounded(connections, call, limit, cancel_on_interrupt=True), anchor
             except BaseException as err:
                 if not isinstance(err, Exception):
-                    # Interrupted (KeyboardInterrupt, a cancelled task): `bounded` has ended the
-                    # wait on the server on a pinned connection (a shared one's statement may be
-                    # another call's). Give up what its token may have been granted.
+                    # Interrupted (KeyboardInterrupt, a cancelled task): `bounded` has cancelled
+                    # the wait on the server. Give up what its token may have been granted.
                     self._give_up(request, token, ttl)
                     raise
                 try:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import Any, Callable, Iterator, List, Optional, Set, TypeVar
+import weakref
+from typing import Any, Callable, ContextManager, Iterator, List, Optional, Set, TypeVar
 
 import psycopg
 
@@ -48,12 +49,25 @@ class _Lending(Source):
     def checkin(self, conn: psycopg.Connection, failure: Optional[BaseException] = None) -> None:
         raise NotImplementedError
 
+    def turn(self, conn: psycopg.Connection) -> ContextManager[Any]:
+        """Held while a call runs on `conn`: the statement on it is then the call's own (one to
+        cancel when the call is interrupted). A connection lent to one call at a time needs none."""
+        return contextlib.nullcontext()
+
 
 class Connections(_Lending):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._conn: Optional[psycopg.Connection] = None
         self._lock = threading.Lock()
+        self._turns: "weakref.WeakKeyDictionary[psycopg.Connection, threading.Lock]" = weakref.WeakKeyDictionary()
+
+    def turn(self, conn: psycopg.Connection) -> ContextManager[Any]:
+        """The client's one connection (no pool) is every thread's: calls on it take turns."""
+        if self.pool is not None and not self.pinned:
+            return contextlib.nullcontext()
+        with self._lock:
+            return self._turns.setdefault(conn, threading.Lock())
 
     def checkout(self) -> psycopg.Connection:
         if self.pool is not None and not self.pinned:
@@ -72,11 +86,16 @@ class Connections(_Lending):
             self.dispose(conn)
 
     def abandoned(self, conn: psycopg.Connection) -> None:
-        """`conn` came back from a call that ran out of time, and no one else uses it now."""
+        """`conn` came back from a call given up on (out of time, interrupted), and is no longer
+        handed out. The client's one connection may still be in other threads' hands: closed
+        under its lock, never under a statement (a call that comes to it later finds it closed)."""
         if self.pool is not None and not self.pinned:
             self.pool.putconn(conn)
-        else:
+        elif self.pool is not None:
             self.dispose(conn)
+        else:
+            with conn.lock, contextlib.suppress(Exception):
+                conn.close()
 
     def current(self) -> Optional[psycopg.Connection]:
         return self._conn
@@ -256,13 +275,16 @@ class _Workers:
         self._idle: list = []
         self._lock = threading.Lock()
 
-    def run(self, job: Callable[[], None]) -> None:
+    def run(self, job: Callable[[], bool]) -> None:
+        """`job` on a worker; it returns False when its worker is to take no more work."""
         with self._lock:
             jobs = self._idle.pop() if self._idle else None
-        if jobs is None:
-            jobs = queue.SimpleQueue()
-            threading.Thread(target=self._serve, args=(jobs,), name="pg_fence call", daemon=True).start()
+        if jobs is not None:
+            jobs.put(job)
+            return
+        jobs = queue.SimpleQueue()
         jobs.put(job)
+        threading.Thread(target=self._serve, args=(jobs,), name="pg_fence call", daemon=True).start()
 
     def _serve(self, jobs: "queue.SimpleQueue") -> None:
         while True:
@@ -283,41 +305,48 @@ class _Running:
         self.connections, self.conn, self.call = connections, conn, call
         self.lock = threading.Lock()
         self.done = threading.Event()
-        #: "queued", "running", "ended"; or "withdrawn" (never to run), "abandoned" (the worker
-        #: disposes of the connection), "left" (the worker hands it back as the caller would).
+        #: "queued" (also while waiting its turn), "running" (its statement is the connection's),
+        #: "ended"; or "withdrawn" (never to run), "abandoned" (the worker disposes of the
+        #: connection once the call returns).
         self.state = "queued"
+        self.settled = False
         self.value: Any = None
         self.error: Optional[BaseException] = None
 
     def run(self) -> bool:
         """On the worker: False if it was given up on, so that the worker takes no more work."""
+        with self.connections.turn(self.conn):
+            with self.lock:
+                if self.state == "withdrawn":
+                    return True
+                self.state = "running"
+            try:
+                self.value = in_transaction(self.conn, self.call)
+            except BaseException as err:
+                self.error = err
         with self.lock:
-            if self.state == "withdrawn":
-                return True
-            self.state = "running"
-        try:
-            self.value = in_transaction(self.conn, self.call)
-        except BaseException as err:
-            self.error = err
-        with self.lock:
-            given_up, self.state = self.state, "ended"
+            abandoned, self.state = self.state == "abandoned", "ended"
             self.done.set()
-        if given_up == "abandoned":
+        if abandoned:
             self.connections.abandoned(self.conn)
-        elif given_up == "left":
-            self.connections.checkin(self.conn, self.error)
-        return given_up == "running"
+        return not abandoned
 
-    def settle(self, interrupted: bool) -> bool:
-        """True if the call has ended (its outcome is the caller's); the connection is handed back
-        then, or when the call never started, else given to the worker."""
+    def stop(self) -> bool:
+        """The caller is interrupted: a call not started yet never will be. True if it runs."""
         with self.lock:
+            if self.state == "queued":
+                self.state = "withdrawn"
+            return self.state == "running"
+
+    def settle(self) -> bool:
+        """True if the call has ended (its outcome is the caller's). The connection is handed back
+        then, or when the call never started; else it is the worker's. Once: later calls only
+        answer."""
+        with self.lock:
+            if self.settled:
+                return self.state == "ended"
+            self.settled = True
             if self.state == "running":
-                if interrupted and not self.connections.pinned and self.connections.pool is None:
-                    # The client's one connection, which other calls may be queued on: not to be
-                    # closed under them. It goes on as it is once the call ends.
-                    self.state = "left"
-                    return False
                 # Nobody may be handed it meanwhile: a pinned or kept one is replaced by a new one.
                 self.state = "abandoned"
                 self.connections.forget(self.conn)
@@ -340,28 +369,30 @@ def bounded(
     (None: no limit). Past the limit, CallTimedOut; the connection is abandoned to the thread
     still running the call, which hands it back when the call returns. Interrupted
     (KeyboardInterrupt), the same, after cancelling the call's statement if `cancel_on_interrupt`
-    (a waiting acquire's on a connection of its own: cancelling a release would keep the lease
-    to its TTL). asyncio's `bounded` cancels every interrupted call, as psycopg does."""
+    (a waiting acquire's: cancelling a release would keep the lease to its TTL). A call not
+    started yet never starts. asyncio's `bounded` cancels every interrupted call, as psycopg
+    does."""
     if limit is None:
-        with connections.use() as conn:
+        with connections.use() as conn, connections.turn(conn):
             return in_transaction(conn, call)
     running = _Running(connections, connections.checkout(), call)
     try:
         _workers.run(running.run)
         running.done.wait(max(0.0, limit))
+        ended = running.settle()
     except BaseException:
         # The call's connection must not be closed under its thread: the socket would soon be
         # another connection's, whose replies that thread would read, leaving the other waiting
         # for ever. Cancelled before it is given up on, since cancelling reads the connection,
         # which the worker may close once it is.
         try:
-            if cancel_on_interrupt and running.state == "running":
+            if running.stop() and cancel_on_interrupt:
                 cancel(running.conn)
                 running.done.wait(CANCEL_TIMEOUT)
         finally:
-            running.settle(interrupted=True)
+            running.settle()
         raise
-    if not running.settle(interrupted=False):
+    if not ended:
         raise CallTimedOut(f"no answer from the server within {limit:.1f} s")
     if running.error is not None:
         raise running.error
