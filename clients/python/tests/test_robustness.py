@@ -138,7 +138,7 @@ def test_a_call_given_no_time_answers_or_times_out_and_gives_its_connection_back
             except CallTimedOut:
                 answers.append("timed out")
         assert set(answers) <= {1, "timed out"}, answers
-        # Each call gave its connection slot back (an abandoned one once its call returned).
+        # Each call gave its connection slot back, also one withdrawn or abandoned.
         taken = [lanes._slots.acquire(timeout=10) for _ in range(60)]
         assert all(taken), f"{taken.count(False)} of the 60 slots never came back"
     finally:

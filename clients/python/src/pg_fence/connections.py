@@ -315,6 +315,8 @@ class _Running:
 
     def run(self) -> bool:
         """On the worker: False if it was given up on, so that the worker takes no more work."""
+        # Ended (and an abandoned connection disposed of) before the turn passes on: a cancel
+        # sent while "running" must reach this call's statement, never the next one's.
         with self.connections.turn(self.conn):
             with self.lock:
                 if self.state == "withdrawn":
@@ -324,19 +326,23 @@ class _Running:
                 self.value = in_transaction(self.conn, self.call)
             except BaseException as err:
                 self.error = err
-        with self.lock:
-            abandoned, self.state = self.state == "abandoned", "ended"
-            self.done.set()
-        if abandoned:
-            self.connections.abandoned(self.conn)
+            with self.lock:
+                abandoned, self.state = self.state == "abandoned", "ended"
+                self.done.set()
+            if abandoned:
+                self.connections.abandoned(self.conn)
         return not abandoned
 
-    def stop(self) -> bool:
-        """The caller is interrupted: a call not started yet never will be. True if it runs."""
+    def stop(self, cancel_statement: bool) -> bool:
+        """The caller is interrupted: a call not started yet never will be; a running one's
+        statement is cancelled if asked, the call holding its turn meanwhile. True if it runs."""
         with self.lock:
             if self.state == "queued":
                 self.state = "withdrawn"
-            return self.state == "running"
+            running = self.state == "running"
+            if running and cancel_statement:
+                cancel(self.conn)
+            return running
 
     def settle(self) -> bool:
         """True if the call has ended (its outcome is the caller's). The connection is handed back
@@ -386,8 +392,7 @@ def bounded(
         # for ever. Cancelled before it is given up on, since cancelling reads the connection,
         # which the worker may close once it is.
         try:
-            if running.stop() and cancel_on_interrupt:
-                cancel(running.conn)
+            if running.stop(cancel_statement=cancel_on_interrupt) and cancel_on_interrupt:
                 running.done.wait(CANCEL_TIMEOUT)
         finally:
             running.settle()
