@@ -138,6 +138,10 @@ def interrupted_with_its_backend_stopped(cluster: Cluster, application_name: str
             os.kill(pid, signal.SIGCONT)
 
 
+def waiters(cluster: Cluster, key: str) -> int:
+    return cluster.sql("SELECT fence.waiters(%s)", (key,))[0]
+
+
 def backend_gone(cluster: Cluster, pid: int):
     return lambda: cluster.sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))[0] == 0
 

@@ -11,7 +11,7 @@ import uuid
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
-from conftest import Cluster, Loop, behaviours, eventually, scenario_cluster
+from conftest import Cluster, Loop, behaviours, eventually, scenario_cluster, waiters
 
 from pg_fence import Client
 from pg_fence.aio import AsyncClient
@@ -282,7 +282,7 @@ class Run:
             assert self.handed[step["leads"]] == self.leader_of(step["leads"]), "not the lease the hand-off gave"
 
     def waiters(self, step: dict) -> None:
-        count = lambda: self.cluster.sql("SELECT fence.waiters(%s)", (self.key,))[0]  # noqa: E731
+        count = lambda: waiters(self.cluster, self.key)  # noqa: E731
         assert eventually(lambda: count() == step["waiters"], LIMIT), f"{count()} waiters"
 
     def waits(self, step: dict) -> None:

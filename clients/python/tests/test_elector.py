@@ -9,15 +9,11 @@ import threading
 import time
 
 import pytest
-from conftest import backend_gone, eventually, interrupted_with_its_backend_stopped
+from conftest import backend_gone, eventually, interrupted_with_its_backend_stopped, waiters
 
 from pg_fence import Client, LeaseLost, WaitTimedOut
 from pg_fence.aio import AsyncClient
 from pg_fence.election import Leader
-
-
-def waiters(cluster, key) -> int:
-    return cluster.sql("SELECT fence.waiters(%s)", (key,))[0]
 
 
 def assert_granted_nothing(cluster, key, leadership, interrupted) -> None:

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
-from conftest import backend_gone, eventually, interrupted_with_its_backend_stopped
+from conftest import backend_gone, eventually, interrupted_with_its_backend_stopped, waiters
 from proxy import Proxy
 from psycopg_pool import ConnectionPool
 
@@ -154,14 +154,14 @@ def test_a_lease_interrupted_while_it_waits_on_the_clients_one_connection_is_can
     # running it once the statement has ended, not by close() under it.
     with Client(cluster.conninfo) as holder:
         held = holder.acquire(key, 30)
-        ready = lambda: cluster.sql("SELECT fence.waiters(%s)", (key,))[0] == 1  # noqa: E731
+        ready = lambda: waiters(cluster, key) == 1  # noqa: E731
         with interrupted_with_its_backend_stopped(cluster, "interrupted_lease", ready) as stopped:
             with Client(cluster.conninfo, application_name="interrupted_lease") as client:
                 client.lease(key, 10, wait=30)
         assert stopped, "the acquire never waited"
         assert closed_mid_statement == [], f"closed with its statement in flight, by {closed_mid_statement}"
         assert eventually(backend_gone(cluster, stopped[0]), 10), "the abandoned connection was never closed"
-        assert eventually(lambda: cluster.sql("SELECT fence.waiters(%s)", (key,))[0] == 0, 5), "still waiting"
+        assert eventually(lambda: waiters(cluster, key) == 0, 5), "still waiting"
         assert holder.release(held)
         time.sleep(0.3)
         assert live(cluster, key) is None, "the interrupted acquire was granted the key"

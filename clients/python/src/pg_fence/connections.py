@@ -91,11 +91,9 @@ class Connections(_Lending):
         under its lock, never under a statement (a call that comes to it later finds it closed)."""
         if self.pool is not None and not self.pinned:
             self.pool.putconn(conn)
-        elif self.pool is not None:
+            return
+        with conn.lock if self.pool is None else contextlib.nullcontext():
             self.dispose(conn)
-        else:
-            with conn.lock, contextlib.suppress(Exception):
-                conn.close()
 
     def current(self) -> Optional[psycopg.Connection]:
         return self._conn
@@ -335,14 +333,14 @@ class _Running:
 
     def stop(self, cancel_statement: bool) -> bool:
         """The caller is interrupted: a call not started yet never will be; a running one's
-        statement is cancelled if asked, the call holding its turn meanwhile. True if it runs."""
+        statement is cancelled if asked, the call holding its turn meanwhile. True if cancelled."""
         with self.lock:
             if self.state == "queued":
                 self.state = "withdrawn"
-            running = self.state == "running"
-            if running and cancel_statement:
+            cancelling = cancel_statement and self.state == "running"
+            if cancelling:
                 cancel(self.conn)
-            return running
+            return cancelling
 
     def settle(self) -> bool:
         """True if the call has ended (its outcome is the caller's). The connection is handed back
@@ -392,7 +390,7 @@ def bounded(
         # for ever. Cancelled before it is given up on, since cancelling reads the connection,
         # which the worker may close once it is.
         try:
-            if running.stop(cancel_statement=cancel_on_interrupt) and cancel_on_interrupt:
+            if running.stop(cancel_statement=cancel_on_interrupt):
                 running.done.wait(CANCEL_TIMEOUT)
         finally:
             running.settle()
